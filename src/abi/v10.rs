@@ -1,0 +1,82 @@
+//! `ncclNetPlugin_v10` (NCCL 2.26 and later): profiler callback in init,
+//! per-communicator traffic class in connect, profiler handles on isend/irecv.
+use std::ffi::{c_int, c_void};
+
+use super::common::{self as c, NET_NAME};
+use super::sys::*;
+use super::v8::{self, Vtable};
+use super::{v9, VoidPtr};
+
+unsafe extern "C" fn init(log: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
+    c::init(v8::logger(log))
+}
+
+unsafe extern "C" fn connect(
+    dev: c_int,
+    config: *mut ncclNetCommConfig_v10_t,
+    handle: *mut c_void,
+    sc: *mut VoidPtr,
+    dc: *mut *mut ncclNetDeviceHandle_v10_t,
+) -> ncclResult_t {
+    if !dc.is_null() {
+        // SAFETY: a non-null devComm out-pointer; host plugins return none.
+        unsafe { *dc = std::ptr::null_mut() };
+    }
+    // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
+    let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::connect(dev, handle, sc, tc) }
+}
+
+unsafe extern "C" fn isend(
+    sc: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mh: *mut c_void,
+    _ph: *mut c_void,
+    req: *mut VoidPtr,
+) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { v9::isend(sc, data, size, tag, mh, req) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn irecv(
+    rc: *mut c_void,
+    n: c_int,
+    data: *mut VoidPtr,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mh: *mut VoidPtr,
+    _ph: *mut VoidPtr,
+    req: *mut VoidPtr,
+) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { v9::irecv(rc, n, data, sizes, tags, mh, req) }
+}
+
+/// The v10 vtable (NCCL 2.26 through 2.30 accept it).
+#[no_mangle]
+pub static ncclNetPlugin_v10: Vtable<ncclNet_v10_t> = Vtable(ncclNet_v10_t {
+    name: NET_NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(v9::devices),
+    getProperties: Some(v9::get_properties),
+    listen: Some(v8::listen),
+    connect: Some(connect),
+    accept: Some(v9::accept),
+    regMr: Some(v8::reg_mr),
+    regMrDmaBuf: Some(v8::reg_mr_dmabuf),
+    deregMr: Some(v8::dereg_mr),
+    isend: Some(isend),
+    irecv: Some(irecv),
+    iflush: Some(v8::iflush),
+    test: Some(v8::test),
+    closeSend: Some(v8::close_send),
+    closeRecv: Some(v8::close_recv),
+    closeListen: Some(v8::close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+    makeVDevice: None,
+});

@@ -1,0 +1,88 @@
+//! `ncclNetPlugin_v7` (NCCL 2.19): like v8 without regIsGlobal, int regMr size.
+use std::ffi::{c_int, c_void};
+
+use super::common::{self as c, c_str_or_null, NET_NAME};
+use super::sys::*;
+use super::v8::{self, Vtable};
+use super::{guard, out, VoidPtr};
+
+unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
+    c::init(v8::logger(log))
+}
+
+unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointer.
+    unsafe { c::devices(ndev) }
+}
+
+unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v7_t) -> ncclResult_t {
+    guard("getProperties", || {
+        // SAFETY: out-pointer from NCCL.
+        let p = unsafe { out(props, "getProperties", "props")? };
+        let d = c::properties(dev)?;
+        *p = ncclNetProperties_v7_t {
+            name: d.name.as_ptr() as *mut _,
+            pciPath: c_str_or_null(d.pci_path),
+            guid: d.guid,
+            ptrSupport: d.ptr_support,
+            speed: d.speed_mbps,
+            port: d.port,
+            latency: d.latency_us,
+            maxComms: d.max_comms,
+            maxRecvs: d.max_recvs,
+            netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
+        };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
+    if !dc.is_null() {
+        // SAFETY: a non-null devComm out-pointer; host plugins return none.
+        unsafe { *dc = std::ptr::null_mut() };
+    }
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::connect(dev, handle, sc, None) }
+}
+
+unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
+    if !dc.is_null() {
+        // SAFETY: as in connect.
+        unsafe { *dc = std::ptr::null_mut() };
+    }
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::accept(lc, rc) }
+}
+
+pub(crate) unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void, size: c_int, ty: c_int, mh: *mut VoidPtr) -> ncclResult_t {
+    if size < 0 {
+        return guard("regMr", || Err(crate::error::Error::InvalidArg(format!("regMr size {size} is negative"))));
+    }
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::reg_mr(comm, data, size as usize, ty, mh) }
+}
+
+/// The v7 vtable (NCCL 2.19 prefers it).
+#[no_mangle]
+pub static ncclNetPlugin_v7: Vtable<ncclNet_v7_t> = Vtable(ncclNet_v7_t {
+    name: NET_NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(get_properties),
+    listen: Some(v8::listen),
+    connect: Some(connect),
+    accept: Some(accept),
+    regMr: Some(reg_mr_int),
+    regMrDmaBuf: Some(v8::reg_mr_dmabuf),
+    deregMr: Some(v8::dereg_mr),
+    isend: Some(v8::isend),
+    irecv: Some(v8::irecv),
+    iflush: Some(v8::iflush),
+    test: Some(v8::test),
+    closeSend: Some(v8::close_send),
+    closeRecv: Some(v8::close_recv),
+    closeListen: Some(v8::close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+});

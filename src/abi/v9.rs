@@ -1,0 +1,114 @@
+//! `ncclNetPlugin_v9` (NCCL 2.24): size_t isend/irecv sizes, forceFlush,
+//! virtual-device properties, max bytes per operation.
+use std::ffi::{c_int, c_void};
+
+use super::common::{self as c, c_str_or_null, NET_NAME};
+use super::sys::*;
+use super::v8::{self, Vtable};
+use super::{guard, out, VoidPtr};
+use crate::transport::DeviceProps;
+
+unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
+    c::init(v8::logger(log))
+}
+
+pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointer.
+    unsafe { c::devices(ndev) }
+}
+
+pub(crate) fn fill_v9(dev: c_int, d: &DeviceProps) -> ncclNetProperties_v9_t {
+    ncclNetProperties_v9_t {
+        name: d.name.as_ptr() as *mut _,
+        pciPath: c_str_or_null(d.pci_path),
+        guid: d.guid,
+        ptrSupport: d.ptr_support,
+        regIsGlobal: d.reg_is_global as c_int,
+        forceFlush: d.force_flush as c_int,
+        speed: d.speed_mbps,
+        port: d.port,
+        latency: d.latency_us,
+        maxComms: d.max_comms,
+        maxRecvs: d.max_recvs,
+        netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
+        netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
+        vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: [dev, 0, 0, 0] },
+        maxP2pBytes: d.max_p2p_bytes,
+        maxCollBytes: d.max_coll_bytes,
+    }
+}
+
+pub(crate) unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v9_t) -> ncclResult_t {
+    guard("getProperties", || {
+        // SAFETY: out-pointer from NCCL.
+        let p = unsafe { out(props, "getProperties", "props")? };
+        *p = fill_v9(dev, &c::properties(dev)?);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
+    if !dc.is_null() {
+        // SAFETY: a non-null devComm out-pointer; host plugins return none.
+        unsafe { *dc = std::ptr::null_mut() };
+    }
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::connect(dev, handle, sc, None) }
+}
+
+pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
+    if !dc.is_null() {
+        // SAFETY: as in connect.
+        unsafe { *dc = std::ptr::null_mut() };
+    }
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::accept(lc, rc) }
+}
+
+pub(crate) unsafe extern "C" fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void, req: *mut VoidPtr) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::isend(sc, data, size, tag, mh, req) }
+}
+
+pub(crate) unsafe extern "C" fn irecv(
+    rc: *mut c_void,
+    n: c_int,
+    data: *mut VoidPtr,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mh: *mut VoidPtr,
+    req: *mut VoidPtr,
+) -> ncclResult_t {
+    // SAFETY: NCCL passes n sizes.
+    let s = match unsafe { c::recv_sizes(n, sizes) } {
+        Ok(s) => s,
+        Err(e) => return guard("irecv", || Err(e)),
+    };
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::irecv(rc, n, data, &s, tags, mh, req) }
+}
+
+/// The v9 vtable (NCCL 2.24, 2.25). `makeVDevice` is NULL: NCCL then fuses no NICs.
+#[no_mangle]
+pub static ncclNetPlugin_v9: Vtable<ncclNet_v9_t> = Vtable(ncclNet_v9_t {
+    name: NET_NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(get_properties),
+    listen: Some(v8::listen),
+    connect: Some(connect),
+    accept: Some(accept),
+    regMr: Some(v8::reg_mr),
+    regMrDmaBuf: Some(v8::reg_mr_dmabuf),
+    deregMr: Some(v8::dereg_mr),
+    isend: Some(isend),
+    irecv: Some(irecv),
+    iflush: Some(v8::iflush),
+    test: Some(v8::test),
+    closeSend: Some(v8::close_send),
+    closeRecv: Some(v8::close_recv),
+    closeListen: Some(v8::close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+    makeVDevice: None,
+});

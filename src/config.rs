@@ -1,0 +1,388 @@
+//! Every knob librustnet reads, in one typed table.
+//!
+//! NCCL's own names are used where the meaning is NCCL's (`NCCL_SOCKET_*`,
+//! `NCCL_IB_*`); `RUSTNET_*` names are ours. The table is parsed once, at the
+//! first `init`; an invalid value fails `init` with an error naming the
+//! variable, the value and what is accepted. `docs/knobs.md` is checked against
+//! [`KNOBS`] by a test, and `rustnet-bench --knobs` prints it.
+use crate::error::{Error, Result};
+
+/// One row of the knob table.
+#[derive(Debug, Clone, Copy)]
+pub struct Knob {
+    /// Environment variable name.
+    pub name: &'static str,
+    /// Default value (as it would be written in the environment).
+    pub default: &'static str,
+    /// What values are accepted.
+    pub accepts: &'static str,
+    /// One-line meaning.
+    pub doc: &'static str,
+}
+
+/// A value type that a knob can hold.
+pub trait KnobValue: Sized {
+    /// Parse a trimmed, non-empty string; `None` when not acceptable.
+    fn parse_knob(s: &str) -> Option<Self>;
+}
+
+fn parse_knob<T: KnobValue>(name: &'static str, raw: Option<String>, default: &'static str, accepts: &'static str) -> Result<T> {
+    let (value, from_env) = match raw {
+        Some(v) if !v.trim().is_empty() => (v, true),
+        _ => (default.to_string(), false),
+    };
+    T::parse_knob(value.trim()).ok_or_else(|| {
+        if from_env {
+            Error::Config { name, value, accepts: accepts.to_string() }
+        } else {
+            Error::Internal(format!("default {default:?} of {name} does not parse"))
+        }
+    })
+}
+
+macro_rules! knobs {
+    ($( $(#[doc = $doc:literal])+ $field:ident : $ty:ty = $env:literal, default $def:literal, accepts $acc:literal; )*) => {
+        /// The parsed configuration: one field per row of [`KNOBS`].
+        #[derive(Debug, Clone)]
+        pub struct Config {
+            $( $(#[doc = $doc])+ pub $field: $ty, )*
+        }
+
+        /// The knob table: name, default, accepted values and meaning of every variable we read.
+        pub const KNOBS: &[Knob] = &[
+            $( Knob { name: $env, default: $def, accepts: $acc, doc: concat!($($doc),+) }, )*
+        ];
+
+        impl Config {
+            /// Build from any lookup (the process environment, or a test's map).
+            pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+                Ok(Config { $( $field: parse_knob::<$ty>($env, get($env), $def, $acc)?, )* })
+            }
+        }
+    };
+}
+
+/// Which transport serves NCCL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Verbs when a usable RDMA device exists, else TCP (with one INFO line saying why).
+    Auto,
+    /// Verbs only: no usable device is an error.
+    Ib,
+    /// TCP only.
+    Socket,
+}
+
+impl KnobValue for TransportChoice {
+    fn parse_knob(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Some(Self::Auto),
+            "ib" | "verbs" | "rdma" => Some(Self::Ib),
+            "socket" | "tcp" => Some(Self::Socket),
+            _ => None,
+        }
+    }
+}
+
+/// Address family restriction (`NCCL_SOCKET_FAMILY`, `NCCL_IB_ADDR_FAMILY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Either; IPv4 preferred where both exist.
+    Any,
+    /// IPv4 only.
+    V4,
+    /// IPv6 only.
+    V6,
+}
+
+impl KnobValue for Family {
+    fn parse_knob(s: &str) -> Option<Self> {
+        match s {
+            "any" => Some(Self::Any),
+            "AF_INET" | "4" | "ipv4" => Some(Self::V4),
+            "AF_INET6" | "6" | "ipv6" => Some(Self::V6),
+            _ => None,
+        }
+    }
+}
+
+/// An integer knob limited to `LO..=HI`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Int<const LO: i64, const HI: i64>(pub i64);
+
+impl<const LO: i64, const HI: i64> KnobValue for Int<LO, HI> {
+    fn parse_knob(s: &str) -> Option<Self> {
+        let v = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            i64::from_str_radix(h, 16).ok()?
+        } else {
+            s.parse::<i64>().ok()?
+        };
+        (LO..=HI).contains(&v).then_some(Int(v))
+    }
+}
+
+impl<const LO: i64, const HI: i64> Int<LO, HI> {
+    /// The value as usize (the range is checked at parse time).
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// A byte size: plain number or with K/M/G suffix (powers of two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl KnobValue for Bytes {
+    fn parse_knob(s: &str) -> Option<Self> {
+        let (num, mul) = match s.as_bytes().last()? {
+            b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
+            b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+            b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+            _ => (s, 1),
+        };
+        num.trim().parse::<u64>().ok()?.checked_mul(mul).map(Bytes)
+    }
+}
+
+/// A free string (may be empty).
+impl KnobValue for String {
+    fn parse_knob(s: &str) -> Option<Self> {
+        Some(s.to_string())
+    }
+}
+
+/// NCCL's interface/HCA list syntax: `[^][=]name[:port][,name[:port]...]`.
+/// `^` excludes the listed names, `=` asks for exact names (else each entry is
+/// a prefix: `mlx5_1` also matches `mlx5_10`), a port of `:N` restricts an
+/// RDMA port. Empty means "no filter".
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NameList {
+    /// `^`: the list names what to leave out.
+    pub exclude: bool,
+    /// `=`: names must match exactly.
+    pub exact: bool,
+    /// The entries with their optional port.
+    pub entries: Vec<(String, Option<u32>)>,
+}
+
+impl NameList {
+    /// True when no filter was given.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Does `name` (on `port`, for RDMA ports) pass the filter?
+    pub fn accepts(&self, name: &str, port: Option<u32>) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        let listed = self.entries.iter().any(|(n, p)| {
+            let name_ok = if self.exact { name == n } else { name.starts_with(n.as_str()) };
+            let port_ok = match (p, port) {
+                (Some(p), Some(q)) => *p == q,
+                _ => true,
+            };
+            name_ok && port_ok
+        });
+        listed != self.exclude
+    }
+
+    /// Entries that are a prefix of more than one of `names` (the `mlx5_1` vs
+    /// `mlx5_10` pitfall), for a warning.
+    pub fn ambiguous_prefixes<'a>(&'a self, names: &'a [String]) -> Vec<&'a str> {
+        if self.exact {
+            return vec![];
+        }
+        self.entries
+            .iter()
+            .filter(|(n, _)| names.iter().filter(|x| x.starts_with(n.as_str())).count() > 1)
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+}
+
+impl KnobValue for NameList {
+    fn parse_knob(s: &str) -> Option<Self> {
+        let mut rest = s;
+        let mut list = NameList::default();
+        if let Some(r) = rest.strip_prefix('^') {
+            list.exclude = true;
+            rest = r;
+        }
+        if let Some(r) = rest.strip_prefix('=') {
+            list.exact = true;
+            rest = r;
+        }
+        for item in rest.split(',') {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let mut parts = item.splitn(2, ':');
+            let name = parts.next()?.trim();
+            if name.is_empty() || name.contains(char::is_whitespace) {
+                return None;
+            }
+            let port = match parts.next().map(str::trim) {
+                None | Some("") => None,
+                Some(p) => Some(p.split(':').next()?.parse::<u32>().ok()?),
+            };
+            list.entries.push((name.to_string(), port));
+        }
+        if list.entries.is_empty() && (list.exclude || list.exact) {
+            return None;
+        }
+        Some(list)
+    }
+}
+
+/// Log verbosity for our own filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Warnings only.
+    Warn,
+    /// Warnings and INFO lines.
+    Info,
+    /// Everything, including per-request TRACE lines.
+    Trace,
+}
+
+impl KnobValue for LogLevel {
+    fn parse_knob(s: &str) -> Option<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "VERSION" | "WARN" | "NONE" | "ABORT" => Some(Self::Warn),
+            "INFO" => Some(Self::Info),
+            "TRACE" => Some(Self::Trace),
+            _ => None,
+        }
+    }
+}
+
+knobs! {
+    /// Which transport serves NCCL: verbs where an active RDMA port exists, else TCP (`auto`); only verbs (`ib`, an error when none is usable); only TCP (`socket`).
+    transport: TransportChoice = "RUSTNET_TRANSPORT", default "auto", accepts "auto, ib or socket";
+    /// Interfaces for TCP data and for the verbs out-of-band exchange, in NCCL's syntax (`^` excludes, `=` exact, else prefixes). Empty: NCCL's automatic order (ib*, then anything but docker*/lo/virbr*, then docker*, lo, virbr*).
+    socket_ifname: NameList = "NCCL_SOCKET_IFNAME", default "", accepts "a comma list of interface names or prefixes, optionally starting with ^ and/or =";
+    /// Address family of the TCP/out-of-band interfaces.
+    socket_family: Family = "NCCL_SOCKET_FAMILY", default "any", accepts "AF_INET or AF_INET6";
+    /// TCP streams per helper thread; with NCCL_SOCKET_NTHREADS=0 the total number of streams per connection.
+    nsocks_per_thread: Int<1, 64> = "NCCL_NSOCKS_PERTHREAD", default "1", accepts "an integer 1..64";
+    /// Helper threads per TCP connection. 0: all streams are driven by the caller of test() (measured fastest on loopback and small hosts).
+    socket_nthreads: Int<0, 16> = "NCCL_SOCKET_NTHREADS", default "0", accepts "an integer 0..16";
+    /// Smallest piece a TCP message is split into when striped over several streams.
+    socket_min_chunk: Bytes = "RUSTNET_SOCKET_MIN_CHUNK", default "64K", accepts "a byte count, optionally with K, M or G";
+    /// SO_SNDBUF/SO_RCVBUF for TCP streams; 0 leaves the kernel's autotuning in charge.
+    socket_bufsize: Bytes = "RUSTNET_SOCKET_BUFSIZE", default "0", accepts "a byte count, optionally with K, M or G";
+    /// Seconds after which a silent TCP peer is declared dead (TCP keepalive and TCP_USER_TIMEOUT).
+    socket_timeout: Int<1, 86400> = "RUSTNET_SOCKET_TIMEOUT", default "30", accepts "seconds, 1..86400";
+    /// RDMA devices and ports to use, in NCCL's syntax (`mlx5_0:1,mlx5_1`, `^mlx5_2`, `=mlx5_1`).
+    ib_hca: NameList = "NCCL_IB_HCA", default "", accepts "a comma list of device[:port] names or prefixes, optionally starting with ^ and/or =";
+    /// RoCE GID index; -1 selects automatically (IPv4 RoCE v2 preferred).
+    ib_gid_index: Int<-1, 1023> = "NCCL_IB_GID_INDEX", default "-1", accepts "-1 or a GID index 0..1023";
+    /// RoCE version the GID auto-selection prefers.
+    ib_roce_version: Int<1, 2> = "NCCL_IB_ROCE_VERSION_NUM", default "2", accepts "1 or 2";
+    /// Address family the GID auto-selection prefers.
+    ib_addr_family: Family = "NCCL_IB_ADDR_FAMILY", default "AF_INET", accepts "AF_INET or AF_INET6";
+    /// Verbs ACK timeout exponent: 4.096 us * 2^value.
+    ib_timeout: Int<1, 31> = "NCCL_IB_TIMEOUT", default "20", accepts "an integer 1..31";
+    /// Verbs transport retry count.
+    ib_retry_cnt: Int<0, 7> = "NCCL_IB_RETRY_CNT", default "7", accepts "an integer 0..7";
+    /// InfiniBand partition key index.
+    ib_pkey: Int<0, 65535> = "NCCL_IB_PKEY", default "0", accepts "an integer 0..65535";
+    /// Traffic class (RoCE: the GRH traffic class, i.e. DSCP << 2); -1: the communicator's, else 0.
+    ib_tc: Int<-1, 255> = "NCCL_IB_TC", default "-1", accepts "-1 or 0..255";
+    /// Service level; -1: 0.
+    ib_sl: Int<-1, 15> = "NCCL_IB_SL", default "-1", accepts "-1 or 0..15";
+    /// Queue pairs per connection.
+    ib_qps_per_connection: Int<1, 128> = "NCCL_IB_QPS_PER_CONNECTION", default "1", accepts "an integer 1..128";
+    /// 0: whole messages rotate over the QPs; 1: each message is split across all QPs.
+    ib_split_data_on_qps: Int<0, 1> = "NCCL_IB_SPLIT_DATA_ON_QPS", default "0", accepts "0 or 1";
+    /// Use inline sends for the receiver's small control writes where the device allows.
+    ib_use_inline: Int<0, 1> = "NCCL_IB_USE_INLINE", default "1", accepts "0 or 1";
+    /// Testing only: panic inside the named vtable slot (e.g. `isend`) to prove the boundary catches it.
+    fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name";
+    /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.
+    nccl_debug: LogLevel = "NCCL_DEBUG", default "WARN", accepts "WARN, INFO or TRACE";
+}
+
+impl Config {
+    /// From the process environment.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(&|k| std::env::var(k).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(&|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_parse() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.transport, TransportChoice::Auto);
+        assert!(c.socket_ifname.is_empty());
+        assert_eq!(c.nsocks_per_thread.get(), 1);
+        assert_eq!(c.socket_min_chunk, Bytes(64 << 10));
+        assert_eq!(c.ib_gid_index.get(), -1);
+    }
+
+    #[test]
+    fn invalid_values_name_variable_value_and_accepted() {
+        let e = cfg(&[("RUSTNET_TRANSPORT", "carrier-pigeon")]).unwrap_err().to_string();
+        assert!(e.contains("RUSTNET_TRANSPORT") && e.contains("carrier-pigeon") && e.contains("auto, ib or socket"), "{e}");
+        let e = cfg(&[("NCCL_NSOCKS_PERTHREAD", "65")]).unwrap_err().to_string();
+        assert!(e.contains("NCCL_NSOCKS_PERTHREAD") && e.contains("1..64"), "{e}");
+        let e = cfg(&[("NCCL_SOCKET_FAMILY", "AF_UNIX")]).unwrap_err().to_string();
+        assert!(e.contains("AF_INET6"), "{e}");
+        assert!(cfg(&[("NCCL_IB_TIMEOUT", "0x10")]).unwrap().ib_timeout.get() == 16);
+        assert!(cfg(&[("RUSTNET_SOCKET_MIN_CHUNK", "12Q")]).is_err());
+        assert!(cfg(&[("NCCL_SOCKET_IFNAME", "^")]).is_err());
+        assert!(cfg(&[("NCCL_IB_HCA", "mlx5_0:x")]).is_err());
+    }
+
+    #[test]
+    fn empty_value_means_default() {
+        assert_eq!(cfg(&[("RUSTNET_TRANSPORT", "  ")]).unwrap().transport, TransportChoice::Auto);
+    }
+
+    #[test]
+    fn namelist_syntax() {
+        let l = NameList::parse_knob("eth,ib").unwrap();
+        assert!(l.accepts("eth0", None) && l.accepts("ib1", None) && !l.accepts("lo", None));
+        let l = NameList::parse_knob("^docker,lo").unwrap();
+        assert!(!l.accepts("docker0", None) && !l.accepts("lo", None) && l.accepts("eth0", None));
+        let l = NameList::parse_knob("=eth0").unwrap();
+        assert!(l.accepts("eth0", None) && !l.accepts("eth01", None));
+        let l = NameList::parse_knob("^=eth0").unwrap();
+        assert!(!l.accepts("eth0", None) && l.accepts("eth01", None));
+        let l = NameList::parse_knob("mlx5_0:1,mlx5_1").unwrap();
+        assert!(l.accepts("mlx5_0", Some(1)) && !l.accepts("mlx5_0", Some(2)));
+        assert!(l.accepts("mlx5_1", Some(2)) && l.accepts("mlx5_10", Some(1)));
+        let names = vec!["mlx5_1".to_string(), "mlx5_10".to_string(), "mlx5_0".to_string()];
+        assert_eq!(l.ambiguous_prefixes(&names), vec!["mlx5_1"]);
+        assert!(NameList::parse_knob("").unwrap().accepts("anything", Some(3)));
+    }
+
+    #[test]
+    fn bytes_suffixes() {
+        assert_eq!(Bytes::parse_knob("4M"), Some(Bytes(4 << 20)));
+        assert_eq!(Bytes::parse_knob("512"), Some(Bytes(512)));
+        assert_eq!(Bytes::parse_knob("1g"), Some(Bytes(1 << 30)));
+        assert_eq!(Bytes::parse_knob("M"), None);
+    }
+
+    #[test]
+    fn table_has_unique_names_and_docs() {
+        let mut names: Vec<_> = KNOBS.iter().map(|k| k.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KNOBS.len());
+        assert!(KNOBS.iter().all(|k| !k.doc.is_empty() && !k.accepts.is_empty()));
+    }
+}

@@ -1,0 +1,80 @@
+//! One error type for every operation, carrying enough context to name the cause.
+//! `abi::result` maps it exhaustively onto `ncclResult_t`.
+use std::fmt;
+
+/// The result type of every core operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An OS error number, printed with its description.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// The calling thread's current `errno`.
+    pub fn last() -> Errno {
+        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (errno {})", std::io::Error::from_raw_os_error(self.0), self.0)
+    }
+}
+
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl From<std::io::Error> for Errno {
+    fn from(e: std::io::Error) -> Self {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+/// Everything that can go wrong, per operation, with its context.
+#[derive(thiserror::Error, Debug, Clone)]
+#[non_exhaustive]
+#[allow(missing_docs)]
+pub enum Error {
+    /// An environment variable holds a value we cannot use.
+    #[error("invalid value {value:?} for {name}: expected {accepts}")]
+    Config { name: &'static str, value: String, accepts: String },
+    /// NCCL (or a test) passed a null pointer where one is required.
+    #[error("{slot}: argument `{arg}` is NULL")]
+    NullArg { slot: &'static str, arg: &'static str },
+    /// An argument is out of range or malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArg(String),
+    /// A legal call in an illegal state or with sizes the peer did not agree to.
+    #[error("invalid usage: {0}")]
+    Usage(String),
+    /// The plugin was called before a successful `init`.
+    #[error("the plugin is not initialised (init failed or was not called)")]
+    NotInitialised,
+    /// A system call or library call failed.
+    #[error("{op}: {errno}")]
+    Sys { op: String, errno: Errno },
+    /// The peer went away or failed.
+    #[error("peer {peer}: {what}")]
+    Remote { peer: String, what: String },
+    /// The peer sent something that is not our protocol.
+    #[error("peer {peer} broke the protocol: {what}")]
+    Protocol { peer: String, what: String },
+    /// A bug in the plugin (or NCCL calling it in a way it never should).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A failed system call: `op` says what we were doing (and to what).
+    pub fn sys(op: impl Into<String>, errno: impl Into<Errno>) -> Error {
+        Error::Sys { op: op.into(), errno: errno.into() }
+    }
+    /// A failed system call whose errno is the thread's last one.
+    pub fn last_os(op: impl Into<String>) -> Error {
+        Error::sys(op, Errno::last())
+    }
+}

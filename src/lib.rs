@@ -1,0 +1,22 @@
+//! librustnet: an NCCL network plugin.
+//!
+//! Rings, from the outside in:
+//! - [`abi`]: the only code that sees NCCL's pointers (vtables v6..v10, one
+//!   boundary per slot: panics caught, NULLs rejected, errors mapped);
+//! - the safe core: [`config`], [`proto`] (handle and wire formats, request
+//!   pools, matching; no I/O), [`plugin`] (the comm objects and operations);
+//! - the system ring: [`transport`] (sockets, verbs), where `unsafe` lives
+//!   with a `// SAFETY:` line on each block.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod abi;
+pub mod config;
+pub mod error;
+pub mod log;
+pub mod plugin;
+pub mod proto;
+pub mod registry;
+pub mod transport;
+
+pub use error::{Error, Result};

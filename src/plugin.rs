@@ -1,0 +1,314 @@
+//! The plugin core: one process-wide [`Plugin`] chosen at `init`, the comm
+//! objects NCCL holds, and the operations the vtable slots call. Safe Rust:
+//! the raw pointers of NCCL stop at `abi/`.
+use std::collections::HashMap;
+
+use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
+
+use crate::config::{Config, TransportChoice};
+use crate::error::{Error, Result};
+use crate::proto::handle::{Handle, HANDLE_SIZE};
+use crate::proto::pool::ReqId;
+use crate::transport::tcp::{self, TcpConnecting, TcpListen, TcpNet};
+use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
+
+/// The network chosen at init.
+pub enum Net {
+    /// TCP sockets.
+    Tcp(TcpNet),
+}
+
+/// Process-wide plugin state.
+pub struct Plugin {
+    /// The parsed knob table.
+    pub cfg: Config,
+    /// The transport in use.
+    pub net: Net,
+}
+
+static PLUGIN: OnceCell<std::result::Result<Plugin, Error>> = OnceCell::new();
+
+/// Initialise (once per process; later calls return the first outcome).
+pub fn init() -> Result<&'static Plugin> {
+    crate::log::install();
+    PLUGIN.get_or_init(Plugin::create).as_ref().map_err(Clone::clone)
+}
+
+/// The plugin, if `init` succeeded.
+pub fn get() -> Result<&'static Plugin> {
+    match PLUGIN.get() {
+        Some(Ok(p)) => Ok(p),
+        _ => Err(Error::NotInitialised),
+    }
+}
+
+impl Plugin {
+    fn create() -> Result<Plugin> {
+        let cfg = Config::from_env().inspect_err(|e| tracing::warn!("init failed: {e}"))?;
+        crate::log::set_max_level(cfg.nccl_debug);
+        let net = match cfg.transport {
+            TransportChoice::Ib => {
+                let e = Error::Usage(
+                    "RUSTNET_TRANSPORT=ib, but this build has no verbs transport yet; use RUSTNET_TRANSPORT=socket or auto".into(),
+                );
+                tracing::warn!("init failed: {e}");
+                return Err(e);
+            }
+            TransportChoice::Auto | TransportChoice::Socket => {
+                if cfg.transport == TransportChoice::Auto {
+                    tracing::info!("no verbs transport in this build: using TCP");
+                }
+                Net::Tcp(TcpNet::new(&cfg).inspect_err(|e| tracing::warn!("init failed: {e}"))?)
+            }
+        };
+        let p = Plugin { cfg, net };
+        p.log_devices();
+        Ok(p)
+    }
+
+    fn log_devices(&self) {
+        match &self.net {
+            Net::Tcp(t) => {
+                let list: Vec<String> = t.interfaces().iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
+                let c = t.stream_cfg();
+                tracing::info!("using TCP on {} ({} stream(s) per connection)", list.join(" "), c.nstreams);
+            }
+        }
+    }
+
+    /// Transport name for logs and the vtable.
+    pub fn transport_name(&self) -> &'static str {
+        match &self.net {
+            Net::Tcp(_) => "socket",
+        }
+    }
+
+    /// Number of devices.
+    pub fn devices(&self) -> usize {
+        match &self.net {
+            Net::Tcp(t) => t.ndev(),
+        }
+    }
+
+    /// Properties of `dev`.
+    pub fn properties(&self, dev: i32) -> Result<DeviceProps> {
+        let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
+        match &self.net {
+            Net::Tcp(t) => t.props(dev),
+        }
+    }
+
+    /// Listen on `dev`; fills NCCL's handle.
+    pub fn listen(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<ListenComm> {
+        let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
+        match &self.net {
+            Net::Tcp(t) => {
+                let (l, h) = t.listen(dev)?;
+                h.encode(handle);
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(l)) })
+            }
+        }
+    }
+
+    /// Connect to the listener whose handle NCCL passes (the same buffer on
+    /// every retry); `Ok(None)` means "call again".
+    pub fn connect(&self, _dev: i32, handle: &mut [u8; HANDLE_SIZE], _traffic_class: Option<i32>) -> Result<Option<Comm>> {
+        let h = Handle::decode(handle)?;
+        let mut st = if h.stage == 0 {
+            match &self.net {
+                Net::Tcp(t) => Connecting::Tcp(t.connect(&h)?),
+            }
+        } else {
+            CONNECTING.lock().as_mut().and_then(|m| m.remove(&h.stage)).ok_or_else(|| {
+                Error::InvalidArg(format!(
+                    "connect handle carries progress token {:#x} that this process never issued (handle reused or corrupted)",
+                    h.stage
+                ))
+            })?
+        };
+        let done = match &mut st {
+            Connecting::Tcp(c) => c.progress(),
+        };
+        match done {
+            Ok(true) => {
+                Handle::set_stage(handle, 0);
+                Ok(Some(match st {
+                    Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm())))),
+                }))
+            }
+            Ok(false) => {
+                let token = tcp::connect::random_u64();
+                CONNECTING.lock().get_or_insert_with(HashMap::new).insert(token, st);
+                Handle::set_stage(handle, token);
+                Ok(None)
+            }
+            Err(e) => {
+                Handle::set_stage(handle, 0);
+                Err(e)
+            }
+        }
+    }
+
+    /// Accept; `Ok(None)` means "call again".
+    pub fn accept(&self, l: &ListenComm) -> Result<Option<Comm>> {
+        let mut g = l.inner.lock();
+        match &mut *g {
+            AnyListen::Tcp(t) => Ok(t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r)))))),
+        }
+    }
+
+    /// Register memory for `comm`.
+    pub fn reg_mr(&self, _comm: &Comm, buf: RawBuf, kind: MemKind) -> Result<MemHandle> {
+        match &self.net {
+            Net::Tcp(_) => {
+                if kind != MemKind::Host {
+                    return Err(Error::Usage(format!(
+                        "the TCP transport moves host memory only (ptrSupport=HOST) but NCCL registered {kind:?} memory at {:p}; \
+                         GPU buffers need the verbs transport with GPUDirect",
+                        buf.ptr
+                    )));
+                }
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind })
+            }
+        }
+    }
+
+    /// Register a dma-buf (GPU memory): only the verbs transport can.
+    pub fn reg_mr_dmabuf(&self, _comm: &Comm, buf: RawBuf, _fd: i32, _offset: u64) -> Result<MemHandle> {
+        Err(Error::Usage(format!(
+            "regMrDmaBuf({:p}, {} bytes): the {} transport has no dma-buf support (ptrSupport lacks NCCL_PTR_DMABUF)",
+            buf.ptr,
+            buf.len,
+            self.transport_name()
+        )))
+    }
+}
+
+/// Outgoing connections in progress, by the token stored in NCCL's handle.
+static CONNECTING: Mutex<Option<HashMap<u64, Connecting>>> = Mutex::new(None);
+
+enum Connecting {
+    Tcp(TcpConnecting),
+}
+
+/// Listening endpoint NCCL holds.
+pub struct ListenComm {
+    inner: Mutex<AnyListen>,
+}
+
+enum AnyListen {
+    Tcp(TcpListen),
+}
+
+/// Magic at the start of every comm we hand out.
+pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"RNCOMM01");
+/// Magic at the start of every memory handle.
+pub const MR_MAGIC: u64 = u64::from_le_bytes(*b"RNMREG01");
+
+/// A send or receive comm NCCL holds.
+#[repr(C)]
+pub struct Comm {
+    /// COMM_MAGIC while alive.
+    pub magic: u64,
+    /// What it is.
+    pub body: CommBody,
+}
+
+/// Send or receive side.
+pub enum CommBody {
+    /// Sending end.
+    Send(Mutex<AnySend>),
+    /// Receiving end.
+    Recv(Mutex<AnyRecv>),
+}
+
+/// Transport-specific sending end.
+pub enum AnySend {
+    /// TCP.
+    Tcp(tcp::SendComm),
+}
+
+/// Transport-specific receiving end.
+pub enum AnyRecv {
+    /// TCP.
+    Tcp(tcp::RecvComm),
+}
+
+/// A registration NCCL holds.
+#[repr(C)]
+pub struct MemHandle {
+    /// MR_MAGIC while alive.
+    pub magic: u64,
+    /// What was registered.
+    pub buf: RawBuf,
+    /// Host or device memory.
+    pub kind: MemKind,
+}
+
+/// Which way a request goes (for `test`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// A send.
+    Send,
+    /// A receive.
+    Recv,
+}
+
+impl Comm {
+    fn new(body: CommBody) -> Comm {
+        Comm { magic: COMM_MAGIC, body }
+    }
+
+    /// Send or receive.
+    pub fn dir(&self) -> Dir {
+        match self.body {
+            CommBody::Send(_) => Dir::Send,
+            CommBody::Recv(_) => Dir::Recv,
+        }
+    }
+
+    /// Post a send. `Ok(None)`: no request slot free, NCCL retries.
+    ///
+    /// # Safety
+    /// `buf` must stay readable until the request completes.
+    pub unsafe fn isend(&self, buf: RawBuf, tag: i32, _mr: Option<&MemHandle>) -> Result<Option<ReqId>> {
+        let CommBody::Send(s) = &self.body else { return Err(Error::InvalidArg("isend on a receive comm".into())) };
+        match &mut *s.lock() {
+            // SAFETY: forwarded from our caller.
+            AnySend::Tcp(t) => unsafe { t.isend(buf, tag) },
+        }
+    }
+
+    /// Post a (grouped) receive.
+    ///
+    /// # Safety
+    /// Every buffer must stay writable until the request completes.
+    pub unsafe fn irecv(&self, bufs: &[RecvBuf], _mrs: &[Option<&MemHandle>]) -> Result<Option<ReqId>> {
+        let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("irecv on a send comm".into())) };
+        match &mut *r.lock() {
+            // SAFETY: forwarded from our caller.
+            AnyRecv::Tcp(t) => unsafe { t.irecv(bufs) },
+        }
+    }
+
+    /// Flush received data to the GPU; `Ok(None)`: nothing to flush.
+    pub fn iflush(&self, _bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+        let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("iflush on a send comm".into())) };
+        match &*r.lock() {
+            AnyRecv::Tcp(_) => Ok(None),
+        }
+    }
+
+    /// Drive and check one request.
+    pub fn test(&self, id: ReqId) -> Result<Option<Completion>> {
+        match &self.body {
+            CommBody::Send(s) => match &mut *s.lock() {
+                AnySend::Tcp(t) => t.test(id),
+            },
+            CommBody::Recv(r) => match &mut *r.lock() {
+                AnyRecv::Tcp(t) => t.test(id),
+            },
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The sans-IO core: handle and wire formats, request pools, matching rules.
+//! Nothing here makes a system call or reads a clock.
+pub mod handle;
+pub mod pool;
+pub mod wire;

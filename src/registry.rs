@@ -1,0 +1,32 @@
+//! Strings NCCL keeps pointers to (`props.name`, `props.pciPath`) live here
+//! for the life of the process: interned once, never freed.
+use std::collections::HashSet;
+use std::ffi::{CStr, CString};
+
+use parking_lot::Mutex;
+
+static STRINGS: Mutex<Option<HashSet<&'static CStr>>> = Mutex::new(None);
+
+/// A `'static` C string equal to `s` (interior NULs become spaces).
+pub fn intern(s: &str) -> &'static CStr {
+    let c = CString::new(s.replace('\0', " ")).expect("no NULs left");
+    let mut g = STRINGS.lock();
+    let set = g.get_or_insert_with(HashSet::new);
+    if let Some(found) = set.get(c.as_c_str()) {
+        return found;
+    }
+    let leaked: &'static CStr = Box::leak(c.into_boxed_c_str());
+    set.insert(leaked);
+    leaked
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn same_string_same_pointer() {
+        let a = super::intern("eth0");
+        let b = super::intern("eth0");
+        assert_eq!(a.as_ptr(), b.as_ptr());
+        assert_eq!(a.to_str().unwrap(), "eth0");
+    }
+}

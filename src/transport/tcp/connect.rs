@@ -1,0 +1,204 @@
+//! Listen, connect and accept for TCP connections: all non-blocking, and
+//! `connect` never waits for `accept` (NCCL drives both from one thread in
+//! some paths).
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use super::p2p::{RecvComm, SendComm};
+use super::sys::{Io, Socket};
+use super::StreamCfg;
+use crate::error::{Error, Result};
+use crate::proto::handle::{Handle, HandleKind, PROTO_VERSION};
+use crate::proto::wire::{Hello, HELLO_LEN};
+
+/// A random 64-bit id (listener nonces, connection ids).
+pub fn random_u64() -> u64 {
+    let mut v = [0u8; 8];
+    // SAFETY: v is a valid 8-byte buffer.
+    let r = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 8, 0) };
+    if r != 8 {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        return t ^ ((std::process::id() as u64) << 32) ^ (&v as *const _ as u64);
+    }
+    u64::from_ne_bytes(v) | 1
+}
+
+/// A socket we accepted, until its hello is complete.
+struct Pending {
+    sock: Socket,
+    peer: SocketAddr,
+    buf: [u8; HELLO_LEN],
+    got: usize,
+}
+
+/// Streams of one incoming connection, gathered by connection id.
+struct Group {
+    nstreams: usize,
+    streams: Vec<Option<Socket>>,
+    peer: SocketAddr,
+}
+
+/// A listening endpoint.
+pub struct TcpListen {
+    sock: Socket,
+    addr: SocketAddr,
+    nonce: u64,
+    kind: HandleKind,
+    pending: Vec<Pending>,
+    groups: HashMap<u64, Group>,
+    cfg: StreamCfg,
+}
+
+impl TcpListen {
+    /// Listen on `local` (port 0); returns the endpoint and its handle.
+    pub fn new(local: SocketAddr, kind: HandleKind, cfg: StreamCfg) -> Result<(TcpListen, Handle)> {
+        let (sock, addr) = Socket::listen(local)?;
+        let nonce = random_u64();
+        let h = Handle { kind, addr, nonce, stage: 0 };
+        Ok((TcpListen { sock, addr, nonce, kind, pending: Vec::new(), groups: HashMap::new(), cfg }, h))
+    }
+
+    /// The address peers connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Accept whatever has arrived; `Ok(None)` until one connection has all
+    /// its streams. Strangers speaking anything else are dropped with a WARN
+    /// and the listener keeps serving.
+    pub fn accept_streams(&mut self) -> Result<Option<(Vec<Socket>, SocketAddr)>> {
+        while let Some((sock, peer)) = self.sock.accept()? {
+            self.pending.push(Pending { sock, peer, buf: [0; HELLO_LEN], got: 0 });
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let res = p.sock.read(&mut p.buf[p.got..]);
+            let drop_reason = match res {
+                Ok(Io::Done(n)) => {
+                    p.got += n;
+                    if p.got < HELLO_LEN {
+                        i += 1;
+                        continue;
+                    }
+                    match Hello::decode(&p.buf, self.nonce) {
+                        Ok(h) => {
+                            let p = self.pending.swap_remove(i);
+                            self.add_stream(h, p)?;
+                            continue;
+                        }
+                        Err(why) => why,
+                    }
+                }
+                Ok(Io::Again) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(Io::Eof) => format!("closed after {} of {} hello bytes", p.got, HELLO_LEN),
+                Err(e) => format!("read failed: {e}"),
+            };
+            let p = self.pending.swap_remove(i);
+            tracing::warn!("listener {}: rejected connection from {}: {}", self.addr, p.peer, drop_reason);
+        }
+        let ready = self.groups.iter().find(|(_, g)| g.streams.iter().all(Option::is_some)).map(|(k, _)| *k);
+        if let Some(id) = ready {
+            let g = self.groups.remove(&id).unwrap();
+            let socks: Vec<Socket> = g.streams.into_iter().map(Option::unwrap).collect();
+            for s in &socks {
+                s.tune_stream(self.cfg.timeout_s, self.cfg.bufsize)?;
+            }
+            return Ok(Some((socks, g.peer)));
+        }
+        Ok(None)
+    }
+
+    fn add_stream(&mut self, h: Hello, p: Pending) -> Result<()> {
+        let g = self.groups.entry(h.conn_id).or_insert_with(|| Group {
+            nstreams: h.nstreams as usize,
+            streams: (0..h.nstreams).map(|_| None).collect(),
+            peer: p.peer,
+        });
+        if g.nstreams != h.nstreams as usize || g.streams[h.stream as usize].is_some() {
+            tracing::warn!(
+                "listener {}: rejected stream {}/{} from {}: inconsistent with its connection",
+                self.addr,
+                h.stream,
+                h.nstreams,
+                p.peer
+            );
+            return Ok(());
+        }
+        g.streams[h.stream as usize] = Some(p.sock);
+        Ok(())
+    }
+
+    /// Accept a full TCP data connection.
+    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+        debug_assert_eq!(self.kind, HandleKind::Tcp);
+        Ok(self.accept_streams()?.map(|(socks, peer)| RecvComm::new(socks, peer, self.cfg)))
+    }
+}
+
+struct ConnStream {
+    sock: Socket,
+    connected: bool,
+    hello: [u8; HELLO_LEN],
+    sent: usize,
+}
+
+/// An outgoing connection in progress.
+pub struct TcpConnecting {
+    peer: SocketAddr,
+    streams: Vec<ConnStream>,
+    cfg: StreamCfg,
+}
+
+impl TcpConnecting {
+    /// Open `nstreams` sockets to the listener in `h`.
+    pub fn start(h: &Handle, nstreams: usize, cfg: StreamCfg) -> Result<TcpConnecting> {
+        let conn_id = random_u64();
+        let mut streams = Vec::with_capacity(nstreams);
+        for i in 0..nstreams {
+            let sock = Socket::connect_start(h.addr)?;
+            let hello = Hello { version: PROTO_VERSION, stream: i as u16, nstreams: nstreams as u16, conn_id, nonce: h.nonce }.encode();
+            streams.push(ConnStream { sock, connected: false, hello, sent: 0 });
+        }
+        Ok(TcpConnecting { peer: h.addr, streams, cfg })
+    }
+
+    /// Advance; `Ok(true)` once every stream is connected and has sent its hello.
+    pub fn progress(&mut self) -> Result<bool> {
+        let mut all = true;
+        for s in &mut self.streams {
+            if !s.connected {
+                s.connected = s.sock.connect_done(&self.peer)?;
+                if !s.connected {
+                    all = false;
+                    continue;
+                }
+                s.sock.tune_stream(self.cfg.timeout_s, self.cfg.bufsize)?;
+            }
+            while s.sent < HELLO_LEN {
+                match s.sock.write(&s.hello[s.sent..]) {
+                    Ok(Io::Done(n)) => s.sent += n,
+                    Ok(_) => break,
+                    Err(e) => return Err(Error::Remote { peer: self.peer.to_string(), what: format!("sending hello: {e}") }),
+                }
+            }
+            all &= s.sent == HELLO_LEN;
+        }
+        Ok(all)
+    }
+
+    /// The connected sockets (after `progress` returned true).
+    pub fn into_streams(self) -> (Vec<Socket>, SocketAddr) {
+        (self.streams.into_iter().map(|s| s.sock).collect(), self.peer)
+    }
+
+    /// Finish as a TCP send comm.
+    pub fn into_send_comm(self) -> SendComm {
+        let cfg = self.cfg;
+        let (socks, peer) = self.into_streams();
+        SendComm::new(socks, peer, cfg)
+    }
+}

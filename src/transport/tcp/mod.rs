@@ -1,0 +1,96 @@
+//! The TCP transport: works on every host, needs nothing but IP.
+pub mod connect;
+pub mod device;
+pub mod p2p;
+pub mod sys;
+
+use std::path::Path;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::proto::handle::{Handle, HandleKind};
+use crate::transport::DeviceProps;
+
+pub use connect::{TcpConnecting, TcpListen};
+pub use device::NetIf;
+pub use p2p::{RecvComm, SendComm};
+
+/// Per-connection stream settings from the knob table.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamCfg {
+    /// Streams per connection.
+    pub nstreams: usize,
+    /// Smallest striping chunk.
+    pub min_chunk: usize,
+    /// Dead-peer timeout, seconds.
+    pub timeout_s: i64,
+    /// SO_SNDBUF/SO_RCVBUF (0 = autotune).
+    pub bufsize: u64,
+}
+
+impl StreamCfg {
+    /// From the knob table.
+    pub fn from_config(cfg: &Config) -> StreamCfg {
+        let threads = cfg.socket_nthreads.get().max(1) as usize;
+        StreamCfg {
+            nstreams: (threads * cfg.nsocks_per_thread.get() as usize).clamp(1, 64),
+            min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
+            timeout_s: cfg.socket_timeout.get(),
+            bufsize: cfg.socket_bufsize.0,
+        }
+    }
+}
+
+/// The TCP transport's device table.
+pub struct TcpNet {
+    ifs: Vec<NetIf>,
+    props: Vec<DeviceProps>,
+    cfg: StreamCfg,
+}
+
+impl TcpNet {
+    /// Discover interfaces per the knobs.
+    pub fn new(cfg: &Config) -> Result<TcpNet> {
+        let ifs = device::discover(cfg)?;
+        let props = ifs.iter().enumerate().map(|(i, f)| device::properties(f, i, Path::new("/sys"))).collect();
+        let cfg = StreamCfg::from_config(cfg);
+        Ok(TcpNet { ifs, props, cfg })
+    }
+
+    /// The interfaces in use.
+    pub fn interfaces(&self) -> &[NetIf] {
+        &self.ifs
+    }
+
+    /// Number of devices.
+    pub fn ndev(&self) -> usize {
+        self.ifs.len()
+    }
+
+    /// Stream settings.
+    pub fn stream_cfg(&self) -> StreamCfg {
+        self.cfg
+    }
+
+    /// Properties of `dev`.
+    pub fn props(&self, dev: usize) -> Result<DeviceProps> {
+        self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))
+    }
+
+    /// Listen on `dev`.
+    pub fn listen(&self, dev: usize) -> Result<(TcpListen, Handle)> {
+        let ifc = self.ifs.get(dev).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))?;
+        TcpListen::new(ifc.addr, HandleKind::Tcp, self.cfg)
+    }
+
+    /// Start connecting to the listener in `h`.
+    pub fn connect(&self, h: &Handle) -> Result<TcpConnecting> {
+        if h.kind != HandleKind::Tcp {
+            return Err(Error::Usage(format!(
+                "the peer listens with the {:?} transport but this process uses TCP: set the same RUSTNET_TRANSPORT on every rank",
+                h.kind
+            )));
+        }
+        TcpConnecting::start(h, self.cfg.nstreams, self.cfg)
+    }
+}

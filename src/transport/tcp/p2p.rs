@@ -1,0 +1,389 @@
+//! The TCP data path: isend/irecv/test over one or more streams, driven from
+//! the caller of `test` (and eagerly from isend/irecv). No allocation after a
+//! comm is built; a dead or misbehaving peer fails every pending and later
+//! request of the comm with an error naming it.
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+use super::sys::{Io, Socket};
+use super::StreamCfg;
+use crate::error::{Errno, Error, Result};
+use crate::proto::pool::{Pool, ReqId};
+use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
+use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
+
+/// Send requests in flight per comm: NCCL may post MAX_REQUESTS x maxRecvs.
+pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
+
+fn peer_error(peer: &SocketAddr, what: impl Into<String>) -> Error {
+    Error::Remote { peer: peer.to_string(), what: what.into() }
+}
+
+fn io_error(peer: &SocketAddr, dir: &str, e: Errno) -> Error {
+    let hint = match e.0 {
+        libc::ECONNRESET | libc::EPIPE => " (the peer process died or closed its comm)",
+        libc::ETIMEDOUT => " (no answer within RUSTNET_SOCKET_TIMEOUT: peer host down or network cut)",
+        _ => "",
+    };
+    peer_error(peer, format!("{dir} failed: {e}{hint}"))
+}
+
+// ---------------------------------------------------------------- send side
+
+struct Piece {
+    req: ReqId,
+    hdr: [u8; HDR_LEN],
+    hdr_len: usize,
+    data: *const u8,
+    len: usize,
+    done: usize,
+}
+
+struct SendReq {
+    size: usize,
+    pieces_left: usize,
+}
+
+struct SendStream {
+    sock: Socket,
+    q: VecDeque<Piece>,
+}
+
+/// The sending end of a TCP connection.
+pub struct SendComm {
+    streams: Vec<SendStream>,
+    reqs: Pool<SendReq>,
+    failed: Option<Error>,
+    peer: SocketAddr,
+    min_chunk: usize,
+}
+
+// SAFETY: the raw pointers in queued pieces are NCCL buffers that stay valid
+// until their request completes (the isend contract); the comm is only used
+// by one thread at a time (behind the boundary's mutex).
+unsafe impl Send for SendComm {}
+
+impl SendComm {
+    /// Build from connected streams.
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
+        SendComm {
+            streams: socks.into_iter().map(|sock| SendStream { sock, q: VecDeque::with_capacity(SEND_SLOTS) }).collect(),
+            reqs: Pool::new(SEND_SLOTS),
+            failed: None,
+            peer,
+            min_chunk: cfg.min_chunk,
+        }
+    }
+
+    /// Peer address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Number of TCP streams.
+    pub fn nstreams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Queue a send; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// `buf` must stay readable until `test` reports this request done or failed.
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if buf.len > MAX_P2P_BYTES {
+            return Err(Error::Usage(format!("isend of {} bytes exceeds maxP2pBytes ({MAX_P2P_BYTES})", buf.len)));
+        }
+        let nchunks = wire::chunks(buf.len, self.streams.len(), self.min_chunk).count().max(1);
+        let Some(id) = self.reqs.alloc(SendReq { size: buf.len, pieces_left: nchunks }) else { return Ok(None) };
+        let hdr = MsgHeader { tag, size: buf.len as u64 }.encode();
+        if buf.len == 0 {
+            self.streams[0].q.push_back(Piece { req: id, hdr, hdr_len: HDR_LEN, data: std::ptr::null(), len: 0, done: 0 });
+        }
+        for (s, off, len) in wire::chunks(buf.len, self.streams.len(), self.min_chunk) {
+            let hdr_len = if s == 0 { HDR_LEN } else { 0 };
+            // SAFETY: off < buf.len, inside the caller's buffer.
+            let data = unsafe { buf.ptr.add(off) } as *const u8;
+            self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0 });
+        }
+        self.progress();
+        Ok(Some(id))
+    }
+
+    /// Move bytes until every stream would block or is idle.
+    pub fn progress(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        for st in &mut self.streams {
+            while let Some(p) = st.q.front_mut() {
+                let total = p.hdr_len + p.len;
+                let (a, b) = if p.done < p.hdr_len {
+                    ((p.hdr[p.done..].as_ptr(), p.hdr_len - p.done), (p.data, p.len))
+                } else {
+                    // SAFETY: done - hdr_len < len: inside the piece's data.
+                    ((unsafe { p.data.add(p.done - p.hdr_len) }, total - p.done), (std::ptr::null(), 0))
+                };
+                // SAFETY: the header lives in the piece; the data is the NCCL
+                // buffer kept valid by the isend contract.
+                match unsafe { st.sock.write_raw2(a, b) } {
+                    Ok(Io::Done(n)) => {
+                        p.done += n;
+                        if p.done == total {
+                            let req = p.req;
+                            st.q.pop_front();
+                            if let Ok(r) = self.reqs.get_mut(req) {
+                                r.pieces_left -= 1;
+                            }
+                        }
+                    }
+                    Ok(_) => break,
+                    Err(e) => {
+                        self.failed = Some(io_error(&self.peer, "send", e));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
+        self.progress();
+        if let Some(e) = &self.failed {
+            let e = e.clone();
+            let _ = self.reqs.release(id);
+            return Err(e);
+        }
+        let r = self.reqs.get(id).unwrap();
+        if r.pieces_left == 0 {
+            let size = r.size;
+            self.reqs.release(id).unwrap();
+            return Ok(Some(Completion::one(size)));
+        }
+        Ok(None)
+    }
+}
+
+// ---------------------------------------------------------------- recv side
+
+struct Expect {
+    req: ReqId,
+    ptr: *mut u8,
+    len: usize,
+    got: usize,
+}
+
+struct RecvReq {
+    n: usize,
+    bufs: [RecvBuf; MAX_RECVS],
+    specs: [RecvSpec; MAX_RECVS],
+    sizes: [usize; MAX_RECVS],
+    unmatched: usize,
+    pieces_left: usize,
+}
+
+struct RecvStream {
+    sock: Socket,
+    q: VecDeque<Expect>,
+}
+
+/// The receiving end of a TCP connection.
+pub struct RecvComm {
+    streams: Vec<RecvStream>,
+    reqs: Pool<RecvReq>,
+    /// Posted receives that still wait for messages, in posting order.
+    order: VecDeque<ReqId>,
+    hdr: [u8; HDR_LEN],
+    hdr_got: usize,
+    failed: Option<Error>,
+    peer: SocketAddr,
+    min_chunk: usize,
+}
+
+// SAFETY: as for SendComm: raw pointers are NCCL receive buffers valid until
+// completion, and the comm is used by one thread at a time.
+unsafe impl Send for RecvComm {}
+
+enum Step {
+    Progress,
+    Blocked,
+}
+
+impl RecvComm {
+    /// Build from accepted streams.
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
+        RecvComm {
+            streams: socks.into_iter().map(|sock| RecvStream { sock, q: VecDeque::with_capacity(MAX_REQUESTS * MAX_RECVS) }).collect(),
+            reqs: Pool::new(MAX_REQUESTS),
+            order: VecDeque::with_capacity(MAX_REQUESTS),
+            hdr: [0; HDR_LEN],
+            hdr_got: 0,
+            failed: None,
+            peer,
+            min_chunk: cfg.min_chunk,
+        }
+    }
+
+    /// Peer address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// Every buffer must stay writable until `test` reports this request done or failed.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::InvalidArg(format!("irecv with n={} (1..={MAX_RECVS} accepted)", bufs.len())));
+        }
+        let mut r = RecvReq {
+            n: bufs.len(),
+            bufs: [RecvBuf { buf: RawBuf::EMPTY, tag: 0 }; MAX_RECVS],
+            specs: [RecvSpec { cap: 0, tag: 0, matched: false }; MAX_RECVS],
+            sizes: [0; MAX_RECVS],
+            unmatched: bufs.len(),
+            pieces_left: 0,
+        };
+        for (i, b) in bufs.iter().enumerate() {
+            r.bufs[i] = *b;
+            r.specs[i] = RecvSpec { cap: b.buf.len, tag: b.tag, matched: false };
+        }
+        let Some(id) = self.reqs.alloc(r) else { return Ok(None) };
+        self.order.push_back(id);
+        self.progress();
+        Ok(Some(id))
+    }
+
+    fn fail(&mut self, e: Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+    }
+
+    /// Stream 0: headers and chunk 0 of each message.
+    fn step_stream0(&mut self) -> Result<Step> {
+        let peer = self.peer;
+        let st = &mut self.streams[0];
+        if let Some(x) = st.q.front_mut() {
+            // SAFETY: x.ptr..x.ptr+x.len lies in a posted receive buffer.
+            return match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
+                Ok(Io::Done(n)) => {
+                    x.got += n;
+                    if x.got == x.len {
+                        let req = x.req;
+                        st.q.pop_front();
+                        if let Ok(r) = self.reqs.get_mut(req) {
+                            r.pieces_left -= 1;
+                        }
+                    }
+                    Ok(Step::Progress)
+                }
+                Ok(Io::Again) => Ok(Step::Blocked),
+                Ok(Io::Eof) => Err(peer_error(&peer, "closed the connection in the middle of a message")),
+                Err(e) => Err(io_error(&peer, "receive", e)),
+            };
+        }
+        let Some(&head) = self.order.front() else { return Ok(Step::Blocked) };
+        match st.sock.read(&mut self.hdr[self.hdr_got..]) {
+            Ok(Io::Done(n)) => self.hdr_got += n,
+            Ok(Io::Again) => return Ok(Step::Blocked),
+            Ok(Io::Eof) => {
+                return Err(peer_error(&peer, "closed the connection while receives were posted (peer process exited or closed its send comm)"))
+            }
+            Err(e) => return Err(io_error(&peer, "receive", e)),
+        }
+        if self.hdr_got < HDR_LEN {
+            return Ok(Step::Progress);
+        }
+        self.hdr_got = 0;
+        let h = MsgHeader::decode(&self.hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w })?;
+        let r = self.reqs.get_mut(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
+        let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
+        let size = h.size as usize;
+        r.specs[i].matched = true;
+        r.sizes[i] = size;
+        r.unmatched -= 1;
+        let base = r.bufs[i].buf.ptr;
+        let nstreams = self.streams.len();
+        for (s, off, len) in wire::chunks(size, nstreams, self.min_chunk) {
+            // SAFETY: off + len <= size <= the posted capacity (checked by match_recv).
+            let ptr = unsafe { base.add(off) };
+            self.streams[s].q.push_back(Expect { req: head, ptr, len, got: 0 });
+            r.pieces_left += 1;
+        }
+        if r.unmatched == 0 {
+            self.order.pop_front();
+        }
+        Ok(Step::Progress)
+    }
+
+    /// Move bytes until every stream would block or has nothing expected.
+    pub fn progress(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        loop {
+            match self.step_stream0() {
+                Ok(Step::Progress) => continue,
+                Ok(Step::Blocked) => break,
+                Err(e) => return self.fail(e),
+            }
+        }
+        let peer = self.peer;
+        for st in self.streams.iter_mut().skip(1) {
+            while let Some(x) = st.q.front_mut() {
+                // SAFETY: inside a posted receive buffer, as above.
+                match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
+                    Ok(Io::Done(n)) => {
+                        x.got += n;
+                        if x.got == x.len {
+                            let req = x.req;
+                            st.q.pop_front();
+                            if let Ok(r) = self.reqs.get_mut(req) {
+                                r.pieces_left -= 1;
+                            }
+                        }
+                    }
+                    Ok(Io::Again) => break,
+                    Ok(Io::Eof) => {
+                        self.failed = Some(peer_error(&peer, "closed a data stream in the middle of a message"));
+                        return;
+                    }
+                    Err(e) => {
+                        self.failed = Some(io_error(&peer, "receive", e));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `Ok(Some(sizes))` when every buffer of the receive is filled.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
+        self.progress();
+        if let Some(e) = &self.failed {
+            let e = e.clone();
+            if self.reqs.release(id).is_ok() {
+                self.order.retain(|&o| o != id);
+            }
+            return Err(e);
+        }
+        let r = self.reqs.get(id).unwrap();
+        if r.unmatched == 0 && r.pieces_left == 0 {
+            let mut c = Completion { n: r.n, sizes: [0; MAX_RECVS] };
+            c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+            self.reqs.release(id).unwrap();
+            return Ok(Some(c));
+        }
+        Ok(None)
+    }
+}
