@@ -45,21 +45,19 @@ pub fn get() -> Result<&'static Plugin> {
 
 impl Plugin {
     fn create() -> Result<Plugin> {
-        let cfg = Config::from_env().inspect_err(|e| tracing::warn!("init failed: {e}"))?;
+        let cfg = Config::from_env()?;
         crate::log::set_max_level(cfg.nccl_debug);
         let net = match cfg.transport {
             TransportChoice::Ib => {
-                let e = Error::Usage(
+                return Err(Error::Usage(
                     "RUSTNET_TRANSPORT=ib, but this build has no verbs transport yet; use RUSTNET_TRANSPORT=socket or auto".into(),
-                );
-                tracing::warn!("init failed: {e}");
-                return Err(e);
+                ));
             }
             TransportChoice::Auto | TransportChoice::Socket => {
                 if cfg.transport == TransportChoice::Auto {
                     tracing::info!("no verbs transport in this build: using TCP");
                 }
-                Net::Tcp(TcpNet::new(&cfg).inspect_err(|e| tracing::warn!("init failed: {e}"))?)
+                Net::Tcp(TcpNet::new(&cfg)?)
             }
         };
         let p = Plugin { cfg, net };

@@ -1,0 +1,715 @@
+//! Conformance suite: the built `librustnet.so`, opened by the file names NCCL
+//! uses, driven from two processes the way NCCL's proxy drives a plugin, for
+//! every exported ABI version. Plus the failure cases: a peer killed
+//! mid-transfer, garbage on the listen port, invalid knobs, an injected panic,
+//! NULL and stale arguments, and dlclose/dlopen cycles.
+//!
+//! The transport under test follows the environment (`RUSTNET_TRANSPORT`,
+//! `NCCL_SOCKET_IFNAME`, ...). Extra per-peer variables: `RUSTNET_CONF_A_ENV`
+//! and `RUSTNET_CONF_B_ENV` ("K=V K=V"), e.g. `NCCL_IB_HCA=rxe0` and `=rxe1`.
+//! `harness = false`: this file has its own main, so it can re-run itself as
+//! a peer process (`RUSTNET_CONF_ROLE`).
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+
+const VERSIONS: [u32; 5] = [6, 7, 8, 9, 10];
+
+// ------------------------------------------------------------------ peer side
+
+struct Peer {
+    p: Plugin,
+    dev: i32,
+    out: std::io::Stdout,
+    input: std::io::Lines<std::io::StdinLock<'static>>,
+}
+
+impl Peer {
+    fn say(&mut self, s: &str) {
+        writeln!(self.out, "{s}").unwrap();
+        self.out.flush().unwrap();
+    }
+    fn hear(&mut self, prefix: &str) -> String {
+        loop {
+            let l = self.input.next().expect("coordinator closed stdin").unwrap();
+            if let Some(rest) = l.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+    /// listen, swap handles with the other peer, connect+accept together.
+    fn connect_pair(&mut self) -> (Ptr, Ptr, Ptr) {
+        let (h, l) = self.p.listen(self.dev).expect("listen");
+        self.say(&format!("HANDLE {}", hex(&h)));
+        let peer = unhex(&self.hear("PEER ")).expect("peer handle hex");
+        let mut ph = [0u8; 128];
+        ph.copy_from_slice(&peer);
+        let (s, r) = self.p.connect_accept(self.dev, &mut ph, l, Duration::from_secs(60)).expect("connect/accept");
+        (s, r, l)
+    }
+}
+
+fn env_u64(k: &str, d: u64) -> u64 {
+    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+}
+
+struct SendSlot {
+    req: Ptr,
+    buf: Vec<u8>,
+    mh: Ptr,
+}
+
+struct RecvSlot {
+    round: usize,
+    req: Ptr,
+    bufs: Vec<Vec<u8>>,
+    mhs: Vec<Ptr>,
+}
+
+/// Both directions at once: send our plan, receive the peer's plan, verify
+/// every byte, the canary behind it and the reported sizes.
+fn traffic(p: &Plugin, s: Ptr, r: Ptr, my_seed: u64, peer_seed: u64, rounds: usize, max_recvs: usize, max_big: usize) -> Result<u64, String> {
+    let send_plan = plan(my_seed, rounds, max_recvs, max_big);
+    let recv_plan = plan(peer_seed, rounds, max_recvs, max_big);
+    let window = 4usize;
+    let mut sends: Vec<SendSlot> = Vec::new();
+    let mut next_send = (0usize, 0usize); // (round, k in send_order)
+    let mut recvs: Vec<RecvSlot> = Vec::new();
+    let mut next_recv = 0usize;
+    let mut recv_done = 0usize;
+    let mut sent_rounds_done = 0usize;
+    let mut bytes = 0u64;
+    let t0 = Instant::now();
+    let mut sends_done_per_round = vec![0usize; rounds];
+    let mut sends_inflight_round: Vec<usize> = Vec::new();
+    while recv_done < rounds || sent_rounds_done < rounds {
+        if t0.elapsed() > Duration::from_secs(180) {
+            return Err(format!("traffic stuck: recv {recv_done}/{rounds}, send rounds {sent_rounds_done}/{rounds}"));
+        }
+        // post receives
+        while next_recv < rounds && recvs.len() < window {
+            let rd = &recv_plan[next_recv];
+            let mut bufs: Vec<Vec<u8>> = rd.msgs.iter().map(|m| vec![CANARY; m.cap + CANARY_LEN]).collect();
+            let mut mhs = Vec::new();
+            for b in &mut bufs {
+                mhs.push(p.reg_mr(r, b.as_mut_ptr(), b.len()).map_err(|e| e.to_string())?);
+            }
+            let spec: Vec<_> = rd.msgs.iter().zip(bufs.iter_mut()).zip(&mhs).map(|((m, b), mh)| (b.as_mut_ptr(), m.cap, m.tag, *mh)).collect();
+            match p.irecv(r, &spec).map_err(|e| e.to_string())? {
+                Some(req) => {
+                    recvs.push(RecvSlot { round: next_recv, req, bufs, mhs });
+                    next_recv += 1;
+                }
+                None => {
+                    for mh in mhs {
+                        p.dereg_mr(r, mh).map_err(|e| e.to_string())?;
+                    }
+                    break;
+                }
+            }
+        }
+        // post sends (the sender may run at most `window` rounds ahead)
+        while next_send.0 < rounds && next_send.0 < sent_rounds_done + window {
+            let (ri, k) = next_send;
+            let rd = &send_plan[ri];
+            let idx = rd.send_order[k];
+            let m = rd.msgs[idx];
+            let mut buf = vec![0u8; m.size.max(1)];
+            fill(&mut buf[..m.size], my_seed, ri, idx);
+            let mh = p.reg_mr(s, buf.as_mut_ptr(), buf.len()).map_err(|e| e.to_string())?;
+            match p.isend(s, buf.as_mut_ptr(), m.size, m.tag, mh).map_err(|e| e.to_string())? {
+                Some(req) => {
+                    sends.push(SendSlot { req, buf, mh });
+                    sends_inflight_round.push(ri);
+                    next_send = if k + 1 == rd.send_order.len() { (ri + 1, 0) } else { (ri, k + 1) };
+                }
+                None => {
+                    p.dereg_mr(s, mh).map_err(|e| e.to_string())?;
+                    break;
+                }
+            }
+        }
+        // test sends
+        let mut i = 0;
+        while i < sends.len() {
+            let mut sz = [0i32; 1];
+            if p.test(sends[i].req, &mut sz).map_err(|e| e.to_string())? {
+                let ss = sends.swap_remove(i);
+                let ri = sends_inflight_round.swap_remove(i);
+                p.dereg_mr(s, ss.mh).map_err(|e| e.to_string())?;
+                drop(ss.buf);
+                sends_done_per_round[ri] += 1;
+                while sent_rounds_done < rounds && sends_done_per_round[sent_rounds_done] == send_plan[sent_rounds_done].msgs.len() {
+                    sent_rounds_done += 1;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        // test receives in order
+        let mut i = 0;
+        while i < recvs.len() {
+            let mut sizes = [-1i32; 8];
+            if p.test(recvs[i].req, &mut sizes).map_err(|e| e.to_string())? {
+                let rs = recvs.remove(i);
+                let rd = &recv_plan[rs.round];
+                for (j, m) in rd.msgs.iter().enumerate() {
+                    if sizes[j] != m.size as i32 {
+                        return Err(format!("round {} buffer {j}: test reported {} bytes, peer sent {}", rs.round, sizes[j], m.size));
+                    }
+                    if let Some(off) = check(&rs.bufs[j][..m.size], peer_seed, rs.round, j) {
+                        return Err(format!("round {} buffer {j} (tag {}, {} bytes): data differs at offset {off}", rs.round, m.tag, m.size));
+                    }
+                    if let Some(off) = rs.bufs[j][m.size..].iter().position(|&b| b != CANARY) {
+                        return Err(format!("round {} buffer {j}: canary overwritten {off} bytes past the {}-byte message", rs.round, m.size));
+                    }
+                    bytes += m.size as u64;
+                }
+                for mh in rs.mhs {
+                    p.dereg_mr(r, mh).map_err(|e| e.to_string())?;
+                }
+                recv_done += 1;
+            } else {
+                i += 1;
+            }
+        }
+    }
+    Ok(bytes)
+}
+
+fn open_plugin(version: u32) -> Plugin {
+    // Bare NCCL-style file name: found through LD_LIBRARY_PATH, as NCCL does.
+    let name = std::env::var("RUSTNET_CONF_LIBNAME").unwrap_or_else(|_| "libnccl-net-rustnet.so".into());
+    Plugin::open(Path::new(&name), version).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn peer_main(role: String) {
+    let version = env_u64("RUSTNET_CONF_VERSION", 8) as u32;
+    let scenario = std::env::var("RUSTNET_CONF_SCENARIO").unwrap_or_default();
+    let seed = env_u64("RUSTNET_CONF_SEED", 1);
+    let (my_seed, peer_seed) = if role == "A" { (seed, seed + 1) } else { (seed + 1, seed) };
+    let p = open_plugin(version);
+    let stdin: &'static std::io::Stdin = Box::leak(Box::new(std::io::stdin()));
+    let mut peer = Peer { p, dev: env_u64("RUSTNET_CONF_DEV", 0) as i32, out: std::io::stdout(), input: stdin.lock().lines() };
+    let p = &peer.p;
+    assert_eq!(p.name(), "rustnet");
+    assert!(p.missing_slots().is_empty(), "NULL slots: {:?}", p.missing_slots());
+    if let Err(e) = p.init() {
+        peer.say(&format!("INITFAIL {}", e.code));
+        return;
+    }
+    match scenario.as_str() {
+        "init" => {
+            let n = peer.p.devices().unwrap();
+            peer.say(&format!("DONE devices={n}"));
+        }
+        "traffic" => {
+            let n = peer.p.devices().unwrap();
+            assert!(n >= 1, "no devices");
+            let props = peer.p.properties(peer.dev).unwrap();
+            assert!(!props.name.is_empty());
+            assert_eq!(props.max_recvs, 8, "maxRecvs");
+            assert!(props.ptr_support & 1 != 0, "ptrSupport lacks HOST");
+            assert_eq!(props.net_device_type, 0, "netDeviceType must be HOST");
+            if version >= 9 {
+                assert!(props.max_p2p_bytes > 0 && props.max_p2p_bytes <= 1 << 40);
+            }
+            let cycles = env_u64("RUSTNET_CONF_CYCLES", 3) as usize;
+            let rounds = env_u64("RUSTNET_CONF_ROUNDS", 40) as usize;
+            let max_big = env_u64("RUSTNET_CONF_MAX_BIG", 6 << 20) as usize;
+            let mut base = None;
+            let mut total = 0;
+            for c in 0..cycles {
+                let (s, r, l) = peer.connect_pair();
+                let res = traffic(&peer.p, s, r, my_seed + 10 * c as u64, peer_seed + 10 * c as u64, rounds, 8, max_big);
+                let bytes = match res {
+                    Ok(b) => b,
+                    Err(e) => {
+                        peer.say(&format!("FAIL cycle {c}: {e}"));
+                        std::process::exit(1);
+                    }
+                };
+                total += bytes;
+                peer.p.close_send(s).unwrap();
+                peer.p.close_recv(r).unwrap();
+                peer.p.close_listen(l).unwrap();
+                // both sides finished receiving before anyone closes for good
+                peer.say("CYCLE");
+                peer.hear("GO");
+                if c == 0 {
+                    base = Some((fd_count(), thread_count(), rss_kib()));
+                }
+            }
+            let (fd0, th0, rss0) = base.unwrap();
+            let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+            if fd1 > fd0 || th1 > th0 || rss1 > rss0 + 64 * 1024 {
+                peer.say(&format!("FAIL growth after {cycles} cycles: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB"));
+                std::process::exit(1);
+            }
+            peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}"));
+        }
+        "killed_sender" => {
+            // B sends big messages forever and gets SIGKILLed by the coordinator.
+            let (s, _r, _l) = peer.connect_pair();
+            let mut buf = vec![7u8; 8 << 20];
+            let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
+            let mut told = false;
+            let mut inflight = Vec::new();
+            loop {
+                if let Some(req) = peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh).unwrap() {
+                    inflight.push(req);
+                }
+                inflight.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
+                if !told {
+                    peer.say("STARTED");
+                    told = true;
+                }
+            }
+        }
+        "killed_receiver_side" => {
+            // A: receives from B (which gets killed); must fail, not hang.
+            let (s, r, l) = peer.connect_pair();
+            let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 8 << 20]).collect();
+            let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(r, b.as_mut_ptr(), b.len()).unwrap()).collect();
+            let post = |p: &Plugin, b: &mut Vec<u8>, mh: Ptr| loop {
+                if let Some(q) = p.irecv(r, &[(b.as_mut_ptr(), b.len(), 100, mh)]).unwrap() {
+                    break q;
+                }
+            };
+            let mut reqs: Vec<Ptr> = (0..4).map(|i| post(&peer.p, &mut bufs[i], mhs[i])).collect();
+            peer.say("POSTED");
+            let t0 = Instant::now();
+            let mut err = None;
+            'outer: while t0.elapsed() < Duration::from_secs(60) {
+                for i in 0..reqs.len() {
+                    match peer.p.test(reqs[i], &mut [0; 8]) {
+                        // a completed 8 MiB receive: post its buffer again
+                        Ok(true) => reqs[i] = post(&peer.p, &mut bufs[i], mhs[i]),
+                        Ok(false) => {}
+                        Err(e) => {
+                            err = Some(e);
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+            let Some(e) = err else {
+                peer.say("FAIL no error 60 s after the peer was killed");
+                std::process::exit(1);
+            };
+            // the send side towards the dead peer fails too (maybe after a few sends)
+            let mut sbuf = vec![1u8; 1 << 20];
+            let smh = peer.p.reg_mr(s, sbuf.as_mut_ptr(), sbuf.len()).unwrap();
+            let t1 = Instant::now();
+            let mut send_err = None;
+            while t1.elapsed() < Duration::from_secs(30) && send_err.is_none() {
+                match peer.p.isend(s, sbuf.as_mut_ptr(), sbuf.len(), 1, smh) {
+                    Err(e) => send_err = Some(e),
+                    Ok(Some(q)) => loop {
+                        match peer.p.test(q, &mut [0]) {
+                            Ok(true) => break,
+                            Ok(false) => {}
+                            Err(e) => {
+                                send_err = Some(e);
+                                break;
+                            }
+                        }
+                    },
+                    Ok(None) => {}
+                }
+            }
+            for mh in mhs {
+                peer.p.dereg_mr(r, mh).unwrap();
+            }
+            peer.p.dereg_mr(s, smh).unwrap();
+            peer.p.close_recv(r).unwrap();
+            peer.p.close_send(s).unwrap();
+            peer.p.close_listen(l).unwrap();
+            peer.say(&format!(
+                "DONE recv_error={} after_ms={} send_error={}",
+                e.code,
+                t0.elapsed().as_millis(),
+                send_err.map_or(-1, |e| e.code)
+            ));
+        }
+        "panic" => {
+            let (s, r, l) = peer.connect_pair();
+            let mut buf = vec![0u8; 64];
+            let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), 64).unwrap();
+            let e = peer.p.isend(s, buf.as_mut_ptr(), 64, 1, mh).unwrap_err();
+            // still alive: other slots keep working
+            let n = peer.p.devices().unwrap();
+            peer.p.dereg_mr(s, mh).unwrap();
+            peer.p.close_send(s).unwrap();
+            peer.p.close_recv(r).unwrap();
+            peer.p.close_listen(l).unwrap();
+            peer.say(&format!("DONE isend_code={} devices_after={n}", e.code));
+        }
+        "misuse" => {
+            let mut out = Vec::new();
+            out.push(format!("devices_null={}", peer.p.devices_null().unwrap_err().code));
+            let mut junk = [0x5au8; 128];
+            out.push(format!("connect_garbage={}", peer.p.connect(0, &mut junk).unwrap_err().code));
+            out.push(format!("props_bad_dev={}", peer.p.properties(999).unwrap_err().code));
+            let (s, r, l) = peer.connect_pair();
+            let mut b = [0u8; 16];
+            let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
+            let q = loop {
+                if let Some(q) = peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).unwrap() {
+                    break q;
+                }
+            };
+            let mut rb = [0u8; 16];
+            let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
+            let rq = loop {
+                if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, rmh)]).unwrap() {
+                    break q;
+                }
+            };
+            while !peer.p.test(q, &mut [0]).unwrap() {}
+            while !peer.p.test(rq, &mut [0; 8]).unwrap() {}
+            out.push(format!("stale_test={}", peer.p.test(q, &mut [0]).unwrap_err().code));
+            let many: Vec<_> = (0..9).map(|_| (rb.as_mut_ptr(), 16usize, 1, rmh)).collect();
+            out.push(format!("irecv_n9={}", peer.p.irecv(r, &many).unwrap_err().code));
+            out.push(format!("regmr_cuda={}", peer.p.reg_mr_typed(s, b.as_mut_ptr(), 16, 2).map(|_| 0).unwrap_or_else(|e| e.code)));
+            peer.p.dereg_mr(s, mh).unwrap();
+            peer.p.dereg_mr(r, rmh).unwrap();
+            peer.p.close_send(s).unwrap();
+            peer.p.close_recv(r).unwrap();
+            peer.p.close_listen(l).unwrap();
+            peer.say(&format!("DONE {}", out.join(" ")));
+        }
+        other => panic!("unknown scenario {other:?}"),
+    }
+}
+
+// ------------------------------------------------------------- coordinator
+
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Proc {
+    fn expect(&self, prefix: &str, timeout: Duration) -> Result<String, String> {
+        let t0 = Instant::now();
+        loop {
+            let left = timeout.checked_sub(t0.elapsed()).ok_or_else(|| format!("timeout waiting for {prefix}"))?;
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if let Some(rest) = l.strip_prefix(prefix) {
+                        return Ok(rest.trim().to_string());
+                    }
+                    if l.starts_with("FAIL") || l.starts_with("INITFAIL") {
+                        return Err(l);
+                    }
+                }
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(200));
+                    return Err(format!("peer ended or timed out waiting for {prefix:?}; its stderr:\n{}", self.stderr.lock().unwrap()));
+                }
+            }
+        }
+    }
+    fn send(&mut self, line: &str) {
+        let _ = writeln!(self.stdin, "{line}");
+        let _ = self.stdin.flush();
+    }
+}
+
+fn libdir() -> PathBuf {
+    // A directory holding the plugin under the file names NCCL tries.
+    let so = driver::default_plugin_path();
+    assert!(so.exists(), "built plugin not found at {} (cargo build first, or set RUSTNET_PLUGIN)", so.display());
+    let dir = std::env::temp_dir().join(format!("rustnet-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libnccl-net-rustnet.so", "libnccl-net-librustnet.so", "librustnet.so"] {
+        let l = dir.join(name);
+        let _ = std::fs::remove_file(&l);
+        std::os::unix::fs::symlink(&so, &l).unwrap();
+    }
+    dir
+}
+
+fn spawn(role: &str, version: u32, scenario: &str, extra: &[(&str, &str)]) -> Proc {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("RUSTNET_CONF_ROLE", role)
+        .env("RUSTNET_CONF_VERSION", version.to_string())
+        .env("RUSTNET_CONF_SCENARIO", scenario)
+        .env("LD_LIBRARY_PATH", libdir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+        cmd.env("NCCL_SOCKET_IFNAME", "lo");
+    }
+    let per = std::env::var(format!("RUSTNET_CONF_{role}_ENV")).unwrap_or_default();
+    for kv in per.split_whitespace() {
+        if let Some((k, v)) = kv.split_once('=') {
+            cmd.env(k, v);
+        }
+    }
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn peer");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let e2 = err.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines() {
+            let Ok(l) = l else { break };
+            let mut g = e2.lock().unwrap();
+            if g.len() < 200_000 {
+                g.push_str(&l);
+                g.push('\n');
+            }
+        }
+    });
+    Proc { child, stdin, lines: rx, stderr: err }
+}
+
+fn swap_handles(a: &mut Proc, b: &mut Proc, t: Duration) -> Result<(), String> {
+    let ha = a.expect("HANDLE ", t)?;
+    let hb = b.expect("HANDLE ", t)?;
+    a.send(&format!("PEER {hb}"));
+    b.send(&format!("PEER {ha}"));
+    Ok(())
+}
+
+fn finish(mut a: Proc) -> Result<String, String> {
+    let r = a.expect("DONE", Duration::from_secs(60));
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    r
+}
+
+fn traffic_case(version: u32) -> Result<String, String> {
+    let t = Duration::from_secs(240);
+    let mut a = spawn("A", version, "traffic", &[]);
+    let mut b = spawn("B", version, "traffic", &[]);
+    let cycles = env_u64("RUSTNET_CONF_CYCLES", 3);
+    for _ in 0..cycles {
+        swap_handles(&mut a, &mut b, t)?;
+        a.expect("CYCLE", t)?;
+        b.expect("CYCLE", t)?;
+        a.send("GO");
+        b.send("GO");
+    }
+    let ra = finish(a)?;
+    let rb = finish(b)?;
+    Ok(format!("A: {ra}; B: {rb}"))
+}
+
+fn killed_peer_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 8, "killed_receiver_side", &[]);
+    let mut b = spawn("B", 8, "killed_sender", &[]);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("STARTED", t)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = b.child.kill(); // SIGKILL mid-transfer
+    let _ = b.child.wait();
+    let r = finish(a)?;
+    if !r.contains("recv_error=6") {
+        return Err(format!("expected ncclRemoteError (6) on the receive side: {r}"));
+    }
+    if !r.contains("send_error=6") && !r.contains("send_error=2") {
+        return Err(format!("expected an error on the send side too: {r}"));
+    }
+    Ok(r)
+}
+
+fn garbage_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 8, "traffic", &[("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "5")]);
+    let mut b = spawn("B", 8, "traffic", &[("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "5")]);
+    let ha = a.expect("HANDLE ", t)?;
+    let hb = b.expect("HANDLE ", t)?;
+    // Speak garbage at A's listener before B connects, and drop a half hello.
+    let raw = unhex(&ha).unwrap();
+    let port = u16::from_le_bytes([raw[12], raw[13]]);
+    let ip = std::net::Ipv4Addr::new(raw[16], raw[17], raw[18], raw[19]);
+    if raw[11] == 4 {
+        let mut g = std::net::TcpStream::connect((ip, port)).map_err(|e| e.to_string())?;
+        g.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\ngarbage garbage garbage").unwrap();
+        let mut h = std::net::TcpStream::connect((ip, port)).map_err(|e| e.to_string())?;
+        h.write_all(&raw[..10]).unwrap();
+        drop(h);
+        std::thread::sleep(Duration::from_millis(100));
+        a.send(&format!("PEER {hb}"));
+        b.send(&format!("PEER {ha}"));
+        a.expect("CYCLE", t)?;
+        b.expect("CYCLE", t)?;
+        a.send("GO");
+        b.send("GO");
+        drop(g);
+    } else {
+        return Err("garbage test needs an IPv4 listener".into());
+    }
+    let ea = a.stderr.clone();
+    let ra = finish(a)?;
+    finish(b)?;
+    if !garbage_warned(&ea.lock().unwrap()) {
+        return Err(format!("no WARN naming the rejected connection; A's stderr: {}", ea.lock().unwrap()));
+    }
+    Ok(ra)
+}
+
+fn garbage_warned(stderr: &str) -> bool {
+    stderr.contains("rejected connection from")
+}
+
+fn bad_env_case() -> Result<String, String> {
+    let mut out = Vec::new();
+    for (k, v, must) in [
+        ("RUSTNET_TRANSPORT", "carrier-pigeon", "RUSTNET_TRANSPORT"),
+        ("NCCL_NSOCKS_PERTHREAD", "0", "NCCL_NSOCKS_PERTHREAD"),
+        ("NCCL_SOCKET_IFNAME", "=nosuchif0", "matches no running interface"),
+        ("NCCL_SOCKET_FAMILY", "AF_UNIX", "NCCL_SOCKET_FAMILY"),
+    ] {
+        let a = spawn("A", 8, "init", &[(k, v)]);
+        let code = a.expect("INITFAIL", Duration::from_secs(30)).unwrap_or_else(|e| e);
+        let _ = a.lines.recv_timeout(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(100));
+        let err = a.stderr.lock().unwrap().clone();
+        if code != "5" {
+            return Err(format!("{k}={v}: expected init to fail with ncclInvalidUsage (5), got {code:?}; stderr: {err}"));
+        }
+        if !err.contains(must) || !err.contains("WARN") {
+            return Err(format!("{k}={v}: the WARN does not name the cause ({must}): {err}"));
+        }
+        out.push(format!("{k}={v}->5"));
+    }
+    Ok(out.join(" "))
+}
+
+fn panic_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 8, "panic", &[("RUSTNET_FAULT_PANIC", "isend")]);
+    let mut b = spawn("B", 8, "panic", &[("RUSTNET_FAULT_PANIC", "isend")]);
+    swap_handles(&mut a, &mut b, t)?;
+    let ea = a.stderr.clone();
+    let r = finish(a)?;
+    finish(b)?;
+    if !r.contains("isend_code=3") {
+        return Err(format!("expected ncclInternalError (3) from a panicking isend: {r}"));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    if !ea.lock().unwrap().contains("panic caught at the NCCL boundary") {
+        return Err("the panic was not reported through the logger".into());
+    }
+    Ok(r)
+}
+
+fn misuse_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 8, "misuse", &[]);
+    let mut b = spawn("B", 8, "misuse", &[]);
+    swap_handles(&mut a, &mut b, t)?;
+    let r = finish(a)?;
+    finish(b)?;
+    for want in ["devices_null=4", "connect_garbage=4", "props_bad_dev=4", "stale_test=5", "irecv_n9=4"] {
+        if !r.contains(want) {
+            return Err(format!("expected {want}: {r}"));
+        }
+    }
+    Ok(r)
+}
+
+fn reload_case() -> Result<String, String> {
+    // In this process: dlopen, init, a loopback connection with traffic,
+    // close, dlclose; several times. No thread or fd growth.
+    let dir = libdir();
+    let so = dir.join("libnccl-net-rustnet.so");
+    let mut base = None;
+    for cycle in 0..4 {
+        let p = Plugin::open(&so, 8)?;
+        p.init().map_err(|e| e.to_string())?;
+        let (mut h, l) = p.listen(0).map_err(|e| e.to_string())?;
+        let (s, r) = p.connect_accept(0, &mut h, l, Duration::from_secs(30))?;
+        traffic(&p, s, r, 77 + cycle, 77 + cycle, 6, 4, 1 << 20)?;
+        p.close_send(s).map_err(|e| e.to_string())?;
+        p.close_recv(r).map_err(|e| e.to_string())?;
+        p.close_listen(l).map_err(|e| e.to_string())?;
+        drop(p);
+        let now = (fd_count(), thread_count());
+        if cycle == 0 {
+            base = Some(now);
+        } else if now.0 > base.unwrap().0 || now.1 > base.unwrap().1 {
+            return Err(format!("growth after reload {cycle}: fds/threads {:?} -> {now:?}", base.unwrap()));
+        }
+    }
+    Ok(format!("fds/threads stable at {:?} over 4 dlopen/dlclose cycles", base.unwrap()))
+}
+
+type Case = (String, Box<dyn Fn() -> Result<String, String>>);
+
+fn main() {
+    if let Ok(role) = std::env::var("RUSTNET_CONF_ROLE") {
+        peer_main(role);
+        return;
+    }
+    if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+        std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    }
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let mut cases: Vec<Case> = Vec::new();
+    for v in VERSIONS {
+        cases.push((format!("traffic_v{v}"), Box::new(move || traffic_case(v))));
+    }
+    cases.push(("peer_killed_mid_transfer".into(), Box::new(killed_peer_case)));
+    cases.push(("garbage_on_listen_port".into(), Box::new(garbage_case)));
+    cases.push(("invalid_env_values".into(), Box::new(bad_env_case)));
+    cases.push(("injected_panic".into(), Box::new(panic_case)));
+    cases.push(("null_stale_and_bad_arguments".into(), Box::new(misuse_case)));
+    cases.push(("dlclose_dlopen_cycles".into(), Box::new(reload_case)));
+    let t0 = Instant::now();
+    let (mut pass, mut fail, mut filtered) = (0, 0, 0);
+    println!("\nrunning conformance over {}", driver::default_plugin_path().display());
+    for (name, f) in &cases {
+        if !filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str())) {
+            filtered += 1;
+            continue;
+        }
+        let t = Instant::now();
+        match f() {
+            Ok(detail) => {
+                pass += 1;
+                println!("test {name} ... ok ({:.1}s) {detail}", t.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                fail += 1;
+                println!("test {name} ... FAILED ({:.1}s)\n    {e}", t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("rustnet-conf-{}", std::process::id())));
+    println!(
+        "\ntest result: {}. {pass} passed; {fail} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
+        if fail == 0 { "ok" } else { "FAILED" },
+        t0.elapsed().as_secs_f64()
+    );
+    std::process::exit(if fail == 0 { 0 } else { 1 });
+}
