@@ -267,7 +267,7 @@ knobs! {
     socket_family: Family = "NCCL_SOCKET_FAMILY", default "any", accepts "AF_INET or AF_INET6";
     /// TCP streams per helper thread; with NCCL_SOCKET_NTHREADS=0 the total number of streams per connection.
     nsocks_per_thread: Int<1, 64> = "NCCL_NSOCKS_PERTHREAD", default "1", accepts "an integer 1..64";
-    /// Helper threads per TCP connection. 0: all streams are driven by the caller of test() (measured fastest on loopback and small hosts).
+    /// Accepted for compatibility with NCCL's socket transport: librustnet drives every stream from the caller of test(), and opens max(1, NCCL_SOCKET_NTHREADS) x NCCL_NSOCKS_PERTHREAD streams per connection.
     socket_nthreads: Int<0, 16> = "NCCL_SOCKET_NTHREADS", default "0", accepts "an integer 0..16";
     /// Smallest piece a TCP message is split into when striped over several streams.
     socket_min_chunk: Bytes = "RUSTNET_SOCKET_MIN_CHUNK", default "64K", accepts "a byte count, optionally with K, M or G";
@@ -310,6 +310,22 @@ impl Config {
     pub fn from_env() -> Result<Config> {
         Config::from_lookup(&|k| std::env::var(k).ok())
     }
+}
+
+/// The knob table as the Markdown of `docs/knobs.md`.
+pub fn knobs_markdown() -> String {
+    let mut s = String::from(
+        "# librustnet knobs\n\n\
+         Every environment variable the plugin reads, generated from the table in `src/config.rs`\n\
+         (`rustnet knobs --markdown > docs/knobs.md`; a test keeps the two in step).\n\
+         `NCCL_*` names mean what they mean for NCCL's own transports; `RUSTNET_*` names are ours.\n\
+         An invalid value makes `init` fail with a WARN naming the variable, the value and what is accepted.\n\n\
+         | variable | default | accepts | meaning |\n|---|---|---|---|\n",
+    );
+    for k in KNOBS {
+        s += &format!("| `{}` | `{}` | {} | {} |\n", k.name, if k.default.is_empty() { "(empty)" } else { k.default }, k.accepts, k.doc.trim());
+    }
+    s
 }
 
 #[cfg(test)]
@@ -375,6 +391,12 @@ mod tests {
         assert_eq!(Bytes::parse_knob("512"), Some(Bytes(512)));
         assert_eq!(Bytes::parse_knob("1g"), Some(Bytes(1 << 30)));
         assert_eq!(Bytes::parse_knob("M"), None);
+    }
+
+    #[test]
+    fn docs_knobs_md_is_current() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/knobs.md")).expect("docs/knobs.md");
+        assert_eq!(doc, knobs_markdown(), "docs/knobs.md is stale: run `rustnet knobs --markdown > docs/knobs.md`");
     }
 
     #[test]

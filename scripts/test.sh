@@ -1,0 +1,29 @@
+#!/bin/bash
+# Every test: unit tests, the two-process conformance suite over the built
+# .so (TCP on loopback), then the verbs suite inside the soft-RoCE VM.
+#   RUSTNET_SKIP_VM=1  skip the VM part (said loudly; CI never sets it)
+set -eu
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+echo "== build"
+cargo build --release --quiet
+echo "== export and dependency check"
+syms=$(nm -D --defined-only target/release/librustnet.so | awk '{print $3}' | sort | tr '\n' ' ')
+want="ncclNetPlugin_v10 ncclNetPlugin_v6 ncclNetPlugin_v7 ncclNetPlugin_v8 ncclNetPlugin_v9 "
+[ "$syms" = "$want" ] || { echo "FAIL: exported symbols are: $syms (want: $want)"; exit 1; }
+if readelf -d target/release/librustnet.so | grep NEEDED | grep -E 'ibverbs|rdmacm|libcuda|cudart'; then
+  echo "FAIL: the plugin must not link libibverbs/librdmacm/libcuda/libcudart"; exit 1
+fi
+echo "exports: $syms; NEEDED: $(readelf -d target/release/librustnet.so | awk '/NEEDED/{print $5}' | tr '\n' ' ')"
+echo "== unit and integration tests (host, TCP on loopback)"
+cargo test --release 2>&1
+if [ "${RUSTNET_SKIP_VM:-0}" = 1 ]; then
+  echo "!! SKIPPED: verbs suite in the soft-RoCE VM (RUSTNET_SKIP_VM=1)"
+  exit 0
+fi
+if [ -x tests/rxe-vm/verbs-suite.sh ]; then
+  echo "== verbs suite in the soft-RoCE VM"
+  tests/rxe-vm/verbs-suite.sh
+else
+  echo "!! SKIPPED: tests/rxe-vm/verbs-suite.sh not present"
+fi

@@ -1,0 +1,583 @@
+//! `rustnet bench`: bandwidth and latency through the plugin's vtable, with a
+//! raw TCP baseline measured in the same run, printed as a table and CSV.
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+
+use crate::ctl::Ctl;
+
+const HELP: &str = "\
+rustnet bench: bandwidth and latency through librustnet, beside raw TCP
+
+  rustnet bench                      both ends on this host (spawns the server end)
+  rustnet bench --listen ADDR:PORT   server end, waits for one client
+  rustnet bench --peer ADDR:PORT     client end, connects to a server end
+
+options:
+  --sizes LIST      message sizes, e.g. 1K,64K,1M,4M (default 1K..64M, x4 steps)
+  --reps N          repeats per point; min/median/max are reported (default 5)
+  --inflight N      requests in flight per direction (default 4)
+  --bytes N         bytes moved per bandwidth point (default 256M)
+  --lat-iters N     ping-pong round trips per latency repeat (default 2000)
+  --csv FILE        also write every point as CSV
+  --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
+  --abi N           vtable version to drive: 6..10 (default 8)
+  --no-raw          skip the raw TCP baseline
+  --dev N           plugin device index (default 0)
+The plugin reads its usual variables (NCCL_SOCKET_IFNAME, RUSTNET_TRANSPORT, ...).
+In loopback mode NCCL_SOCKET_IFNAME defaults to lo.";
+
+#[derive(Clone)]
+struct Opts {
+    listen: Option<String>,
+    peer: Option<String>,
+    sizes: Vec<usize>,
+    reps: usize,
+    inflight: usize,
+    bytes: usize,
+    lat_iters: usize,
+    csv: Option<PathBuf>,
+    plugin: PathBuf,
+    abi: u32,
+    raw: bool,
+    dev: i32,
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (n, m) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    n.parse::<usize>().ok().map(|v| v * m)
+}
+
+fn human(n: usize) -> String {
+    if n >= 1 << 30 && n % (1 << 30) == 0 {
+        format!("{}G", n >> 30)
+    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}M", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{}K", n >> 10)
+    } else {
+        n.to_string()
+    }
+}
+
+fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
+    let mut o = Opts {
+        listen: None,
+        peer: None,
+        sizes: (0..9).map(|i| 1024usize << (2 * i)).collect(),
+        reps: 5,
+        inflight: 4,
+        bytes: 256 << 20,
+        lat_iters: 2000,
+        csv: None,
+        plugin: driver::default_plugin_path(),
+        abi: 8,
+        raw: true,
+        dev: 0,
+    };
+    let mut serve = false;
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "-h" | "--help" => {
+                println!("{HELP}");
+                std::process::exit(0);
+            }
+            "--listen" => o.listen = Some(val("--listen")?),
+            "--peer" => o.peer = Some(val("--peer")?),
+            "--serve" => serve = true,
+            "--sizes" => {
+                o.sizes = val("--sizes")?.split(',').map(|s| parse_size(s).ok_or(format!("bad size {s:?}"))).collect::<Result<_, _>>()?
+            }
+            "--reps" => o.reps = val("--reps")?.parse().map_err(|_| "bad --reps")?,
+            "--inflight" => o.inflight = val("--inflight")?.parse().map_err(|_| "bad --inflight")?,
+            "--bytes" => o.bytes = parse_size(&val("--bytes")?).ok_or("bad --bytes")?,
+            "--lat-iters" => o.lat_iters = val("--lat-iters")?.parse().map_err(|_| "bad --lat-iters")?,
+            "--csv" => o.csv = Some(val("--csv")?.into()),
+            "--plugin" => o.plugin = val("--plugin")?.into(),
+            "--abi" => o.abi = val("--abi")?.parse().map_err(|_| "bad --abi")?,
+            "--dev" => o.dev = val("--dev")?.parse().map_err(|_| "bad --dev")?,
+            "--no-raw" => o.raw = false,
+            other => return Err(format!("unknown option {other:?} (see --help)")),
+        }
+    }
+    if o.reps == 0 || o.inflight == 0 || o.inflight > 32 || o.sizes.is_empty() {
+        return Err("--reps >= 1, --inflight 1..32 and a non-empty --sizes are required".into());
+    }
+    if o.sizes.iter().any(|&s| s > 1 << 30) {
+        return Err("sizes above 1G exceed the plugin's maxP2pBytes".into());
+    }
+    let serve = serve || o.listen.is_some() && o.peer.is_none();
+    Ok((o, serve))
+}
+
+pub fn main(args: Vec<String>) -> i32 {
+    let (o, serve) = match parse(args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("rustnet bench: {e}");
+            return 2;
+        }
+    };
+    let r = if serve { server(&o) } else { client(&o) };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rustnet bench: {e}");
+            1
+        }
+    }
+}
+
+// ------------------------------------------------------------ plugin side
+
+/// One plugin connection pair, plus buffers.
+struct Net {
+    p: Plugin,
+    s: Ptr,
+    r: Ptr,
+    l: Ptr,
+}
+
+impl Net {
+    fn open(o: &Opts, ctl: &mut Ctl) -> Result<Net, String> {
+        let p = Plugin::open(&o.plugin, o.abi)?;
+        p.init().map_err(|e| format!("{e} (see the WARN above)"))?;
+        let n = p.devices().map_err(|e| e.to_string())?;
+        if o.dev >= n {
+            return Err(format!("--dev {} but the plugin has {n} device(s)", o.dev));
+        }
+        let (h, l) = p.listen(o.dev).map_err(|e| e.to_string())?;
+        ctl.send(&format!("HANDLE {}", hex(&h))).map_err(|e| e.to_string())?;
+        let peer = unhex(&ctl.expect("HANDLE")?).ok_or("bad handle from peer")?;
+        let mut ph = [0u8; 128];
+        ph.copy_from_slice(&peer);
+        let (s, r) = p.connect_accept(o.dev, &mut ph, l, Duration::from_secs(60))?;
+        Ok(Net { p, s, r, l })
+    }
+
+    fn props_line(&self, dev: i32) -> String {
+        match self.p.properties(dev) {
+            Ok(pr) => format!("{} ({} Mbps)", pr.name, pr.speed),
+            Err(e) => e.to_string(),
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let _ = self.p.close_send(self.s);
+        let _ = self.p.close_recv(self.r);
+        let _ = self.p.close_listen(self.l);
+    }
+}
+
+struct Bufs {
+    bufs: Vec<Vec<u8>>,
+    mhs: Vec<Ptr>,
+    comm: Ptr,
+}
+
+impl Bufs {
+    fn new(net: &Net, comm: Ptr, n: usize, size: usize) -> Result<Bufs, String> {
+        let mut bufs: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; size.max(1)]).collect();
+        let mut mhs = Vec::new();
+        for b in &mut bufs {
+            mhs.push(net.p.reg_mr(comm, b.as_mut_ptr(), b.len()).map_err(|e| e.to_string())?);
+        }
+        Ok(Bufs { bufs, mhs, comm })
+    }
+    fn release(self, net: &Net) {
+        for m in self.mhs {
+            let _ = net.p.dereg_mr(self.comm, m);
+        }
+    }
+}
+
+/// Move `count` messages of `size` each way that `send`/`recv` say, with
+/// `w` requests in flight per direction. Single thread, like NCCL's proxy.
+fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<(), String> {
+    let mut sb = Bufs::new(net, net.s, w.min(send.max(1)), size)?;
+    let mut rb = Bufs::new(net, net.r, w.min(recv.max(1)), size)?;
+    let e = |x: driver::NcclErr| x.to_string();
+    let (mut posted_s, mut done_s, mut posted_r, mut done_r) = (0, 0, 0, 0);
+    let mut sq: Vec<Option<Ptr>> = vec![None; sb.bufs.len()];
+    let mut rq: Vec<Option<Ptr>> = vec![None; rb.bufs.len()];
+    let t0 = Instant::now();
+    while done_s < send || done_r < recv {
+        for (i, q) in rq.iter_mut().enumerate() {
+            if q.is_none() && posted_r < recv {
+                let b = &mut rb.bufs[i];
+                if let Some(r) = net.p.irecv(net.r, &[(b.as_mut_ptr(), size, 0, rb.mhs[i])]).map_err(e)? {
+                    *q = Some(r);
+                    posted_r += 1;
+                }
+            }
+            if let Some(r) = *q {
+                let mut sz = [0i32; 8];
+                if net.p.test(r, &mut sz).map_err(e)? {
+                    *q = None;
+                    done_r += 1;
+                }
+            }
+        }
+        for (i, q) in sq.iter_mut().enumerate() {
+            if q.is_none() && posted_s < send {
+                let b = &mut sb.bufs[i];
+                if let Some(r) = net.p.isend(net.s, b.as_mut_ptr(), size, 0, sb.mhs[i]).map_err(e)? {
+                    *q = Some(r);
+                    posted_s += 1;
+                }
+            }
+            if let Some(r) = *q {
+                if net.p.test(r, &mut [0]).map_err(e)? {
+                    *q = None;
+                    done_s += 1;
+                }
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(600) {
+            return Err(format!("stuck: sent {done_s}/{send}, received {done_r}/{recv}"));
+        }
+    }
+    sb.release(net);
+    rb.release(net);
+    Ok(())
+}
+
+/// Ping-pong of `size` bytes, `iters` round trips; the initiator returns seconds.
+fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64, String> {
+    let mut sb = Bufs::new(net, net.s, 1, size)?;
+    let mut rb = Bufs::new(net, net.r, 1, size)?;
+    let e = |x: driver::NcclErr| x.to_string();
+    let wait = |q: Ptr, sizes: &mut [i32]| -> Result<(), String> {
+        while !net.p.test(q, sizes).map_err(e)? {}
+        Ok(())
+    };
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        let rbuf = rb.bufs[0].as_mut_ptr();
+        let r = loop {
+            if let Some(r) = net.p.irecv(net.r, &[(rbuf, size, 0, rb.mhs[0])]).map_err(e)? {
+                break r;
+            }
+        };
+        if initiator {
+            let s = loop {
+                if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
+                    break s;
+                }
+            };
+            wait(s, &mut [0])?;
+            wait(r, &mut [0; 8])?;
+        } else {
+            wait(r, &mut [0; 8])?;
+            let s = loop {
+                if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
+                    break s;
+                }
+            };
+            wait(s, &mut [0])?;
+        }
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    sb.release(net);
+    rb.release(net);
+    Ok(dt)
+}
+
+// ---------------------------------------------------------- raw TCP side
+
+fn raw_pair_server(lst: &TcpListener) -> Result<TcpStream, String> {
+    let (s, _) = lst.accept().map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// Write `send` bytes in `msg`-sized writes while reading `recv` bytes: one
+/// direction per thread, like a plain blocking socket pair.
+fn raw_stream(mut s: &TcpStream, send: usize, recv: usize, msg: usize) -> Result<(), String> {
+    let total_w = send;
+    let total_r = recv;
+    let s2 = s.try_clone().map_err(|e| e.to_string())?;
+    let msg = msg.clamp(1, 64 << 20);
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let buf = vec![1u8; msg];
+        let mut left = total_w;
+        let mut w = &s2;
+        while left > 0 {
+            let n = left.min(buf.len());
+            w.write_all(&buf[..n])?;
+            left -= n;
+        }
+        Ok(())
+    });
+    let mut buf = vec![0u8; msg];
+    let mut left = total_r;
+    while left > 0 {
+        let n = s.read(&mut buf[..left.min(msg)]).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("raw peer closed".into());
+        }
+        left -= n;
+    }
+    writer.join().map_err(|_| "writer panicked")?.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn raw_pingpong(mut s: &TcpStream, size: usize, iters: usize, initiator: bool) -> Result<f64, String> {
+    let mut b = vec![0u8; size];
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        if initiator {
+            s.write_all(&b).map_err(|e| e.to_string())?;
+            s.read_exact(&mut b).map_err(|e| e.to_string())?;
+        } else {
+            s.read_exact(&mut b).map_err(|e| e.to_string())?;
+            s.write_all(&b).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+// ------------------------------------------------------------ the roles
+
+fn server(o: &Opts) -> Result<(), String> {
+    let addr = o.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
+    let lst = TcpListener::bind(&addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    println!("LISTENING {}", lst.local_addr().map_err(|e| e.to_string())?);
+    std::io::stdout().flush().ok();
+    let (c, peer) = lst.accept().map_err(|e| e.to_string())?;
+    eprintln!("rustnet bench: client {peer} connected");
+    let mut ctl = Ctl::new(c).map_err(|e| e.to_string())?;
+    let net = Net::open(o, &mut ctl)?;
+    let raw_lst = TcpListener::bind(SocketAddr::new(lst.local_addr().unwrap().ip(), 0)).map_err(|e| e.to_string())?;
+    ctl.send(&format!("RAWPORT {}", raw_lst.local_addr().unwrap().port())).map_err(|e| e.to_string())?;
+    let mut raw: Option<TcpStream> = None;
+    loop {
+        let cmd = match ctl.recv() {
+            Ok(c) => c,
+            Err(_) => return Ok(()), // client finished
+        };
+        let f: Vec<&str> = cmd.split_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+        let res = match f.first().copied() {
+            Some("OW") => pump(&net, 0, num(2), num(1), num(3)).and_then(|_| pump(&net, 1, 0, 1, 1)),
+            Some("BI") => pump(&net, num(2), num(2), num(1), num(3)).and_then(|_| pump(&net, 1, 1, 1, 1)),
+            Some("PP") => pingpong(&net, num(1), num(2), false).map(|_| ()),
+            Some("RAWCONN") => raw_pair_server(&raw_lst).map(|s| raw = Some(s)),
+            Some("RAWOW") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
+                raw_stream(s, 0, num(1) * num(2), num(1))?;
+                raw_stream(s, 1, 0, 1)
+            }),
+            Some("RAWBI") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
+                raw_stream(s, num(1) * num(2), num(1) * num(2), num(1))?;
+                raw_stream(s, 1, 1, 1)
+            }),
+            Some("RAWPP") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| raw_pingpong(s, num(1), num(2), false).map(|_| ())),
+            Some("BYE") => return Ok(()),
+            _ => Err(format!("unknown command {cmd:?}")),
+        };
+        match res {
+            Ok(()) => ctl.send("OK").map_err(|e| e.to_string())?,
+            Err(e) => {
+                let _ = ctl.send(&format!("ERR {e}"));
+                return Err(e);
+            }
+        }
+    }
+}
+
+#[derive(Default, Clone)]
+struct Stat {
+    v: Vec<f64>,
+}
+
+impl Stat {
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.v.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v
+    }
+    fn min(&self) -> f64 {
+        self.sorted().first().copied().unwrap_or(f64::NAN)
+    }
+    fn max(&self) -> f64 {
+        self.sorted().last().copied().unwrap_or(f64::NAN)
+    }
+    fn med(&self) -> f64 {
+        let v = self.sorted();
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[v.len() / 2]
+        }
+    }
+}
+
+fn run_cmd(ctl: &mut Ctl, cmd: &str) -> Result<(), String> {
+    ctl.send(cmd).map_err(|e| e.to_string())
+}
+
+fn wait_ok(ctl: &mut Ctl) -> Result<(), String> {
+    let l = ctl.recv().map_err(|e| e.to_string())?;
+    if l == "OK" {
+        Ok(())
+    } else {
+        Err(format!("server end: {l}"))
+    }
+}
+
+fn client(o: &Opts) -> Result<(), String> {
+    let mut child = None;
+    let peer = match &o.peer {
+        Some(p) => p.clone(),
+        None => {
+            // Loopback: start the server end as a second process.
+            let mut cmd = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+            cmd.args(["bench", "--serve", "--plugin"]).arg(&o.plugin).args(["--abi", &o.abi.to_string(), "--dev", &o.dev.to_string()]);
+            if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+                std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+            }
+            cmd.stdout(Stdio::piped()).stdin(Stdio::null());
+            let mut c = cmd.spawn().map_err(|e| format!("spawn server end: {e}"))?;
+            let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut out, &mut line).map_err(|e| e.to_string())?;
+            child = Some(c);
+            line.strip_prefix("LISTENING").ok_or(format!("server end said {line:?}"))?.trim().to_string()
+        }
+    };
+    let c = TcpStream::connect(&peer).map_err(|e| format!("connect to {peer}: {e}"))?;
+    let mut ctl = Ctl::new(c).map_err(|e| e.to_string())?;
+    let net = Net::open(o, &mut ctl)?;
+    let rawport: u16 = ctl.expect("RAWPORT")?.parse().map_err(|_| "bad RAWPORT")?;
+    let peer_ip = peer.parse::<SocketAddr>().map(|a| a.ip()).map_err(|_| format!("--peer must be ADDR:PORT, got {peer}"))?;
+    let raw = if o.raw {
+        run_cmd(&mut ctl, "RAWCONN")?;
+        let s = TcpStream::connect((peer_ip, rawport)).map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        wait_ok(&mut ctl)?;
+        Some(s)
+    } else {
+        None
+    };
+
+    println!(
+        "rustnet bench: plugin {} (ABI v{}), device {} = {}, peer {}, {} in flight, {} repeats",
+        o.plugin.display(),
+        o.abi,
+        o.dev,
+        net.props_line(o.dev),
+        peer,
+        o.inflight,
+        o.reps
+    );
+    let mut rows: Vec<(usize, Stat, Stat, Stat, Stat)> = Vec::new();
+    let progress = o.sizes.len() > 3;
+    for (k, &size) in o.sizes.iter().enumerate() {
+        let count = (o.bytes / size).clamp(8, 200_000);
+        let (mut ow, mut bi, mut row, mut rbi) = (Stat::default(), Stat::default(), Stat::default(), Stat::default());
+        for _ in 0..o.reps {
+            // plugin one-way: we send, the server receives then acks
+            let t = Instant::now();
+            run_cmd(&mut ctl, &format!("OW {size} {count} {}", o.inflight))?;
+            pump(&net, count, 0, size, o.inflight)?;
+            pump(&net, 0, 1, 1, 1)?;
+            let dt = t.elapsed().as_secs_f64();
+            wait_ok(&mut ctl)?;
+            ow.v.push((size * count) as f64 / dt / 1e9);
+            // plugin bidirectional: both send and receive at once
+            let t = Instant::now();
+            run_cmd(&mut ctl, &format!("BI {size} {count} {}", o.inflight))?;
+            pump(&net, count, count, size, o.inflight)?;
+            pump(&net, 1, 1, 1, 1)?;
+            let dt = t.elapsed().as_secs_f64();
+            wait_ok(&mut ctl)?;
+            bi.v.push((2 * size * count) as f64 / dt / 1e9);
+            if let Some(s) = &raw {
+                let t = Instant::now();
+                run_cmd(&mut ctl, &format!("RAWOW {size} {count}"))?;
+                raw_stream(s, size * count, 0, size)?;
+                raw_stream(s, 0, 1, 1)?;
+                let dt = t.elapsed().as_secs_f64();
+                wait_ok(&mut ctl)?;
+                row.v.push((size * count) as f64 / dt / 1e9);
+                let t = Instant::now();
+                run_cmd(&mut ctl, &format!("RAWBI {size} {count}"))?;
+                raw_stream(s, size * count, size * count, size)?;
+                raw_stream(s, 1, 1, 1)?;
+                let dt = t.elapsed().as_secs_f64();
+                wait_ok(&mut ctl)?;
+                rbi.v.push((2 * size * count) as f64 / dt / 1e9);
+            }
+        }
+        if progress {
+            eprint!("\r  [{}/{}] {} done   ", k + 1, o.sizes.len(), human(size));
+        }
+        rows.push((size, ow, bi, row, rbi));
+    }
+    if progress {
+        eprintln!();
+    }
+    // latency
+    let mut lat = Stat::default();
+    let mut rlat = Stat::default();
+    for _ in 0..o.reps {
+        run_cmd(&mut ctl, &format!("PP 8 {}", o.lat_iters))?;
+        let dt = pingpong(&net, 8, o.lat_iters, true)?;
+        wait_ok(&mut ctl)?;
+        lat.v.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
+        if let Some(s) = &raw {
+            run_cmd(&mut ctl, &format!("RAWPP 8 {}", o.lat_iters))?;
+            let dt = raw_pingpong(s, 8, o.lat_iters, true)?;
+            wait_ok(&mut ctl)?;
+            rlat.v.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
+        }
+    }
+    let _ = ctl.send("BYE");
+    drop(net);
+    if let Some(mut c) = child {
+        let _ = c.wait();
+    }
+
+    // table
+    let f = |s: &Stat| if s.v.is_empty() { "-".to_string() } else { format!("{:.2} [{:.2}-{:.2}]", s.med(), s.min(), s.max()) };
+    let ratio = |a: &Stat, b: &Stat| if b.v.is_empty() { "-".to_string() } else { format!("{:.0}%", 100.0 * a.med() / b.med()) };
+    println!("\nbandwidth, GB/s: median [min-max] over {} repeats", o.reps);
+    println!("{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}", "size", "plugin one-way", "raw TCP one-way", "ratio", "plugin bidir", "raw TCP bidir", "ratio");
+    for (size, ow, bi, row, rbi) in &rows {
+        println!("{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}", human(*size), f(ow), f(row), ratio(ow, row), f(bi), f(rbi), ratio(bi, rbi));
+    }
+    println!("\n8-byte half round trip, us: median [min-max] over {} x {} round trips", o.reps, o.lat_iters);
+    println!("  plugin {:>22}   raw TCP {:>22}   ratio {}", f(&lat), f(&rlat), if rlat.v.is_empty() { "-".into() } else { format!("{:.2}x", lat.med() / rlat.med()) });
+    if let Some(path) = &o.csv {
+        let mut w = String::from("test,size,transport,median,min,max,unit\n");
+        for (size, ow, bi, row, rbi) in &rows {
+            for (t, tr, s) in [("oneway", "plugin", ow), ("oneway", "rawtcp", row), ("bidir", "plugin", bi), ("bidir", "rawtcp", rbi)] {
+                if !s.v.is_empty() {
+                    w += &format!("{t},{size},{tr},{:.4},{:.4},{:.4},GB/s\n", s.med(), s.min(), s.max());
+                }
+            }
+        }
+        for (tr, s) in [("plugin", &lat), ("rawtcp", &rlat)] {
+            if !s.v.is_empty() {
+                w += &format!("latency,8,{tr},{:.3},{:.3},{:.3},us\n", s.med(), s.min(), s.max());
+            }
+        }
+        std::fs::write(path, w).map_err(|e| format!("write {}: {e}", path.display()))?;
+        println!("\nCSV written to {}", path.display());
+    }
+    Ok(())
+}
