@@ -504,11 +504,11 @@ fn finish(mut a: Proc) -> Result<String, String> {
     r
 }
 
-fn traffic_case(version: u32) -> Result<String, String> {
+fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(240);
-    let mut a = spawn("A", version, "traffic", &[]);
-    let mut b = spawn("B", version, "traffic", &[]);
-    let cycles = env_u64("RUSTNET_CONF_CYCLES", 3);
+    let mut a = spawn("A", version, "traffic", env);
+    let mut b = spawn("B", version, "traffic", env);
+    let cycles = env.iter().find(|(k, _)| *k == "RUSTNET_CONF_CYCLES").and_then(|(_, v)| v.parse().ok()).unwrap_or(env_u64("RUSTNET_CONF_CYCLES", 3));
     for _ in 0..cycles {
         swap_handles(&mut a, &mut b, t)?;
         a.expect("CYCLE", t)?;
@@ -677,8 +677,13 @@ fn main() {
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let mut cases: Vec<Case> = Vec::new();
     for v in VERSIONS {
-        cases.push((format!("traffic_v{v}"), Box::new(move || traffic_case(v))));
+        cases.push((format!("traffic_v{v}"), Box::new(move || traffic_case(v, &[]))));
     }
+    // TCP striping: 4 streams, small chunks, so every split path runs.
+    cases.push((
+        "traffic_v8_tcp_4_streams".into(),
+        Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
+    ));
     cases.push(("peer_killed_mid_transfer".into(), Box::new(killed_peer_case)));
     cases.push(("garbage_on_listen_port".into(), Box::new(garbage_case)));
     cases.push(("invalid_env_values".into(), Box::new(bad_env_case)));

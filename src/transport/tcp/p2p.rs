@@ -5,12 +5,17 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use super::sys::{Io, Socket};
+use super::sys::{Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
+
+/// Staging buffer for stream 0 (headers and small payloads).
+const STAGE_LEN: usize = 64 << 10;
+/// Payload remainders at least this large are read straight into NCCL's buffer.
+const DIRECT_READ: usize = 16 << 10;
 
 /// Send requests in flight per comm: NCCL may post MAX_REQUESTS x maxRecvs.
 pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
@@ -112,30 +117,50 @@ impl SendComm {
         Ok(Some(id))
     }
 
-    /// Move bytes until every stream would block or is idle.
+    /// Move bytes until every stream would block or is idle. Queued pieces
+    /// go out in one gather write where they can (many small messages, one
+    /// system call).
     pub fn progress(&mut self) {
         if self.failed.is_some() {
             return;
         }
+        let mut iov = [(std::ptr::null::<u8>(), 0usize); MAX_IOV];
         for st in &mut self.streams {
-            while let Some(p) = st.q.front_mut() {
-                let total = p.hdr_len + p.len;
-                let (a, b) = if p.done < p.hdr_len {
-                    ((p.hdr[p.done..].as_ptr(), p.hdr_len - p.done), (p.data, p.len))
-                } else {
-                    // SAFETY: done - hdr_len < len: inside the piece's data.
-                    ((unsafe { p.data.add(p.done - p.hdr_len) }, total - p.done), (std::ptr::null(), 0))
-                };
-                // SAFETY: the header lives in the piece; the data is the NCCL
-                // buffer kept valid by the isend contract.
-                match unsafe { st.sock.write_raw2(a, b) } {
-                    Ok(Io::Done(n)) => {
-                        p.done += n;
-                        if p.done == total {
-                            let req = p.req;
-                            st.q.pop_front();
-                            if let Ok(r) = self.reqs.get_mut(req) {
-                                r.pieces_left -= 1;
+            while !st.q.is_empty() {
+                let mut n = 0;
+                for p in st.q.iter() {
+                    if n + 2 > MAX_IOV {
+                        break;
+                    }
+                    if p.done < p.hdr_len {
+                        iov[n] = (p.hdr[p.done..].as_ptr(), p.hdr_len - p.done);
+                        n += 1;
+                        if p.len > 0 {
+                            iov[n] = (p.data, p.len);
+                            n += 1;
+                        }
+                    } else {
+                        // SAFETY: done - hdr_len < len: inside the piece's data.
+                        iov[n] = (unsafe { p.data.add(p.done - p.hdr_len) }, p.hdr_len + p.len - p.done);
+                        n += 1;
+                    }
+                }
+                // SAFETY: headers live in the queued pieces (not moved during
+                // the call); data are NCCL buffers kept valid by the isend contract.
+                match unsafe { st.sock.writev_raw(&iov[..n]) } {
+                    Ok(Io::Done(mut wrote)) => {
+                        while wrote > 0 {
+                            let p = st.q.front_mut().expect("wrote more than queued");
+                            let left = p.hdr_len + p.len - p.done;
+                            let take = left.min(wrote);
+                            p.done += take;
+                            wrote -= take;
+                            if p.done == p.hdr_len + p.len {
+                                let req = p.req;
+                                st.q.pop_front();
+                                if let Ok(r) = self.reqs.get_mut(req) {
+                                    r.pieces_left -= 1;
+                                }
                             }
                         }
                     }
@@ -197,8 +222,10 @@ pub struct RecvComm {
     reqs: Pool<RecvReq>,
     /// Posted receives that still wait for messages, in posting order.
     order: VecDeque<ReqId>,
-    hdr: [u8; HDR_LEN],
-    hdr_got: usize,
+    /// Bytes read from stream 0 ahead of where they belong.
+    stage: Box<[u8]>,
+    stage_lo: usize,
+    stage_hi: usize,
     failed: Option<Error>,
     peer: SocketAddr,
     min_chunk: usize,
@@ -220,8 +247,9 @@ impl RecvComm {
             streams: socks.into_iter().map(|sock| RecvStream { sock, q: VecDeque::with_capacity(MAX_REQUESTS * MAX_RECVS) }).collect(),
             reqs: Pool::new(MAX_REQUESTS),
             order: VecDeque::with_capacity(MAX_REQUESTS),
-            hdr: [0; HDR_LEN],
-            hdr_got: 0,
+            stage: vec![0u8; STAGE_LEN].into_boxed_slice(),
+            stage_lo: 0,
+            stage_hi: 0,
             failed: None,
             peer,
             min_chunk: cfg.min_chunk,
@@ -268,43 +296,73 @@ impl RecvComm {
         }
     }
 
+    /// Read more of stream 0 into the staging buffer (after moving what is
+    /// left to its front). Small messages then cost one system call for many.
+    fn refill(&mut self) -> Result<Step> {
+        if self.stage_lo > 0 {
+            self.stage.copy_within(self.stage_lo..self.stage_hi, 0);
+            self.stage_hi -= self.stage_lo;
+            self.stage_lo = 0;
+        }
+        let peer = self.peer;
+        let hi = self.stage_hi;
+        match self.streams[0].sock.read(&mut self.stage[hi..]) {
+            Ok(Io::Done(n)) => {
+                self.stage_hi += n;
+                Ok(Step::Progress)
+            }
+            Ok(Io::Again) => Ok(Step::Blocked),
+            Ok(Io::Eof) if self.streams[0].q.is_empty() && self.stage_hi == 0 => Err(peer_error(
+                &peer,
+                "closed the connection while receives were posted (peer process exited or closed its send comm)",
+            )),
+            Ok(Io::Eof) => Err(peer_error(&peer, "closed the connection in the middle of a message")),
+            Err(e) => Err(io_error(&peer, "receive", e)),
+        }
+    }
+
     /// Stream 0: headers and chunk 0 of each message.
     fn step_stream0(&mut self) -> Result<Step> {
         let peer = self.peer;
-        let st = &mut self.streams[0];
-        if let Some(x) = st.q.front_mut() {
-            // SAFETY: x.ptr..x.ptr+x.len lies in a posted receive buffer.
-            return match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
-                Ok(Io::Done(n)) => {
-                    x.got += n;
-                    if x.got == x.len {
-                        let req = x.req;
-                        st.q.pop_front();
-                        if let Ok(r) = self.reqs.get_mut(req) {
-                            r.pieces_left -= 1;
-                        }
-                    }
-                    Ok(Step::Progress)
+        let st0 = &mut self.streams[0];
+        if let Some(x) = st0.q.front_mut() {
+            let staged = self.stage_hi - self.stage_lo;
+            let need = x.len - x.got;
+            let moved = if staged > 0 {
+                let n = staged.min(need);
+                // SAFETY: x.ptr..x.ptr+x.len lies in a posted receive buffer;
+                // the staging buffer is ours and does not overlap it.
+                unsafe { std::ptr::copy_nonoverlapping(self.stage[self.stage_lo..].as_ptr(), x.ptr.add(x.got), n) };
+                self.stage_lo += n;
+                n
+            } else if need >= DIRECT_READ {
+                // SAFETY: as above.
+                match unsafe { st0.sock.read_raw(x.ptr.add(x.got), need) } {
+                    Ok(Io::Done(n)) => n,
+                    Ok(Io::Again) => return Ok(Step::Blocked),
+                    Ok(Io::Eof) => return Err(peer_error(&peer, "closed the connection in the middle of a message")),
+                    Err(e) => return Err(io_error(&peer, "receive", e)),
                 }
-                Ok(Io::Again) => Ok(Step::Blocked),
-                Ok(Io::Eof) => Err(peer_error(&peer, "closed the connection in the middle of a message")),
-                Err(e) => Err(io_error(&peer, "receive", e)),
+            } else {
+                return self.refill();
             };
-        }
-        let Some(&head) = self.order.front() else { return Ok(Step::Blocked) };
-        match st.sock.read(&mut self.hdr[self.hdr_got..]) {
-            Ok(Io::Done(n)) => self.hdr_got += n,
-            Ok(Io::Again) => return Ok(Step::Blocked),
-            Ok(Io::Eof) => {
-                return Err(peer_error(&peer, "closed the connection while receives were posted (peer process exited or closed its send comm)"))
+            x.got += moved;
+            if x.got == x.len {
+                let req = x.req;
+                st0.q.pop_front();
+                if let Ok(r) = self.reqs.get_mut(req) {
+                    r.pieces_left -= 1;
+                }
             }
-            Err(e) => return Err(io_error(&peer, "receive", e)),
-        }
-        if self.hdr_got < HDR_LEN {
             return Ok(Step::Progress);
         }
-        self.hdr_got = 0;
-        let h = MsgHeader::decode(&self.hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w })?;
+        let Some(&head) = self.order.front() else { return Ok(Step::Blocked) };
+        if self.stage_hi - self.stage_lo < HDR_LEN {
+            return self.refill();
+        }
+        let hdr: [u8; HDR_LEN] = self.stage[self.stage_lo..self.stage_lo + HDR_LEN].try_into().unwrap();
+        self.stage_lo += HDR_LEN;
+        let h = MsgHeader::decode(&hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w })?;
         let r = self.reqs.get_mut(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
         let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
         let size = h.size as usize;

@@ -5,6 +5,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::error::{Errno, Error, Result};
 
+/// Most pieces one gather write takes.
+pub const MAX_IOV: usize = 64;
+
 /// Outcome of a non-blocking transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Io {
@@ -278,6 +281,38 @@ impl Socket {
             let r = unsafe { libc::sendmsg(self.as_raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
             if r >= 0 {
                 return Ok(if r == 0 && a.1 + b.1 > 0 { Io::Again } else { Io::Done(r as usize) });
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Non-blocking gather write of raw pieces (at most [`MAX_IOV`]).
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` must be readable memory valid for the call.
+    pub unsafe fn writev_raw(&self, pieces: &[(*const u8, usize)]) -> std::result::Result<Io, Errno> {
+        let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOV];
+        let n = pieces.len().min(MAX_IOV);
+        for (v, p) in iov.iter_mut().zip(&pieces[..n]) {
+            *v = libc::iovec { iov_base: p.0 as *mut libc::c_void, iov_len: p.1 };
+        }
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::sendmsg(self.as_raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return Ok(Io::Again);
             }
             let e = Errno::last();
             match e.0 {
