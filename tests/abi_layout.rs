@@ -1,0 +1,52 @@
+//! Sizes and offsets of NCCL's net ABI as NCCL lays them out on x86_64/aarch64
+//! (LP64), pinned against our generated bindings: an accidental edit of
+//! nccl-headers/ cannot pass unnoticed.
+use std::mem::{offset_of, size_of};
+
+use rustnet::abi::sys::*;
+
+#[test]
+fn properties_layouts() {
+    assert_eq!(size_of::<ncclNetProperties_v6_t>(), 48);
+    assert_eq!(offset_of!(ncclNetProperties_v6_t, ptrSupport), 24);
+    assert_eq!(offset_of!(ncclNetProperties_v6_t, maxRecvs), 44);
+    assert_eq!(size_of::<ncclNetProperties_v7_t>(), 56);
+    assert_eq!(offset_of!(ncclNetProperties_v7_t, netDeviceType), 48);
+    assert_eq!(size_of::<ncclNetProperties_v8_t>(), 64);
+    assert_eq!(offset_of!(ncclNetProperties_v8_t, regIsGlobal), 28);
+    assert_eq!(offset_of!(ncclNetProperties_v8_t, speed), 32);
+    assert_eq!(offset_of!(ncclNetProperties_v8_t, netDeviceVersion), 56);
+    assert_eq!(size_of::<ncclNetProperties_v9_t>(), 104);
+    assert_eq!(offset_of!(ncclNetProperties_v9_t, forceFlush), 32);
+    assert_eq!(offset_of!(ncclNetProperties_v9_t, vProps), 64);
+    assert_eq!(offset_of!(ncclNetProperties_v9_t, maxP2pBytes), 88);
+    assert_eq!(offset_of!(ncclNetProperties_v9_t, maxCollBytes), 96);
+    assert_eq!(size_of::<ncclNetVDeviceProps_v9_t>(), 20);
+    assert_eq!(size_of::<ncclNetProperties_v10_t>(), 104);
+}
+
+#[test]
+fn vtable_layouts() {
+    let p = size_of::<usize>();
+    assert_eq!(size_of::<ncclNet_v6_t>(), 17 * p);
+    assert_eq!(size_of::<ncclNet_v7_t>(), 19 * p);
+    assert_eq!(size_of::<ncclNet_v8_t>(), 19 * p);
+    assert_eq!(size_of::<ncclNet_v9_t>(), 20 * p);
+    assert_eq!(size_of::<ncclNet_v10_t>(), 20 * p);
+    assert_eq!(offset_of!(ncclNet_v8_t, regMr), 7 * p);
+    assert_eq!(offset_of!(ncclNet_v8_t, test), 13 * p);
+    assert_eq!(offset_of!(ncclNet_v8_t, irecvConsumed), 18 * p);
+    assert_eq!(offset_of!(ncclNet_v9_t, makeVDevice), 19 * p);
+    assert_eq!(offset_of!(ncclNet_v10_t, makeVDevice), 19 * p);
+}
+
+#[test]
+fn small_types() {
+    assert_eq!(size_of::<ncclNetDeviceHandle_v7_t>(), 32);
+    assert_eq!(offset_of!(ncclNetDeviceHandle_v7_t, needsProxyProgress), 24);
+    assert_eq!(size_of::<ncclNetCommConfig_v10_t>(), 4);
+    assert_eq!(size_of::<ncclResult_t>(), 4);
+    assert_eq!(NCCL_NET_HANDLE_MAXSIZE, 128);
+    assert_eq!((NCCL_PTR_HOST, NCCL_PTR_CUDA, NCCL_PTR_DMABUF), (1, 2, 4));
+    assert_eq!(ncclResult_t::ncclRemoteError as i32, 6);
+}
