@@ -1,0 +1,145 @@
+#!/bin/bash
+# tests/rxe-vm/verbs-suite.sh -- run the verbs test binaries against real
+# kernel RDMA (soft-RoCE in a VM). This is what CI calls:
+#
+#   tests/rxe-vm/verbs-suite.sh
+#
+# 1. On the host (the VM must not compete with the build for the two cores,
+#    and has no writable cargo home): `cargo build --release`, then
+#    `cargo test --release --no-run --message-format=json` to learn the paths
+#    of the test binaries.
+# 2. One VM boot (run.sh); inside it each selected binary runs from the host's
+#    read-only target dir with --test-threads=1 and
+#      RUSTNET_TEST_DEVICE=rxe0 RUSTNET_TEST_DEVICE2=rxe1 RUSTNET_TRANSPORT=ib
+#      NCCL_SOCKET_IFNAME=veth0 RXE_VM_IP0=10.199.0.1 RXE_VM_IP1=10.199.0.2
+# 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
+#    any failed, 125 when the VM died or timed out, other values when the build
+#    failed.
+#
+# Knobs:
+#   VERBS_TESTS="a b"        cargo test targets to run (integration test names,
+#                            i.e. tests/<name>.rs; `rustnet` = the lib unit
+#                            tests). Default: every test target whose name
+#                            contains "verbs" or "conformance".
+#   VERBS_TEST_ARGS="..."    extra libtest arguments (a name filter, --nocapture)
+#   VERBS_TEST_TIMEOUT=600   seconds per binary
+#   VERBS_SMOKE=auto|1|0     run smoke.sh first: auto = only when no test binary
+#                            was selected (the rig itself is then what we check)
+#   VERBS_ENV="K=V ..."      more environment for the tests (e.g. RUST_LOG=debug)
+#   VERBS_RW_TARGET=1        mount the cargo target dir read-write (for tests
+#                            that write under target/, e.g. CARGO_TARGET_TMPDIR)
+#   VERBS_NO_BUILD=1         skip `cargo build --release` (test binaries are
+#                            still (re)built by `cargo test --no-run`)
+#   RXE_VM_*                 passed on to run.sh (RXE_VM_PAIRS, RXE_VM_TIMEOUT...)
+set -u -o pipefail
+HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+
+# ---- in the guest: verbs-suite.sh --in-vm NAME=PATH ... ----------------------
+if [ "${1:-}" = --in-vm ]; then
+  shift
+  ulimit -l unlimited
+  export RUSTNET_TEST_DEVICE=rxe0 RUSTNET_TEST_DEVICE2=rxe1 RUSTNET_TRANSPORT=ib \
+         NCCL_SOCKET_IFNAME=veth0 RUST_BACKTRACE=1 CARGO_MANIFEST_DIR="$ROOT"
+  export RXE_VM_IP0 RXE_VM_IP1
+  # what `cargo test` would add, so dylib-linked tests find their libraries
+  export LD_LIBRARY_PATH="${VERBS_LIB_DIRS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  for kv in ${VERBS_ENV:-}; do export "${kv?}"; done
+  smoke=${VERBS_SMOKE:-auto}
+  fails=0 results=()
+  if [ "$smoke" = 1 ] || { [ "$smoke" = auto ] && [ $# = 0 ]; }; then
+    echo "=== smoke"
+    if bash "$HERE/smoke.sh"; then results+=("PASS smoke"); else results+=("FAIL smoke"); fails=$((fails + 1)); fi
+  fi
+  for t in "$@"; do
+    name=${t%%=*} bin=${t#*=}
+    echo "=== $name: $bin --test-threads=1 ${VERBS_TEST_ARGS:-}"
+    t0=$EPOCHREALTIME
+    # shellcheck disable=SC2086
+    timeout -k 10 "${VERBS_TEST_TIMEOUT:-600}" "$bin" --test-threads=1 ${VERBS_TEST_ARGS:-} < /dev/null
+    rc=$?
+    dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
+    case $rc in
+      0) results+=("PASS $name (${dt} s)") ;;
+      124|137) results+=("FAIL $name (timed out after ${dt} s)"); fails=$((fails + 1)) ;;
+      *) results+=("FAIL $name (exit $rc, ${dt} s)"); fails=$((fails + 1)) ;;
+    esac
+  done
+  echo "=== verbs-suite results"
+  printf '  %s\n' "${results[@]}"
+  echo "verbs-suite: $((${#results[@]} - fails)) passed, $fails failed"
+  [ $fails = 0 ]
+  exit
+fi
+
+# ---- on the host: build, select, boot ----------------------------------------
+msg() { echo "[verbs-suite] $*" >&2; }
+cd "$ROOT" || exit 2
+if [ "${VERBS_NO_BUILD:-0}" != 1 ]; then
+  msg "cargo build --release"
+  cargo build --release || { rc=$?; msg "cargo build failed"; exit "$rc"; }
+fi
+msg "cargo test --release --no-run"
+json=$(cargo test --release --no-run --message-format=json) || { rc=$?; msg "building the tests failed"; exit "$rc"; }
+# every test executable cargo built: "<target name> <kind> <path>" per line
+artifacts=$(python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m["profile"]["test"] and m.get("executable"):
+        print(m["target"]["name"], m["target"]["kind"][0], m["executable"])
+' <<<"$json") || { msg "cannot parse cargo's JSON output"; exit 2; }
+msg "test binaries built:"
+while read -r name kind path; do [ -n "$name" ] && msg "  $name ($kind) $path"; done <<<"$artifacts"
+
+selected=()
+if [ -n "${VERBS_TESTS:-}" ]; then
+  for want in $VERBS_TESTS; do
+    found=0
+    # a name can match several artifacts (the lib and a bin are both `rustnet`)
+    while read -r name kind path; do
+      [ "$name" = "$want" ] || continue
+      found=1
+      if [ "$kind" = test ]; then selected+=("$name=$path"); else selected+=("$name($kind)=$path"); fi
+    done <<<"$artifacts"
+    [ $found = 1 ] || { msg "VERBS_TESTS: no test target named '$want'"; exit 2; }
+  done
+else
+  while read -r name kind path; do
+    [ "$kind" = test ] && [[ $name == *verbs* || $name == *conformance* ]] && selected+=("$name=$path")
+  done <<<"$artifacts"
+fi
+if [ ${#selected[@]} = 0 ]; then
+  msg "no verbs/conformance test binaries yet: running the rig smoke test only"
+else
+  msg "running in the VM: ${selected[*]%%=*}"
+fi
+
+# The guest sees the host's / read-only, except /tmp, /run and /var/tmp, which
+# are its own tmpfs: share anything we need from there explicitly.
+hidden() { case $1 in /tmp|/tmp/*|/run|/run/*|/var/tmp|/var/tmp/*) return 0 ;; esac; return 1; }
+target_dir=$(cargo metadata --format-version 1 --no-deps 2>/dev/null |
+             python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') || target_dir=$ROOT/target
+ro=${RXE_VM_RO:-} rw=${RXE_VM_RW:-}
+if [ "${VERBS_RW_TARGET:-0}" = 1 ]; then rw+=" $target_dir"
+elif hidden "$target_dir"; then ro+=" $target_dir"; fi
+hidden "$ROOT" && ro+=" $ROOT"
+export RXE_VM_RO=$ro RXE_VM_RW=$rw
+export RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-3600}
+
+# libtest binaries linked against Rust dylibs find them where cargo test would
+# put them on LD_LIBRARY_PATH: target/release/deps and the toolchain's lib dir
+lib_dirs="$target_dir/release/deps:$target_dir/release"
+sysroot=$(rustc --print sysroot 2>/dev/null) && lib_dirs+=":$sysroot/lib"
+
+guest_cmd=$(printf '%q ' env \
+  "VERBS_SMOKE=${VERBS_SMOKE:-auto}" "VERBS_TEST_ARGS=${VERBS_TEST_ARGS:-}" \
+  "VERBS_TEST_TIMEOUT=${VERBS_TEST_TIMEOUT:-600}" "VERBS_ENV=${VERBS_ENV:-}" \
+  "VERBS_LIB_DIRS=$lib_dirs" bash "$HERE/verbs-suite.sh" --in-vm "${selected[@]}")
+"$HERE/run.sh" "$guest_cmd"
+rc=$?
+[ $rc = 125 ] && msg "the VM died or timed out (exit 125)"
+exit $rc
