@@ -236,6 +236,25 @@ impl KnobValue for NameList {
     }
 }
 
+/// Whether GPU memory is offered over verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GdrChoice {
+    /// Where the system supports it.
+    Auto,
+    /// Never.
+    Off,
+}
+
+impl KnobValue for GdrChoice {
+    fn parse_knob(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "1" | "on" => Some(Self::Auto),
+            "off" | "0" => Some(Self::Off),
+            _ => None,
+        }
+    }
+}
+
 /// Log verbosity for our own filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
@@ -299,6 +318,14 @@ knobs! {
     ib_split_data_on_qps: Int<0, 1> = "NCCL_IB_SPLIT_DATA_ON_QPS", default "0", accepts "0 or 1";
     /// Use inline sends for the receiver's small control writes where the device allows.
     ib_use_inline: Int<0, 1> = "NCCL_IB_USE_INLINE", default "1", accepts "0 or 1";
+    /// GPU memory over verbs: `auto` offers it when peer memory or dma-buf works (and says why not otherwise); `off` reports host memory only.
+    gdr: GdrChoice = "RUSTNET_GDR", default "auto", accepts "auto or off";
+    /// NCCL's switch for dma-buf registration; 0 keeps NCCL_PTR_DMABUF off.
+    dmabuf_enable: Int<0, 1> = "NCCL_DMABUF_ENABLE", default "1", accepts "0 or 1";
+    /// 1 disables the flush after GPUDirect receives (NCCL's meaning).
+    gdr_flush_disable: Int<0, 1> = "NCCL_GDR_FLUSH_DISABLE", default "0", accepts "0 or 1";
+    /// 1 asks NCCL to flush after every GPUDirect receive (reported as forceFlush, ABI v9+).
+    force_flush: Int<0, 1> = "RUSTNET_FORCE_FLUSH", default "0", accepts "0 or 1";
     /// Testing only: panic inside the named vtable slot (e.g. `isend`) to prove the boundary catches it.
     fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.

@@ -14,6 +14,7 @@ pub mod abi;
 pub mod config;
 pub mod driver;
 pub mod error;
+pub mod gpu;
 pub mod log;
 pub mod plugin;
 pub mod proto;
