@@ -306,31 +306,43 @@ fn raw_pair_server(lst: &TcpListener) -> Result<TcpStream, String> {
 }
 
 /// Write `send` bytes in `msg`-sized writes while reading `recv` bytes: one
-/// direction per thread, like a plain blocking socket pair.
-fn raw_stream(mut s: &TcpStream, send: usize, recv: usize, msg: usize) -> Result<(), String> {
+/// direction per thread, like a plain blocking socket pair. Both sides cycle
+/// through `nbuf` buffers, the same memory footprint the plugin run has with
+/// `nbuf` requests in flight, so cache effects match.
+fn raw_stream(mut s: &TcpStream, send: usize, recv: usize, msg: usize, nbuf: usize) -> Result<(), String> {
     let total_w = send;
     let total_r = recv;
     let s2 = s.try_clone().map_err(|e| e.to_string())?;
     let msg = msg.clamp(1, 64 << 20);
+    let nbuf = nbuf.max(1);
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
-        let buf = vec![1u8; msg];
+        let bufs: Vec<Vec<u8>> = (0..nbuf).map(|i| vec![i as u8; msg]).collect();
         let mut left = total_w;
         let mut w = &s2;
+        let mut k = 0;
         while left > 0 {
-            let n = left.min(buf.len());
-            w.write_all(&buf[..n])?;
+            let n = left.min(msg);
+            w.write_all(&bufs[k % nbuf][..n])?;
+            k += 1;
             left -= n;
         }
         Ok(())
     });
-    let mut buf = vec![0u8; msg];
+    let mut bufs: Vec<Vec<u8>> = (0..nbuf).map(|_| vec![0u8; msg]).collect();
     let mut left = total_r;
+    let (mut k, mut off) = (0, 0);
     while left > 0 {
-        let n = s.read(&mut buf[..left.min(msg)]).map_err(|e| e.to_string())?;
+        let want = left.min(msg - off);
+        let n = s.read(&mut bufs[k % nbuf][off..off + want]).map_err(|e| e.to_string())?;
         if n == 0 {
             return Err("raw peer closed".into());
         }
         left -= n;
+        off += n;
+        if off == msg {
+            off = 0;
+            k += 1;
+        }
     }
     writer.join().map_err(|_| "writer panicked")?.map_err(|e| e.to_string())?;
     Ok(())
@@ -378,12 +390,12 @@ fn server(o: &Opts) -> Result<(), String> {
             Some("PP") => pingpong(&net, num(1), num(2), false).map(|_| ()),
             Some("RAWCONN") => raw_pair_server(&raw_lst).map(|s| raw = Some(s)),
             Some("RAWOW") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
-                raw_stream(s, 0, num(1) * num(2), num(1))?;
-                raw_stream(s, 1, 0, 1)
+                raw_stream(s, 0, num(1) * num(2), num(1), num(3))?;
+                raw_stream(s, 1, 0, 1, 1)
             }),
             Some("RAWBI") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
-                raw_stream(s, num(1) * num(2), num(1) * num(2), num(1))?;
-                raw_stream(s, 1, 1, 1)
+                raw_stream(s, num(1) * num(2), num(1) * num(2), num(1), num(3))?;
+                raw_stream(s, 1, 1, 1, 1)
             }),
             Some("RAWPP") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| raw_pingpong(s, num(1), num(2), false).map(|_| ())),
             Some("BYE") => return Ok(()),
@@ -508,16 +520,16 @@ fn client(o: &Opts) -> Result<(), String> {
             bi.v.push((2 * size * count) as f64 / dt / 1e9);
             if let Some(s) = &raw {
                 let t = Instant::now();
-                run_cmd(&mut ctl, &format!("RAWOW {size} {count}"))?;
-                raw_stream(s, size * count, 0, size)?;
-                raw_stream(s, 0, 1, 1)?;
+                run_cmd(&mut ctl, &format!("RAWOW {size} {count} {}", o.inflight))?;
+                raw_stream(s, size * count, 0, size, o.inflight)?;
+                raw_stream(s, 0, 1, 1, 1)?;
                 let dt = t.elapsed().as_secs_f64();
                 wait_ok(&mut ctl)?;
                 row.v.push((size * count) as f64 / dt / 1e9);
                 let t = Instant::now();
-                run_cmd(&mut ctl, &format!("RAWBI {size} {count}"))?;
-                raw_stream(s, size * count, size * count, size)?;
-                raw_stream(s, 1, 1, 1)?;
+                run_cmd(&mut ctl, &format!("RAWBI {size} {count} {}", o.inflight))?;
+                raw_stream(s, size * count, size * count, size, o.inflight)?;
+                raw_stream(s, 1, 1, 1, 1)?;
                 let dt = t.elapsed().as_secs_f64();
                 wait_ok(&mut ctl)?;
                 rbi.v.push((2 * size * count) as f64 / dt / 1e9);
