@@ -273,6 +273,36 @@ fn peer_main(role: String) {
                 }
             }
         }
+        "cut_sender" => {
+            // B sends until the link is cut under it; reports the error.
+            let (s, _r, _l) = peer.connect_pair();
+            let mut buf = vec![7u8; 1 << 20];
+            let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
+            let mut inflight: Vec<Ptr> = Vec::new();
+            let mut told = false;
+            let code = 'outer: loop {
+                match peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh) {
+                    Ok(Some(q)) => inflight.push(q),
+                    Ok(None) => {}
+                    Err(e) => break e.code,
+                }
+                let mut i = 0;
+                while i < inflight.len() {
+                    match peer.p.test(inflight[i], &mut [0]) {
+                        Ok(true) => {
+                            inflight.swap_remove(i);
+                        }
+                        Ok(false) => i += 1,
+                        Err(e) => break 'outer e.code,
+                    }
+                }
+                if !told {
+                    peer.say("STARTED");
+                    told = true;
+                }
+            };
+            peer.say(&format!("DONE send_error={code}"));
+        }
         "killed_receiver_side" => {
             // A: receives from B (which gets killed); must fail, not hang.
             let (s, r, l) = peer.connect_pair();
@@ -441,7 +471,18 @@ fn libdir() -> PathBuf {
 }
 
 fn spawn(role: &str, version: u32, scenario: &str, extra: &[(&str, &str)]) -> Proc {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    spawn_in(None, role, version, scenario, extra)
+}
+
+fn spawn_in(netns: Option<&str>, role: &str, version: u32, scenario: &str, extra: &[(&str, &str)]) -> Proc {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(std::env::current_exe().unwrap());
+            c
+        }
+        None => Command::new(std::env::current_exe().unwrap()),
+    };
     cmd.env("RUSTNET_CONF_ROLE", role)
         .env("RUSTNET_CONF_VERSION", version.to_string())
         .env("RUSTNET_CONF_SCENARIO", scenario)
@@ -577,6 +618,87 @@ fn garbage_case() -> Result<String, String> {
     Ok(ra)
 }
 
+/// Runs `cmd` and says whether it succeeded.
+fn sh(cmd: &str) -> bool {
+    Command::new("sh").arg("-c").arg(cmd).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Two network namespaces joined by a veth pair; removed on drop.
+struct NetnsPair {
+    a: String,
+    b: String,
+}
+
+impl NetnsPair {
+    fn new() -> Result<NetnsPair, String> {
+        let id = std::process::id() % 100000;
+        let (a, b) = (format!("rncutA{id}"), format!("rncutB{id}"));
+        let p = NetnsPair { a: a.clone(), b: b.clone() };
+        let ok = sh(&format!("ip netns add {a}"))
+            && sh(&format!("ip netns add {b}"))
+            && sh(&format!("ip link add rnA{id} netns {a} type veth peer name rnB{id} netns {b}"))
+            && sh(&format!("ip -n {a} addr add 10.78.0.1/24 dev rnA{id} && ip -n {a} link set rnA{id} up && ip -n {a} link set lo up"))
+            && sh(&format!("ip -n {b} addr add 10.78.0.2/24 dev rnB{id} && ip -n {b} link set rnB{id} up && ip -n {b} link set lo up"));
+        // carrier comes up asynchronously (linkwatch): wait for it on both ends
+        let up = |ns: &str, dev: &str| sh(&format!("ip -n {ns} link show dev {dev} | grep -q LOWER_UP"));
+        let t0 = Instant::now();
+        while ok && !(up(&a, &format!("rnA{id}")) && up(&b, &format!("rnB{id}"))) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if ok {
+            Ok(p)
+        } else {
+            Err("could not build the namespace pair".into())
+        }
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        sh(&format!("ip netns del {}", self.a));
+        sh(&format!("ip netns del {}", self.b));
+    }
+}
+
+/// A silent dead peer (the link cut, no FIN, no RST): both ends must fail
+/// within RUSTNET_SOCKET_TIMEOUT (keepalive + TCP_USER_TIMEOUT), not hang.
+fn link_cut_case() -> Result<String, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !sh("ip netns list") {
+        return Err("SKIPPED: needs root and iproute2 (ip netns) to cut a link".into());
+    }
+    let ns = NetnsPair::new()?;
+    let id = std::process::id() % 100000;
+    let t = Duration::from_secs(30);
+    let env_a = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", "rnA")];
+    let env_b = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", "rnB")];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, "killed_receiver_side", &env_a);
+    let mut b = spawn_in(Some(&ns.b), "B", 8, "cut_sender", &env_b);
+    swap_handles(&mut a, &mut b, t).map_err(|e| format!("{e}; A: {}; B: {}", a.stderr.lock().unwrap(), b.stderr.lock().unwrap()))?;
+    a.expect("POSTED", t)?;
+    b.expect("STARTED", t)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let cut = Instant::now();
+    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
+        return Err("could not cut the link".into());
+    }
+    let rb = b.expect("DONE", Duration::from_secs(20)).map_err(|e| format!("sender did not fail within 20 s of the cut: {e}"))?;
+    let tb = cut.elapsed();
+    let ra = a.expect("DONE", Duration::from_secs(40)).map_err(|e| format!("receiver did not fail: {e}"))?;
+    let ta = cut.elapsed();
+    let _ = a.child.kill();
+    let _ = b.child.kill();
+    let _ = a.child.wait();
+    let _ = b.child.wait();
+    if !rb.contains("send_error=6") || !ra.contains("recv_error=6") {
+        return Err(format!("expected ncclRemoteError on both ends: sender {rb}; receiver {ra}"));
+    }
+    if tb > Duration::from_secs(15) || ta > Duration::from_secs(15) {
+        return Err(format!("too slow: sender {tb:?}, receiver {ta:?} after the cut (timeout 3 s)"));
+    }
+    Ok(format!("sender failed {:.1}s, receiver {:.1}s after the cut (RUSTNET_SOCKET_TIMEOUT=3): {rb}; {ra}", tb.as_secs_f64(), ta.as_secs_f64()))
+}
+
 fn garbage_warned(stderr: &str) -> bool {
     stderr.contains("rejected connection from")
 }
@@ -690,8 +812,11 @@ fn main() {
     cases.push(("injected_panic".into(), Box::new(panic_case)));
     cases.push(("null_stale_and_bad_arguments".into(), Box::new(misuse_case)));
     cases.push(("dlclose_dlopen_cycles".into(), Box::new(reload_case)));
+    if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
+        cases.push(("tcp_link_cut_silent_peer".into(), Box::new(link_cut_case)));
+    }
     let t0 = Instant::now();
-    let (mut pass, mut fail, mut filtered) = (0, 0, 0);
+    let (mut pass, mut fail, mut filtered, mut skipped) = (0, 0, 0, 0);
     println!("\nrunning conformance over {}", driver::default_plugin_path().display());
     for (name, f) in &cases {
         if !filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str())) {
@@ -704,6 +829,11 @@ fn main() {
                 pass += 1;
                 println!("test {name} ... ok ({:.1}s) {detail}", t.elapsed().as_secs_f64());
             }
+            Err(e) if e.starts_with("SKIPPED") => {
+                skipped += 1;
+                println!("test {name} ... ignored, {e}");
+                eprintln!("{name}: {e}");
+            }
             Err(e) => {
                 fail += 1;
                 println!("test {name} ... FAILED ({:.1}s)\n    {e}", t.elapsed().as_secs_f64());
@@ -712,7 +842,7 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("rustnet-conf-{}", std::process::id())));
     println!(
-        "\ntest result: {}. {pass} passed; {fail} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
+        "\ntest result: {}. {pass} passed; {fail} failed; {skipped} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
         if fail == 0 { "ok" } else { "FAILED" },
         t0.elapsed().as_secs_f64()
     );
