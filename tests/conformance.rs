@@ -638,7 +638,8 @@ impl NetnsPair {
             && sh(&format!("ip netns add {b}"))
             && sh(&format!("ip link add rnA{id} netns {a} type veth peer name rnB{id} netns {b}"))
             && sh(&format!("ip -n {a} addr add 10.78.0.1/24 dev rnA{id} && ip -n {a} link set rnA{id} up && ip -n {a} link set lo up"))
-            && sh(&format!("ip -n {b} addr add 10.78.0.2/24 dev rnB{id} && ip -n {b} link set rnB{id} up && ip -n {b} link set lo up"));
+            && sh(&format!("ip -n {b} addr add 10.78.0.2/24 dev rnB{id} && ip -n {b} link set rnB{id} up && ip -n {b} link set lo up"))
+            && sh(&format!("ip -n {a} addr add fd78::1/64 dev rnA{id} nodad && ip -n {b} addr add fd78::2/64 dev rnB{id} nodad"));
         // carrier comes up asynchronously (linkwatch): wait for it on both ends
         let up = |ns: &str, dev: &str| sh(&format!("ip -n {ns} link show dev {dev} | grep -q LOWER_UP"));
         let t0 = Instant::now();
@@ -697,6 +698,33 @@ fn link_cut_case() -> Result<String, String> {
         return Err(format!("too slow: sender {tb:?}, receiver {ta:?} after the cut (timeout 3 s)"));
     }
     Ok(format!("sender failed {:.1}s, receiver {:.1}s after the cut (RUSTNET_SOCKET_TIMEOUT=3): {rb}; {ra}", tb.as_secs_f64(), ta.as_secs_f64()))
+}
+
+/// Traffic over IPv6 only (NCCL_SOCKET_FAMILY=AF_INET6) between two namespaces.
+fn ipv6_case() -> Result<String, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !sh("ip netns list") {
+        return Err("SKIPPED: needs root and iproute2 (ip netns) for an IPv6 pair".into());
+    }
+    let ns = NetnsPair::new()?;
+    let t = Duration::from_secs(60);
+    let common = [("NCCL_SOCKET_FAMILY", "AF_INET6"), ("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "20")];
+    let mut a = spawn_in(Some(&ns.a), "A", 10, "traffic", &[common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", "rnA")]);
+    let mut b = spawn_in(Some(&ns.b), "B", 10, "traffic", &[common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", "rnB")]);
+    let ha = a.expect("HANDLE ", t)?;
+    let hb = b.expect("HANDLE ", t)?;
+    if unhex(&ha).map(|h| h[11]) != Some(6) {
+        return Err("the listen handle is not IPv6".into());
+    }
+    a.send(&format!("PEER {hb}"));
+    b.send(&format!("PEER {ha}"));
+    a.expect("CYCLE", t)?;
+    b.expect("CYCLE", t)?;
+    a.send("GO");
+    b.send("GO");
+    let ra = finish(a)?;
+    finish(b)?;
+    Ok(format!("IPv6 handle, {ra}"))
 }
 
 fn garbage_warned(stderr: &str) -> bool {
@@ -814,6 +842,7 @@ fn main() {
     cases.push(("dlclose_dlopen_cycles".into(), Box::new(reload_case)));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
         cases.push(("tcp_link_cut_silent_peer".into(), Box::new(link_cut_case)));
+        cases.push(("tcp_ipv6_between_namespaces".into(), Box::new(ipv6_case)));
     }
     let t0 = Instant::now();
     let (mut pass, mut fail, mut filtered, mut skipped) = (0, 0, 0, 0);
