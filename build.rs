@@ -1,5 +1,9 @@
 //! Generates Rust bindings for NCCL's net-plugin ABI from our own headers in
-//! `nccl-headers/`. Output goes to `$OUT_DIR/nccl_net.rs` only.
+//! `nccl-headers/` (`$OUT_DIR/nccl_net.rs`), and the ibverbs *types* from the
+//! system's `<infiniband/verbs.h>` (`$OUT_DIR/verbs.rs`; libibverbs-dev).
+//! Only types and constants are generated for verbs, never function
+//! declarations: the library is dlopen'ed at run time, so no NEEDED entry
+//! on libibverbs can appear.
 use std::{env, path::PathBuf};
 
 fn main() {
@@ -41,4 +45,28 @@ fn main() {
         .expect("bindgen could not parse nccl-headers/nccl_net.h (is libclang installed?)");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("nccl_net.rs");
     bindings.write_to_file(out).expect("write bindings");
+    verbs_types();
+}
+
+/// Layouts of the ibverbs structures we hand to libibverbs. Types only: a
+/// function declaration here would be an easy way to link libibverbs by
+/// accident, so functions are blocked and resolved with dlvsym instead.
+fn verbs_types() {
+    println!("cargo:rerun-if-changed=/usr/include/infiniband/verbs.h");
+    let bindings = bindgen::Builder::default()
+        .header_contents("rustnet_verbs.h", "#include <infiniband/verbs.h>\n")
+        .allowlist_type("ibv_(device|context|context_ops|device_attr|port_attr|gid|pd|mr|cq|qp|qp_init_attr|qp_cap|qp_attr|ah_attr|global_route|send_wr|recv_wr|sge|wc|async_event|comp_channel|srq)")
+        .allowlist_type("ibv_(qp_state|qp_type|access_flags|wr_opcode|send_flags|wc_status|wc_opcode|wc_flags|mtu|port_state|qp_attr_mask|event_type|node_type|transport_type|atomic_cap|mig_state)")
+        .allowlist_var("IBV_LINK_LAYER_.*")
+        .blocklist_function(".*")
+        .constified_enum_module("ibv_(access_flags|send_flags|qp_attr_mask|wc_flags)")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        .derive_default(true)
+        .derive_debug(false)
+        .generate()
+        .expect("bindgen could not parse <infiniband/verbs.h>: install libibverbs-dev (and libclang-dev)");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("verbs.rs");
+    bindings.write_to_file(out).expect("write verbs bindings");
 }

@@ -10,6 +10,7 @@ use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::ReqId;
+use crate::transport::ib::{self, IbConnecting, IbListen, IbNet};
 use crate::transport::tcp::{self, TcpConnecting, TcpListen, TcpNet};
 use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
 
@@ -17,6 +18,8 @@ use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
 pub enum Net {
     /// TCP sockets.
     Tcp(TcpNet),
+    /// ibverbs RC QPs (InfiniBand, RoCE).
+    Ib(IbNet),
 }
 
 /// Process-wide plugin state.
@@ -47,19 +50,7 @@ impl Plugin {
     fn create() -> Result<Plugin> {
         let cfg = Config::from_env()?;
         crate::log::set_max_level(cfg.nccl_debug);
-        let net = match cfg.transport {
-            TransportChoice::Ib => {
-                return Err(Error::Usage(
-                    "RUSTNET_TRANSPORT=ib, but this build has no verbs transport yet; use RUSTNET_TRANSPORT=socket or auto".into(),
-                ));
-            }
-            TransportChoice::Auto | TransportChoice::Socket => {
-                if cfg.transport == TransportChoice::Auto {
-                    tracing::info!("no verbs transport in this build: using TCP");
-                }
-                Net::Tcp(TcpNet::new(&cfg)?)
-            }
-        };
+        let net = select_net(&cfg)?;
         let p = Plugin { cfg, net };
         p.log_devices();
         Ok(p)
@@ -72,6 +63,17 @@ impl Plugin {
                 let c = t.stream_cfg();
                 tracing::info!("using TCP on {} ({} stream(s) per connection)", list.join(" "), c.nstreams);
             }
+            Net::Ib(n) => {
+                let c = n.conn_cfg();
+                tracing::info!(
+                    "using verbs on {} ({} QP(s) per connection{}, NCCL_IB_TIMEOUT={} NCCL_IB_RETRY_CNT={})",
+                    n.describe(),
+                    c.nqps,
+                    if c.split { ", split" } else { "" },
+                    c.timeout,
+                    c.retry_cnt
+                );
+            }
         }
     }
 
@@ -79,6 +81,7 @@ impl Plugin {
     pub fn transport_name(&self) -> &'static str {
         match &self.net {
             Net::Tcp(_) => "socket",
+            Net::Ib(_) => "ib",
         }
     }
 
@@ -86,6 +89,7 @@ impl Plugin {
     pub fn devices(&self) -> usize {
         match &self.net {
             Net::Tcp(t) => t.ndev(),
+            Net::Ib(n) => n.ndev(),
         }
     }
 
@@ -94,6 +98,7 @@ impl Plugin {
         let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
         match &self.net {
             Net::Tcp(t) => t.props(dev),
+            Net::Ib(n) => n.props(dev),
         }
     }
 
@@ -106,16 +111,25 @@ impl Plugin {
                 h.encode(handle);
                 Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(l)) })
             }
+            Net::Ib(n) => {
+                let (l, h) = n.listen(dev)?;
+                h.encode(handle);
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Ib(Box::new(l))) })
+            }
         }
     }
 
     /// Connect to the listener whose handle NCCL passes (the same buffer on
     /// every retry); `Ok(None)` means "call again".
-    pub fn connect(&self, _dev: i32, handle: &mut [u8; HANDLE_SIZE], _traffic_class: Option<i32>) -> Result<Option<Comm>> {
+    pub fn connect(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE], traffic_class: Option<i32>) -> Result<Option<Comm>> {
         let h = Handle::decode(handle)?;
         let mut st = if h.stage == 0 {
             match &self.net {
                 Net::Tcp(t) => Connecting::Tcp(t.connect(&h)?),
+                Net::Ib(n) => {
+                    let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
+                    Connecting::Ib(Box::new(n.connect(dev, &h, traffic_class)?))
+                }
             }
         } else {
             CONNECTING.lock().as_mut().and_then(|m| m.remove(&h.stage)).ok_or_else(|| {
@@ -127,12 +141,14 @@ impl Plugin {
         };
         let done = match &mut st {
             Connecting::Tcp(c) => c.progress(),
+            Connecting::Ib(c) => c.progress(),
         };
         match done {
             Ok(true) => {
                 Handle::set_stage(handle, 0);
                 Ok(Some(match st {
                     Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm())))),
+                    Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Ib(Box::new(c.into_send_comm()?))))),
                 }))
             }
             Ok(false) => {
@@ -153,11 +169,12 @@ impl Plugin {
         let mut g = l.inner.lock();
         match &mut *g {
             AnyListen::Tcp(t) => Ok(t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r)))))),
+            AnyListen::Ib(l) => Ok(l.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Ib(Box::new(r))))))),
         }
     }
 
     /// Register memory for `comm`.
-    pub fn reg_mr(&self, _comm: &Comm, buf: RawBuf, kind: MemKind) -> Result<MemHandle> {
+    pub fn reg_mr(&self, comm: &Comm, buf: RawBuf, kind: MemKind) -> Result<MemHandle> {
         match &self.net {
             Net::Tcp(_) => {
                 if kind != MemKind::Host {
@@ -167,7 +184,24 @@ impl Plugin {
                         buf.ptr
                     )));
                 }
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind })
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None })
+            }
+            Net::Ib(n) => {
+                // Remote write only where the peer writes: receive buffers.
+                let (dev, access) = match &comm.body {
+                    CommBody::Send(s) => match &*s.lock() {
+                        AnySend::Ib(c) => (c.dev(), ib::Access::LOCAL_READ),
+                        AnySend::Tcp(_) => return Err(Error::Internal("TCP comm under the verbs transport".into())),
+                    },
+                    CommBody::Recv(r) => match &*r.lock() {
+                        AnyRecv::Ib(c) => (c.dev(), ib::Access::REMOTE_WRITE),
+                        AnyRecv::Tcp(_) => return Err(Error::Internal("TCP comm under the verbs transport".into())),
+                    },
+                };
+                // SAFETY: NCCL's regMr contract: the buffer stays mapped until deregMr,
+                // which drops the MemHandle and with it this registration.
+                let mr = unsafe { n.reg_mr(dev, buf, kind, access)? };
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: Some(mr) })
             }
         }
     }
@@ -183,11 +217,39 @@ impl Plugin {
     }
 }
 
+/// The transport `init` chooses: `socket` is TCP; `ib` is verbs or an error
+/// saying what was found; `auto` is verbs when an active RDMA port exists,
+/// else TCP with one INFO line saying why.
+pub fn select_net(cfg: &Config) -> Result<Net> {
+    match cfg.transport {
+        TransportChoice::Socket => Ok(Net::Tcp(TcpNet::new(cfg)?)),
+        TransportChoice::Ib => match IbNet::new(cfg) {
+            Ok(n) => Ok(Net::Ib(n)),
+            Err(e) => Err(Error::Usage(format!("RUSTNET_TRANSPORT=ib, but no usable RDMA device: {e}"))),
+        },
+        TransportChoice::Auto => match IbNet::new(cfg) {
+            Ok(n) => Ok(Net::Ib(n)),
+            Err(e) => {
+                tracing::info!("no RDMA devices ({}): using TCP", auto_reason(&e));
+                Ok(Net::Tcp(TcpNet::new(cfg)?))
+            }
+        },
+    }
+}
+
+fn auto_reason(e: &Error) -> String {
+    match e {
+        Error::Usage(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// Outgoing connections in progress, by the token stored in NCCL's handle.
 static CONNECTING: Mutex<Option<HashMap<u64, Connecting>>> = Mutex::new(None);
 
 enum Connecting {
     Tcp(TcpConnecting),
+    Ib(Box<IbConnecting>),
 }
 
 /// Listening endpoint NCCL holds.
@@ -197,6 +259,7 @@ pub struct ListenComm {
 
 enum AnyListen {
     Tcp(TcpListen),
+    Ib(Box<IbListen>),
 }
 
 /// Magic at the start of every comm we hand out.
@@ -225,12 +288,16 @@ pub enum CommBody {
 pub enum AnySend {
     /// TCP.
     Tcp(tcp::SendComm),
+    /// Verbs.
+    Ib(Box<ib::SendComm>),
 }
 
 /// Transport-specific receiving end.
 pub enum AnyRecv {
     /// TCP.
     Tcp(tcp::RecvComm),
+    /// Verbs.
+    Ib(Box<ib::RecvComm>),
 }
 
 /// A registration NCCL holds.
@@ -242,6 +309,8 @@ pub struct MemHandle {
     pub buf: RawBuf,
     /// Host or device memory.
     pub kind: MemKind,
+    /// The verbs registration (dropped, and its cache reference released, with the handle).
+    pub ib: Option<ib::IbMr>,
 }
 
 /// Which way a request goes (for `test`).
@@ -270,11 +339,13 @@ impl Comm {
     ///
     /// # Safety
     /// `buf` must stay readable until the request completes.
-    pub unsafe fn isend(&self, buf: RawBuf, tag: i32, _mr: Option<&MemHandle>) -> Result<Option<ReqId>> {
+    pub unsafe fn isend(&self, buf: RawBuf, tag: i32, mr: Option<&MemHandle>) -> Result<Option<ReqId>> {
         let CommBody::Send(s) = &self.body else { return Err(Error::InvalidArg("isend on a receive comm".into())) };
         match &mut *s.lock() {
             // SAFETY: forwarded from our caller.
             AnySend::Tcp(t) => unsafe { t.isend(buf, tag) },
+            // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
+            AnySend::Ib(c) => unsafe { c.isend(buf, tag, mr.and_then(|m| m.ib.as_ref())) },
         }
     }
 
@@ -282,19 +353,28 @@ impl Comm {
     ///
     /// # Safety
     /// Every buffer must stay writable until the request completes.
-    pub unsafe fn irecv(&self, bufs: &[RecvBuf], _mrs: &[Option<&MemHandle>]) -> Result<Option<ReqId>> {
+    pub unsafe fn irecv(&self, bufs: &[RecvBuf], mrs: &[Option<&MemHandle>]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("irecv on a send comm".into())) };
         match &mut *r.lock() {
             // SAFETY: forwarded from our caller.
             AnyRecv::Tcp(t) => unsafe { t.irecv(bufs) },
+            AnyRecv::Ib(c) => {
+                let mut ibm: [Option<&ib::IbMr>; crate::transport::MAX_RECVS] = [None; crate::transport::MAX_RECVS];
+                for (o, m) in ibm.iter_mut().zip(mrs) {
+                    *o = m.and_then(|m| m.ib.as_ref());
+                }
+                // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
+                unsafe { c.irecv(bufs, &ibm[..mrs.len().min(crate::transport::MAX_RECVS)]) }
+            }
         }
     }
 
     /// Flush received data to the GPU; `Ok(None)`: nothing to flush.
-    pub fn iflush(&self, _bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+    pub fn iflush(&self, bufs: &[RawBuf]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("iflush on a send comm".into())) };
-        match &*r.lock() {
+        match &mut *r.lock() {
             AnyRecv::Tcp(_) => Ok(None),
+            AnyRecv::Ib(c) => c.iflush(bufs),
         }
     }
 
@@ -303,9 +383,11 @@ impl Comm {
         match &self.body {
             CommBody::Send(s) => match &mut *s.lock() {
                 AnySend::Tcp(t) => t.test(id),
+                AnySend::Ib(c) => c.test(id),
             },
             CommBody::Recv(r) => match &mut *r.lock() {
                 AnyRecv::Tcp(t) => t.test(id),
+                AnyRecv::Ib(c) => c.test(id),
             },
         }
     }

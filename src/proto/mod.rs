@@ -3,3 +3,5 @@
 pub mod handle;
 pub mod pool;
 pub mod wire;
+pub mod fifo;
+pub mod ib_meta;

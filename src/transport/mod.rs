@@ -1,4 +1,5 @@
 //! Transports: the verbs one and the TCP one, behind one set of types.
+pub mod ib;
 pub mod tcp;
 
 use std::ffi::CStr;

@@ -1,0 +1,182 @@
+//! What the two ends of a verbs connection tell each other over the
+//! out-of-band TCP socket (after the TCP [`Hello`](crate::proto::wire::Hello)):
+//! one fixed-size [`Meta`] each way, then a [`READY`] word from the sender
+//! once its QPs are in RTS. Little endian, explicit offsets.
+//!
+//! ```text
+//!   0 magic   u64  "RNIBMETA"
+//!   8 version u16  PROTO_VERSION
+//!  10 nqps    u16  QPs in the connection (1..=MAX_QPS)
+//!  12 mtu     u8   active MTU (ibv_mtu: 1=256 .. 5=4096)
+//!  13 link    u8   1 = InfiniBand, 2 = Ethernet (RoCE)
+//!  14 port    u8
+//!  15 gid_idx u8   local GID index
+//!  16 lid     u16
+//!  18 tc      u8   traffic class the sender chose (receiver follows it)
+//!  19 sl      u8   service level the sender chose
+//!  20 split   u8   1: messages are split across all QPs
+//!  21 -       [u8; 3]
+//!  24 gid     [u8; 16]
+//!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
+//!  48 rkey    u32
+//!  52 -       u32
+//!  56 name    [u8; 32]  device name, for messages
+//!  88 qpn     [u32; MAX_QPS]
+//! ```
+use crate::proto::handle::PROTO_VERSION;
+
+/// Most QPs per connection (NCCL_IB_QPS_PER_CONNECTION's upper bound).
+pub const MAX_QPS: usize = 128;
+/// Bytes of [`Meta`] on the wire.
+pub const META_LEN: usize = 88 + 4 * MAX_QPS;
+/// Magic of [`Meta`].
+pub const META_MAGIC: u64 = u64::from_le_bytes(*b"RNIBMETA");
+/// The sender's "my QPs are in RTS" word.
+pub const READY: [u8; 8] = *b"RNREADY1";
+
+/// One end's connection data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    /// QP numbers.
+    pub qpns: Vec<u32>,
+    /// Active MTU (ibv_mtu enum).
+    pub mtu: u8,
+    /// Link layer (1 IB, 2 Ethernet).
+    pub link: u8,
+    /// Port.
+    pub port: u8,
+    /// GID index.
+    pub gid_index: u8,
+    /// LID.
+    pub lid: u16,
+    /// Traffic class.
+    pub tc: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Split messages across QPs.
+    pub split: bool,
+    /// GID.
+    pub gid: [u8; 16],
+    /// FIFO (sender) or sizes area (receiver).
+    pub addr: u64,
+    /// Its rkey.
+    pub rkey: u32,
+    /// Device name.
+    pub name: String,
+}
+
+impl Meta {
+    /// To the wire.
+    pub fn encode(&self) -> [u8; META_LEN] {
+        assert!(!self.qpns.is_empty() && self.qpns.len() <= MAX_QPS);
+        let mut b = [0u8; META_LEN];
+        b[0..8].copy_from_slice(&META_MAGIC.to_le_bytes());
+        b[8..10].copy_from_slice(&PROTO_VERSION.to_le_bytes());
+        b[10..12].copy_from_slice(&(self.qpns.len() as u16).to_le_bytes());
+        b[12] = self.mtu;
+        b[13] = self.link;
+        b[14] = self.port;
+        b[15] = self.gid_index;
+        b[16..18].copy_from_slice(&self.lid.to_le_bytes());
+        b[18] = self.tc;
+        b[19] = self.sl;
+        b[20] = self.split as u8;
+        b[24..40].copy_from_slice(&self.gid);
+        b[40..48].copy_from_slice(&self.addr.to_le_bytes());
+        b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
+        let nb = self.name.as_bytes();
+        let l = nb.len().min(31);
+        b[56..56 + l].copy_from_slice(&nb[..l]);
+        for (i, q) in self.qpns.iter().enumerate() {
+            b[88 + 4 * i..92 + 4 * i].copy_from_slice(&q.to_le_bytes());
+        }
+        b
+    }
+
+    /// From the wire; the error says what is wrong.
+    pub fn decode(b: &[u8; META_LEN]) -> Result<Meta, String> {
+        let magic = u64::from_le_bytes(b[0..8].try_into().unwrap());
+        if magic != META_MAGIC {
+            return Err(format!("not a librustnet verbs connection message (magic {magic:#018x}); is the peer using the TCP transport?"));
+        }
+        let version = u16::from_le_bytes([b[8], b[9]]);
+        if version != PROTO_VERSION {
+            return Err(format!("peer speaks librustnet protocol {version}, we speak {PROTO_VERSION}"));
+        }
+        let nqps = u16::from_le_bytes([b[10], b[11]]) as usize;
+        if nqps == 0 || nqps > MAX_QPS {
+            return Err(format!("peer announces {nqps} QPs (1..={MAX_QPS} accepted)"));
+        }
+        if !(1..=5).contains(&b[12]) {
+            return Err(format!("peer announces MTU code {}", b[12]));
+        }
+        let name_end = b[56..88].iter().position(|&c| c == 0).unwrap_or(32);
+        Ok(Meta {
+            qpns: (0..nqps).map(|i| u32::from_le_bytes(b[88 + 4 * i..92 + 4 * i].try_into().unwrap())).collect(),
+            mtu: b[12],
+            link: b[13],
+            port: b[14],
+            gid_index: b[15],
+            lid: u16::from_le_bytes([b[16], b[17]]),
+            tc: b[18],
+            sl: b[19],
+            split: b[20] != 0,
+            gid: b[24..40].try_into().unwrap(),
+            addr: u64::from_le_bytes(b[40..48].try_into().unwrap()),
+            rkey: u32::from_le_bytes(b[48..52].try_into().unwrap()),
+            name: String::from_utf8_lossy(&b[56..56 + name_end]).into_owned(),
+        })
+    }
+}
+
+/// MTU code (ibv_mtu) to bytes.
+pub fn mtu_bytes(code: u8) -> u32 {
+    128u32 << code.clamp(1, 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Meta {
+        Meta {
+            qpns: vec![0x11, 0x22],
+            mtu: 3,
+            link: 2,
+            port: 1,
+            gid_index: 1,
+            lid: 0,
+            tc: 184,
+            sl: 3,
+            split: true,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 199, 0, 1],
+            addr: 0xdead_beef_0000,
+            rkey: 0x1234,
+            name: "rxe0".into(),
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let m = sample();
+        assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
+        assert_eq!(mtu_bytes(3), 1024);
+        assert_eq!(mtu_bytes(5), 4096);
+    }
+
+    #[test]
+    fn rejects_garbage_with_reason() {
+        let mut b = sample().encode();
+        b[0] = 0;
+        assert!(Meta::decode(&b).unwrap_err().contains("not a librustnet"));
+        let mut b = sample().encode();
+        b[8] = 99;
+        assert!(Meta::decode(&b).unwrap_err().contains("protocol 99"));
+        let mut b = sample().encode();
+        b[10] = 0;
+        assert!(Meta::decode(&b).is_err());
+        let mut b = sample().encode();
+        b[12] = 9;
+        assert!(Meta::decode(&b).is_err());
+    }
+}

@@ -1,0 +1,404 @@
+//! Connection set-up for the verbs transport (NCCL's net_ib connect.cc):
+//! an out-of-band TCP connection (the TCP transport's listener and
+//! connector, with `HandleKind::Ib`) carries one [`Meta`] each way and the
+//! sender's [`READY`]. Everything is non-blocking, and `connect` never waits
+//! for `accept`:
+//!
+//! ```text
+//! sender (connect)                         receiver (accept)
+//!   TCP connect + hello  ----------------->  TCP accept + hello
+//!   create QPs (INIT), FIFO
+//!   Meta(sender)         ----------------->  create QPs, INIT -> RTR -> RTS
+//!   connect returns a SendComm               sizes area
+//!                        <-----------------  Meta(receiver); accept returns
+//!   (in isend/test) RTR -> RTS                a RecvComm that writes no CTS
+//!   READY                ----------------->  until READY arrives
+//! ```
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::device::{IbDev, LINK_ETH};
+use super::gid::{self, SysfsGids};
+use super::p2p::{RecvComm, SendComm};
+use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
+use crate::config::{Config, Family};
+use crate::error::{Error, Result};
+use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
+use crate::proto::handle::{Handle, HandleKind};
+use crate::proto::ib_meta::{Meta, META_LEN};
+use crate::transport::tcp::sys::{Io, Socket};
+use crate::transport::tcp::{StreamCfg, TcpConnecting, TcpListen};
+
+/// Connection knobs, parsed once.
+#[derive(Debug, Clone)]
+pub struct ConnCfg {
+    /// QPs per connection.
+    pub nqps: usize,
+    /// Split each message across all QPs.
+    pub split: bool,
+    /// NCCL_IB_TIMEOUT.
+    pub timeout: u8,
+    /// NCCL_IB_RETRY_CNT.
+    pub retry_cnt: u8,
+    /// NCCL_IB_PKEY (index).
+    pub pkey: u16,
+    /// NCCL_IB_TC (-1 = the communicator's, else 0).
+    pub tc: i32,
+    /// NCCL_IB_SL (-1 = 0).
+    pub sl: i32,
+    /// NCCL_IB_GID_INDEX (-1 = auto).
+    pub gid_index: i64,
+    /// NCCL_IB_ADDR_FAMILY.
+    pub family: Family,
+    /// NCCL_IB_ROCE_VERSION_NUM.
+    pub roce_version: u8,
+    /// NCCL_IB_USE_INLINE.
+    pub use_inline: bool,
+    /// Out-of-band socket settings.
+    pub stream: StreamCfg,
+}
+
+impl ConnCfg {
+    /// From the knob table.
+    pub fn from_config(cfg: &Config) -> ConnCfg {
+        ConnCfg {
+            nqps: cfg.ib_qps_per_connection.get() as usize,
+            split: cfg.ib_split_data_on_qps.get() == 1,
+            timeout: cfg.ib_timeout.get() as u8,
+            retry_cnt: cfg.ib_retry_cnt.get() as u8,
+            pkey: cfg.ib_pkey.get() as u16,
+            tc: cfg.ib_tc.get() as i32,
+            sl: cfg.ib_sl.get() as i32,
+            gid_index: cfg.ib_gid_index.get(),
+            family: cfg.ib_addr_family,
+            roce_version: cfg.ib_roce_version.get() as u8,
+            use_inline: cfg.ib_use_inline.get() == 1,
+            stream: StreamCfg { nstreams: 1, ..StreamCfg::from_config(cfg) },
+        }
+    }
+}
+
+/// How this end of a connection is addressed (read fresh per connection).
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr {
+    /// Active MTU code.
+    pub mtu: u8,
+    /// LID.
+    pub lid: u16,
+    /// GID.
+    pub gid: [u8; 16],
+    /// GID index.
+    pub gid_index: u8,
+}
+
+/// Query the port and choose the GID for a new connection.
+pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
+    let pa = dev.port_attr()?;
+    if pa.state != super::ffi::IBV_PORT_ACTIVE {
+        return Err(Error::Usage(format!("{} is {} now (was ACTIVE at init)", dev.describe(), super::device::port_state_name(pa.state))));
+    }
+    let index = if cc.gid_index >= 0 {
+        cc.gid_index as u32
+    } else if dev.link_layer == LINK_ETH {
+        let t = SysfsGids::new(std::path::Path::new("/sys"), &dev.dev_name, dev.port, pa.gid_tbl_len.max(0) as u32);
+        gid::select_roce(&t, cc.family, cc.roce_version)?
+    } else {
+        0
+    };
+    let g = dev.ctx.query_gid(dev.port, index)?;
+    if dev.link_layer == LINK_ETH && g.iter().all(|&b| b == 0) {
+        return Err(Error::Usage(format!(
+            "{}: GID index {index} is empty{}",
+            dev.describe(),
+            if cc.gid_index >= 0 { " (NCCL_IB_GID_INDEX)" } else { "; does the interface of this RoCE port have an IP address?" }
+        )));
+    }
+    if index > 255 {
+        return Err(Error::Usage(format!("{}: GID index {index} does not fit the address handle (max 255)", dev.describe())));
+    }
+    Ok(LocalAddr { mtu: pa.active_mtu.clamp(1, 5) as u8, lid: pa.lid, gid: g, gid_index: index as u8 })
+}
+
+/// RTR parameters toward `remote` (MTU = the smaller of both ends).
+pub fn rtr_params(dev: &IbDev, local: &LocalAddr, remote: &Meta, qp_index: usize, tc: u8, sl: u8) -> RtrParams {
+    let global = dev.link_layer == LINK_ETH || local.gid[..8] != remote.gid[..8];
+    RtrParams {
+        dest_qpn: remote.qpns[qp_index % remote.qpns.len()],
+        mtu: local.mtu.min(remote.mtu) as u32,
+        port: dev.port,
+        global,
+        dgid: remote.gid,
+        sgid_index: local.gid_index,
+        dlid: remote.lid,
+        tc,
+        sl,
+    }
+}
+
+/// What either end creates before it knows its peer.
+pub(super) struct Setup {
+    pub dev: Arc<IbDev>,
+    pub cq: Cq,
+    pub qps: Vec<Qp<Init>>,
+    pub local: LocalAddr,
+    /// Sender: the CTS FIFO the peer writes. Receiver: the sizes area the peer writes.
+    pub region: HostRegion,
+    /// Sender: sizes staging. Receiver: CTS staging (when not inline).
+    pub stage: HostRegion,
+}
+
+/// Send-queue depth of a receiver QP (CTS writes).
+pub const RECV_SQ_DEPTH: usize = 128;
+
+impl Setup {
+    pub fn new(dev: &Arc<IbDev>, cc: &ConnCfg, sender: bool) -> Result<Setup> {
+        let local = local_addr(dev, cc)?;
+        let nqps = cc.nqps;
+        let lanes = if cc.split { nqps } else { 1 };
+        let cqe = (2 * FIFO_DEPTH * lanes + RECV_SQ_DEPTH + 64).min(dev.max_cqe.max(64) as usize) as i32;
+        let cq = Cq::new(&dev.ctx, cqe)?;
+        let wr_cap = |v: usize| v.min(dev.max_qp_wr.max(16) as usize) as u32;
+        let caps = if sender {
+            QpCaps { max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 32), max_recv_wr: 1, max_inline: if cc.use_inline { 64 } else { 0 } }
+        } else {
+            QpCaps {
+                max_send_wr: wr_cap(RECV_SQ_DEPTH),
+                max_recv_wr: wr_cap(2 * FIFO_DEPTH),
+                max_inline: if cc.use_inline { SLOT_BYTES as u32 } else { 0 },
+            }
+        };
+        let mut qps = Vec::with_capacity(nqps);
+        for _ in 0..nqps {
+            qps.push(Qp::create(&dev.pd, &cq, caps, dev.port, cc.pkey, Access::REMOTE_WRITE)?);
+        }
+        let (region, stage) = if sender {
+            (HostRegion::new(&dev.pd, FIFO_BYTES, Access::REMOTE_WRITE)?, HostRegion::new(&dev.pd, SIZES_BYTES, Access::LOCAL_READ)?)
+        } else {
+            (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, HostRegion::new(&dev.pd, FIFO_BYTES, Access::LOCAL_READ)?)
+        };
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage })
+    }
+
+    pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
+        Meta {
+            qpns: self.qps.iter().map(|q| q.qpn()).collect(),
+            mtu: self.local.mtu,
+            link: self.dev.link_layer,
+            port: self.dev.port,
+            gid_index: self.local.gid_index,
+            lid: self.local.lid,
+            tc,
+            sl,
+            split,
+            gid: self.local.gid,
+            addr: self.region.addr() as u64,
+            rkey: self.region.rkey(),
+            name: self.dev.dev_name.clone(),
+        }
+    }
+}
+
+/// Bring `qps` to RTS toward `remote`.
+pub(super) fn connect_qps(dev: &IbDev, local: &LocalAddr, qps: Vec<Qp<Init>>, remote: &Meta, tc: u8, sl: u8, cc: &ConnCfg) -> Result<Vec<Qp<Rts>>> {
+    if remote.qpns.len() != qps.len() {
+        return Err(Error::Usage(format!(
+            "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
+            remote.qpns.len(),
+            qps.len()
+        )));
+    }
+    let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
+    let mut out = Vec::with_capacity(qps.len());
+    for (i, q) in qps.into_iter().enumerate() {
+        let r: Qp<Rtr> = q.to_rtr(&rtr_params(dev, local, remote, i, tc, sl))?;
+        out.push(r.to_rts(&rts)?);
+    }
+    Ok(out)
+}
+
+/// Non-blocking: push `buf[*done..]`; true when all of it is out.
+pub(super) fn write_some(sock: &Socket, buf: &[u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
+    while *done < buf.len() {
+        match sock.write(&buf[*done..]) {
+            Ok(Io::Done(n)) => *done += n,
+            Ok(_) => return Ok(false),
+            Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("sending {what}: {e}") }),
+        }
+    }
+    Ok(true)
+}
+
+/// Non-blocking: fill `buf[*done..]`; true when complete.
+pub(super) fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
+    while *done < buf.len() {
+        match sock.read(&mut buf[*done..]) {
+            Ok(Io::Done(n)) => *done += n,
+            Ok(Io::Again) => return Ok(false),
+            Ok(Io::Eof) => {
+                return Err(Error::Remote {
+                    peer: peer.to_string(),
+                    what: format!("closed the connection while we waited for {what} (peer process exited or gave up)"),
+                })
+            }
+            Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("receiving {what}: {e}") }),
+        }
+    }
+    Ok(true)
+}
+
+/// The traffic class and service level a sender uses (the receiver follows).
+pub fn choose_tc_sl(cc: &ConnCfg, comm_tc: Option<i32>) -> (u8, u8) {
+    let tc = if cc.tc >= 0 { cc.tc } else { comm_tc.filter(|&t| (0..=255).contains(&t)).unwrap_or(0) };
+    let sl = if cc.sl >= 0 { cc.sl } else { 0 };
+    (tc as u8, sl as u8)
+}
+
+// ---------------------------------------------------------------- connect
+
+enum ConnStage {
+    Tcp(TcpConnecting),
+    Meta { sock: Socket, peer: SocketAddr, setup: Box<Setup>, tx: Box<[u8; META_LEN]>, sent: usize },
+    Gone,
+}
+
+/// An outgoing verbs connection in progress.
+pub struct IbConnecting {
+    dev: Arc<IbDev>,
+    cc: Arc<ConnCfg>,
+    tc: u8,
+    sl: u8,
+    st: ConnStage,
+}
+
+impl IbConnecting {
+    /// Start connecting to the listener in `h` from `dev`.
+    pub fn start(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, h: &Handle, comm_tc: Option<i32>) -> Result<IbConnecting> {
+        if h.kind != HandleKind::Ib {
+            return Err(Error::Usage(format!(
+                "the peer listens with the {:?} transport but this process uses verbs: set the same RUSTNET_TRANSPORT on every rank",
+                h.kind
+            )));
+        }
+        let (tc, sl) = choose_tc_sl(cc, comm_tc);
+        let tcp = TcpConnecting::start(h, 1, cc.stream)?;
+        Ok(IbConnecting { dev: dev.clone(), cc: cc.clone(), tc, sl, st: ConnStage::Tcp(tcp) })
+    }
+
+    /// Advance; `Ok(true)` once our metadata is on its way (the rest of the
+    /// handshake finishes inside the send comm).
+    pub fn progress(&mut self) -> Result<bool> {
+        loop {
+            match &mut self.st {
+                ConnStage::Tcp(c) => {
+                    if !c.progress()? {
+                        return Ok(false);
+                    }
+                    let ConnStage::Tcp(c) = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
+                    let (mut socks, peer) = c.into_streams();
+                    let sock = socks.pop().ok_or_else(|| Error::Internal("connector returned no socket".into()))?;
+                    let setup = Box::new(Setup::new(&self.dev, &self.cc, true)?);
+                    let tx = Box::new(setup.meta(self.tc, self.sl, self.cc.split).encode());
+                    self.st = ConnStage::Meta { sock, peer, setup, tx, sent: 0 };
+                }
+                ConnStage::Meta { sock, peer, tx, sent, .. } => return write_some(sock, &tx[..], sent, peer, "connection metadata"),
+                ConnStage::Gone => return Err(Error::Internal("connect progressed after failing".into())),
+            }
+        }
+    }
+
+    /// The send comm (after `progress` returned true).
+    pub fn into_send_comm(self) -> Result<SendComm> {
+        match self.st {
+            ConnStage::Meta { sock, peer, setup, .. } => Ok(SendComm::new(*setup, sock, peer, self.cc, self.tc, self.sl)),
+            _ => Err(Error::Internal("into_send_comm before the connection metadata was sent".into())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- listen / accept
+
+enum Accepting {
+    ReadMeta { sock: Socket, peer: SocketAddr, rx: Box<[u8; META_LEN]>, got: usize },
+    SendMeta { comm: Box<RecvComm>, peer: SocketAddr, tx: Box<[u8; META_LEN]>, sent: usize },
+}
+
+/// A verbs listening endpoint.
+pub struct IbListen {
+    tcp: TcpListen,
+    dev: Arc<IbDev>,
+    cc: Arc<ConnCfg>,
+    pending: Vec<Accepting>,
+}
+
+impl IbListen {
+    /// Listen for connections to `dev` on the out-of-band address `oob`.
+    pub fn new(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, oob: SocketAddr) -> Result<(IbListen, Handle)> {
+        let (tcp, h) = TcpListen::new(oob, HandleKind::Ib, cc.stream)?;
+        Ok((IbListen { tcp, dev: dev.clone(), cc: cc.clone(), pending: Vec::new() }, h))
+    }
+
+    /// Accept; `Ok(None)` until one connection completed its side of the handshake.
+    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+        while let Some((mut socks, peer)) = self.tcp.accept_streams()? {
+            if let Some(sock) = socks.pop() {
+                self.pending.push(Accepting::ReadMeta { sock, peer, rx: Box::new([0; META_LEN]), got: 0 });
+            }
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            match &mut self.pending[i] {
+                Accepting::ReadMeta { sock, peer, rx, got } => {
+                    match read_some(sock, &mut rx[..], got, peer, "connection metadata") {
+                        Ok(false) => {
+                            i += 1;
+                            continue;
+                        }
+                        Ok(true) => {}
+                        Err(e) => {
+                            tracing::warn!("listener on {}: dropped connection from {peer}: {e}", self.dev.name);
+                            self.pending.swap_remove(i);
+                            continue;
+                        }
+                    }
+                    let remote = match Meta::decode(rx) {
+                        Ok(m) => m,
+                        Err(why) => {
+                            tracing::warn!("listener on {}: dropped connection from {peer}: {why}", self.dev.name);
+                            self.pending.swap_remove(i);
+                            continue;
+                        }
+                    };
+                    let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };
+                    let comm = self.build_recv(sock, peer, &remote)?;
+                    let tx = Box::new(comm.local_meta().encode());
+                    self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
+                }
+                Accepting::SendMeta { comm, peer, tx, sent } => {
+                    if write_some(comm.oob(), &tx[..], sent, peer, "connection metadata")? {
+                        let Accepting::SendMeta { comm, .. } = self.pending.swap_remove(i) else { unreachable!() };
+                        return Ok(Some(*comm));
+                    }
+                    i += 1;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn build_recv(&self, sock: Socket, peer: SocketAddr, remote: &Meta) -> Result<RecvComm> {
+        if remote.link != self.dev.link_layer {
+            return Err(Error::Usage(format!(
+                "peer {peer} connects from a {} port to our {} ({}): link layers differ",
+                if remote.link == LINK_ETH { "RoCE" } else { "InfiniBand" },
+                if self.dev.link_layer == LINK_ETH { "RoCE" } else { "InfiniBand" },
+                self.dev.describe()
+            )));
+        }
+        let setup = Setup::new(&self.dev, &self.cc, false)?;
+        let mut cc = (*self.cc).clone();
+        cc.split = remote.split;
+        let qps = connect_qps(&self.dev, &setup.local, setup.qps, remote, remote.tc, remote.sl, &cc)?;
+        let setup = Setup { qps: Vec::new(), ..setup };
+        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote)
+    }
+}

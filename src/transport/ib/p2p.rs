@@ -1,0 +1,839 @@
+//! The verbs data path (NCCL's net_ib p2p.cc): receiver-driven RDMA writes.
+//! The protocol rules live in [`crate::proto::fifo`]; this file moves them
+//! onto QPs and completions. Progress happens in the caller of
+//! isend/irecv/test; no allocation after a comm is built, and nothing is
+//! shared with other comms on the data path except one relaxed atomic load
+//! of the device's async-event counters.
+//!
+//! Failures: a completion error, an async event on our port or device, or
+//! the out-of-band socket closing (the peer process died or closed its
+//! comm) fails the comm: every pending and later request returns the error,
+//! which names the work-completion status, our QP and the peer.
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::connect::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::device::IbDev;
+use super::ffi::{self, ibv_wc};
+use super::reg::IbMr;
+use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
+use crate::error::{Errno, Error, Result};
+use crate::proto::fifo::{
+    self, Cts, FailCode, Group, Imm, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES, SLOT_BYTES,
+};
+use crate::proto::ib_meta::{Meta, META_LEN, READY};
+use crate::proto::pool::{Pool, ReqId};
+use crate::transport::tcp::sys::{Io, Socket};
+use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
+
+/// Completions polled per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 16;
+/// Check the out-of-band socket every this many calls that made no progress.
+const LIVENESS_EVERY: u32 = 64;
+/// wr_id bit of the receiver's CTS writes.
+const CTS_FLAG: u64 = 1 << 63;
+
+// ---------------------------------------------------------------- shared by both ends
+
+/// What both comm kinds share: the QPs, the CQ, the peer, the failure state.
+pub(super) struct Link {
+    // Declared first: QPs are destroyed before anything they point into.
+    qps: Vec<Qp<Rts>>,
+    cq: Cq,
+    dev: Arc<IbDev>,
+    cc: Arc<ConnCfg>,
+    oob: Socket,
+    peer: SocketAddr,
+    peer_qpns: Vec<u32>,
+    peer_dev: String,
+    peer_gid: [u8; 16],
+    failed: Option<Error>,
+    health: (u32, u32),
+    idle: u32,
+    max_inline: u32,
+}
+
+fn is_remote_status(s: u32) -> bool {
+    use ffi::*;
+    matches!(
+        s,
+        IBV_WC_BAD_RESP_ERR
+            | IBV_WC_REM_INV_REQ_ERR
+            | IBV_WC_REM_ACCESS_ERR
+            | IBV_WC_REM_OP_ERR
+            | IBV_WC_RETRY_EXC_ERR
+            | IBV_WC_RNR_RETRY_EXC_ERR
+            | IBV_WC_REM_INV_RD_REQ_ERR
+            | IBV_WC_REM_ABORT_ERR
+            | IBV_WC_RESP_TIMEOUT_ERR
+    )
+}
+
+impl Link {
+    fn new(setup_dev: &Arc<IbDev>, cq: Cq, cc: Arc<ConnCfg>, oob: Socket, peer: SocketAddr) -> Link {
+        Link {
+            qps: Vec::new(),
+            cq,
+            dev: setup_dev.clone(),
+            health: setup_dev.health.snapshot(setup_dev.port),
+            cc,
+            oob,
+            peer,
+            peer_qpns: Vec::new(),
+            peer_dev: String::new(),
+            peer_gid: [0; 16],
+            failed: None,
+            idle: 0,
+            max_inline: 0,
+        }
+    }
+
+    fn set_peer(&mut self, m: &Meta) {
+        self.peer_qpns = m.qpns.clone();
+        self.peer_dev = m.name.clone();
+        self.peer_gid = m.gid;
+    }
+
+    fn peer_name(&self) -> String {
+        if self.peer_dev.is_empty() {
+            self.peer.to_string()
+        } else {
+            format!("{} ({} GID {})", self.peer, self.peer_dev, super::gid::show(&self.peer_gid))
+        }
+    }
+
+    fn fail(&mut self, e: Error) {
+        if self.failed.is_none() {
+            tracing::warn!("{}: comm failed: {e}", self.dev.name);
+            self.failed = Some(e);
+            // Stop the QPs so nothing more lands in our memory.
+            for q in &self.qps {
+                let _ = q.set_error();
+            }
+        }
+    }
+
+    /// Fail now if an earlier failure or an async event says so.
+    fn check(&mut self) -> Result<()> {
+        if self.failed.is_none() {
+            if let Some(why) = self.dev.health.changed_since(self.dev.port, self.health) {
+                let e = Error::Remote { peer: self.peer_name(), what: format!("{}: {why}", self.dev.describe()) };
+                self.fail(e);
+            }
+        }
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn wc_error(&self, wc: &ibv_wc, what: String) -> Error {
+        let lib = verbs::Lib::get().ok();
+        let status = lib.map_or_else(|| format!("status {}", wc.status), |l| l.wc_status_str(wc.status));
+        let qi = self.qps.iter().position(|q| q.qpn() == wc.qp_num);
+        let rq = qi.and_then(|i| self.peer_qpns.get(i)).map_or_else(|| "?".into(), |q| format!("{q:#x}"));
+        let hint = match wc.status {
+            ffi::IBV_WC_RETRY_EXC_ERR => format!(
+                " (no acknowledgement within NCCL_IB_TIMEOUT={} x NCCL_IB_RETRY_CNT={}: the peer died or is unreachable)",
+                self.cc.timeout, self.cc.retry_cnt
+            ),
+            ffi::IBV_WC_WR_FLUSH_ERR => " (the QP had already failed)".into(),
+            ffi::IBV_WC_REM_ACCESS_ERR => " (the peer refused the write: buffer deregistered or comm closed)".into(),
+            _ => String::new(),
+        };
+        let msg = format!(
+            "work completion error {status} (status {}, vendor_err {:#x}) on {} QP {:#x} -> peer QP {rq}, {what}{hint}",
+            wc.status,
+            wc.vendor_err,
+            self.dev.describe(),
+            wc.qp_num
+        );
+        if is_remote_status(wc.status) {
+            Error::Remote { peer: self.peer_name(), what: msg }
+        } else {
+            Error::sys(format!("peer {}: {msg}", self.peer_name()), Errno(libc::EIO))
+        }
+    }
+
+    /// Called when a call made no progress: every so often, ask the
+    /// out-of-band socket whether the peer is still there.
+    fn idle_tick(&mut self, pending: usize) {
+        self.idle = self.idle.wrapping_add(1);
+        if self.idle % LIVENESS_EVERY != 0 || self.failed.is_some() {
+            return;
+        }
+        let mut b = [0u8; 16];
+        match self.oob.read(&mut b) {
+            Ok(Io::Again) | Ok(Io::Done(_)) => {}
+            Ok(Io::Eof) => {
+                let what = format!("closed its connection (process exited or closed its comm) with {pending} request(s) of ours pending");
+                self.fail(Error::Remote { peer: self.peer_name(), what });
+            }
+            Err(e) => {
+                let what = format!("out-of-band connection failed: {e}");
+                self.fail(Error::Remote { peer: self.peer_name(), what });
+            }
+        }
+    }
+
+    fn progressed(&mut self) {
+        self.idle = 0;
+    }
+}
+
+fn check_buf(what: &str, buf: RawBuf, mr: Option<&IbMr>, dev: &IbDev, access: Access) -> Result<u32> {
+    if buf.len > MAX_P2P_BYTES {
+        return Err(Error::Usage(format!("{what} of {} bytes exceeds maxP2pBytes ({MAX_P2P_BYTES})", buf.len)));
+    }
+    if buf.len == 0 {
+        return Ok(mr.map_or(0, |m| m.lkey()));
+    }
+    let Some(m) = mr else {
+        return Err(Error::Usage(format!("{what} of {} bytes at {:p} without a memory handle (regMr first)", buf.len, buf.ptr)));
+    };
+    if m.dev != dev.index {
+        return Err(Error::Usage(format!("{what}: memory handle registered on device {} used on device {} ({})", m.dev, dev.index, dev.name)));
+    }
+    if !m.covers(buf.ptr, buf.len) {
+        return Err(Error::Usage(format!("{what}: {:p}+{} is outside its memory handle {m:?}", buf.ptr, buf.len)));
+    }
+    if !m.access().covers(access) {
+        return Err(Error::Usage(format!("{what}: memory handle {m:?} lacks the access this operation needs (registered for the other direction?)")));
+    }
+    Ok(m.lkey())
+}
+
+// ---------------------------------------------------------------- send side
+
+struct SendReq {
+    size: usize,
+    done: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Inflight {
+    seq: u64,
+    n: usize,
+    reqs: [Option<ReqId>; MAX_RECVS],
+    lanes_left: usize,
+    active: bool,
+}
+
+const NO_INFLIGHT: Inflight = Inflight { seq: 0, n: 0, reqs: [None; MAX_RECVS], lanes_left: 0, active: false };
+
+enum SendHs {
+    ReadMeta { qps: Vec<Qp<Init>>, rx: Box<[u8; META_LEN]>, got: usize },
+    WriteReady { sent: usize },
+}
+
+/// Sends still possible per comm: NCCL may post MAX_REQUESTS x maxRecvs.
+pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
+
+/// The sending end of a verbs connection.
+pub struct SendComm {
+    link: Link,
+    hs: Option<SendHs>,
+    /// The CTS FIFO the receiver writes.
+    fifo_mem: HostRegion,
+    /// Sizes staging (for a grouped receive when not inline).
+    stage: HostRegion,
+    local: LocalAddr,
+    tc: u8,
+    sl: u8,
+    fifo: SendFifo,
+    reqs: Pool<SendReq>,
+    inflight: [Inflight; FIFO_DEPTH],
+    remote_sizes: (u64, u32),
+}
+
+impl SendComm {
+    pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
+        let Setup { dev, cq, qps, local, region, stage } = setup;
+        let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+        SendComm {
+            link,
+            hs: Some(SendHs::ReadMeta { qps, rx: Box::new([0; META_LEN]), got: 0 }),
+            fifo_mem: region,
+            stage,
+            local,
+            tc,
+            sl,
+            fifo: SendFifo::new(),
+            reqs: Pool::new(SEND_SLOTS),
+            inflight: [NO_INFLIGHT; FIFO_DEPTH],
+            remote_sizes: (0, 0),
+        }
+    }
+
+    /// Peer's out-of-band address.
+    pub fn peer(&self) -> SocketAddr {
+        self.link.peer
+    }
+
+    /// Device index.
+    pub fn dev(&self) -> usize {
+        self.link.dev.index
+    }
+
+    /// Our QP numbers (empty until the handshake finished).
+    pub fn qpns(&self) -> Vec<u32> {
+        self.link.qps.iter().map(|q| q.qpn()).collect()
+    }
+
+    /// True once the QPs are in RTS and READY was sent.
+    pub fn is_ready(&self) -> bool {
+        self.hs.is_none()
+    }
+
+    fn progress_handshake(&mut self) -> Result<()> {
+        loop {
+            match &mut self.hs {
+                None => return Ok(()),
+                Some(SendHs::ReadMeta { rx, got, .. }) => {
+                    if !connect::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
+                        return Ok(());
+                    }
+                    let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w })?;
+                    let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
+                    let qps = connect::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
+                    self.link.qps = qps;
+                    self.link.set_peer(&remote);
+                    self.remote_sizes = (remote.addr, remote.rkey);
+                    self.hs = Some(SendHs::WriteReady { sent: 0 });
+                }
+                Some(SendHs::WriteReady { sent }) => {
+                    if !connect::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
+                        return Ok(());
+                    }
+                    self.hs = None;
+                    tracing::debug!(
+                        "{}: send comm to {} ready, QPs {:x?} -> {:x?}",
+                        self.link.dev.name,
+                        self.link.peer_name(),
+                        self.qpns(),
+                        self.link.peer_qpns
+                    );
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Try to take the head FIFO slot; true when a group is loaded.
+    fn load_head(&mut self) -> Result<bool> {
+        if self.fifo.current().is_some() {
+            return Ok(true);
+        }
+        let seq = self.fifo.head();
+        if self.fifo_mem.read_u64(fifo::elem_offset(seq, 0) + fifo::MARKER_OFFSET) != fifo::marker(seq) {
+            return Ok(false);
+        }
+        let mut elems = [Cts::default(); MAX_RECVS];
+        let mut b = [0u8; ELEM_BYTES];
+        let mut n = 1;
+        let mut i = 0;
+        while i < n {
+            let off = fifo::elem_offset(seq, i);
+            if self.fifo_mem.read_u64(off + fifo::MARKER_OFFSET) != fifo::marker(seq) {
+                return Ok(false); // the rest of the slot is still landing
+            }
+            self.fifo_mem.read(off, &mut b);
+            match Cts::decode(&b, seq, i) {
+                Slot::Ready(c) => {
+                    n = c.n as usize;
+                    elems[i] = c;
+                }
+                Slot::NotYet => return Ok(false),
+                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why }),
+            }
+            i += 1;
+        }
+        if elems[..n].iter().any(|e| e.n as usize != n) {
+            return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("CTS slot {seq} has inconsistent buffer counts") });
+        }
+        self.fifo.load(&elems[..n]);
+        Ok(true)
+    }
+
+    /// Queue a send; `Ok(None)` until the receiver posted the matching
+    /// receive (or while all request slots are busy).
+    ///
+    /// # Safety
+    /// `buf` must stay readable, and `mr` registered, until `test` reports
+    /// this request done or failed.
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>) -> Result<Option<ReqId>> {
+        self.link.check()?;
+        let lkey = check_buf("isend", buf, mr, &self.link.dev, Access::LOCAL_READ)?;
+        if self.hs.is_some() {
+            if let Err(e) = self.progress_handshake() {
+                self.link.fail(e);
+                return Err(self.link.failed.clone().unwrap());
+            }
+            if self.hs.is_some() {
+                self.link.idle_tick(self.reqs.len());
+                return Ok(None);
+            }
+        }
+        match self.load_head() {
+            Ok(true) => {}
+            Ok(false) => {
+                self.poll();
+                self.link.idle_tick(self.reqs.len());
+                self.link.check()?;
+                return Ok(None);
+            }
+            Err(e) => {
+                self.link.fail(e);
+                return Err(self.link.failed.clone().unwrap());
+            }
+        }
+        let i = match self.fifo.match_send(tag, buf.len) {
+            Ok(i) => i,
+            Err(m) => {
+                // Tell the receiver (its request fails too), then fail here.
+                let g = self.fifo.advance().unwrap();
+                let _ = self.post_group(&g, Some(m.code));
+                let e = Error::Usage(format!("peer {}: {}", self.link.peer_name(), m.what));
+                self.link.fail(e.clone());
+                return Err(e);
+            }
+        };
+        let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: false }) else { return Ok(None) };
+        self.link.progressed();
+        if self.fifo.record(i, buf.len, buf.ptr as u64, lkey, id) {
+            let g = self.fifo.advance().unwrap();
+            if let Err(e) = self.post_group(&g, None) {
+                self.link.fail(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(Some(id))
+    }
+
+    fn post_group(&mut self, g: &Group, fail: Option<FailCode>) -> Result<()> {
+        let nqps = self.link.qps.len();
+        let (first, nlanes) = fifo::lanes(g.seq, nqps, self.link.cc.split);
+        let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
+        let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; MAX_LANE_WRS];
+        let sizes_off = fifo::sizes_offset(g.seq);
+        let sizes_len = 4 * g.n;
+        if g.n > 1 && fail.is_none() {
+            self.stage.write(sizes_off, &fifo::encode_sizes(&g.sizes[..g.n])[..sizes_len]);
+        }
+        let inline = self.link.max_inline as usize;
+        for lane in 0..nlanes {
+            let k = fifo::plan_lane(g, lane, nlanes, fail, &mut plan);
+            for (w, p) in wrs.iter_mut().zip(&plan[..k]) {
+                let (local, remote) = match p.kind {
+                    WrKind::Data { elem, off, len } => {
+                        ((g.src[elem] + off as u64, len as u32, g.lkey[elem]), (g.elems[elem].addr + off as u64, g.elems[elem].rkey))
+                    }
+                    WrKind::Sizes => (
+                        (self.stage.addr() as u64 + sizes_off as u64, sizes_len as u32, self.stage.lkey()),
+                        (self.remote_sizes.0 + sizes_off as u64, self.remote_sizes.1),
+                    ),
+                    WrKind::Empty => ((0, 0, 0), (g.elems[0].addr, g.elems[0].rkey)),
+                };
+                *w = SendWr { wr_id: g.seq, local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: local.1 as usize <= inline && local.1 > 0 };
+            }
+            let qp = &self.link.qps[(first + lane) % nqps];
+            // SAFETY: data sources lie in NCCL buffers whose registrations
+            // were checked in isend and which NCCL keeps valid and registered
+            // until the request completes, i.e. until this lane's signaled
+            // last WR completes; the sizes staging lives in this comm, which
+            // outlives its QPs (field order), and slot `seq % FIFO_DEPTH` is
+            // rewritten only after the receiver completed `seq`.
+            unsafe { qp.post_writes(&wrs[..k])? };
+        }
+        let slot = (g.seq % FIFO_DEPTH as u64) as usize;
+        self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
+        Ok(())
+    }
+
+    /// Drain the CQ.
+    fn poll(&mut self) {
+        let mut wcs = [verbs::empty_wc(); POLL_BATCH];
+        loop {
+            let n = match self.link.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => return self.link.fail(e),
+            };
+            for wc in &wcs[..n] {
+                if wc.status != ffi::IBV_WC_SUCCESS {
+                    let e = self.link.wc_error(wc, format!("RDMA write of message #{}", wc.wr_id));
+                    self.link.fail(e);
+                    continue;
+                }
+                let f = &mut self.inflight[(wc.wr_id % FIFO_DEPTH as u64) as usize];
+                if !f.active || f.seq != wc.wr_id {
+                    continue;
+                }
+                f.lanes_left -= 1;
+                if f.lanes_left == 0 {
+                    f.active = false;
+                    for r in f.reqs[..f.n].iter().flatten() {
+                        if let Ok(q) = self.reqs.get_mut(*r) {
+                            q.done = true;
+                        }
+                    }
+                }
+            }
+            if n > 0 {
+                self.link.progressed();
+            }
+            if n < POLL_BATCH {
+                return;
+            }
+        }
+    }
+
+    /// `Ok(Some(size))` once the send is done.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        let done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?.done;
+        if !done {
+            self.poll();
+        }
+        let r = self.reqs.get(id).unwrap();
+        if r.done {
+            let size = r.size;
+            self.reqs.release(id).unwrap();
+            return Ok(Some(Completion::one(size)));
+        }
+        if let Err(e) = self.link.check() {
+            let _ = self.reqs.release(id);
+            return Err(e);
+        }
+        self.link.idle_tick(self.reqs.len());
+        if let Err(e) = self.link.check() {
+            let _ = self.reqs.release(id);
+            return Err(e);
+        }
+        Ok(None)
+    }
+}
+
+// ---------------------------------------------------------------- receive side
+
+struct RecvReq {
+    seq: u64,
+    n: usize,
+    caps: [usize; MAX_RECVS],
+    cts: [Cts; MAX_RECVS],
+    lanes_left: usize,
+    imm: Option<Imm>,
+    sizes: [usize; MAX_RECVS],
+    done: bool,
+}
+
+/// The receiving end of a verbs connection.
+pub struct RecvComm {
+    link: Link,
+    /// READY bytes received so far; None once READY arrived.
+    ready: Option<([u8; 8], usize)>,
+    /// Sizes area the sender writes (grouped receives).
+    sizes_mem: HostRegion,
+    /// CTS staging when a slot does not fit inline.
+    stage: HostRegion,
+    local: LocalAddr,
+    remote_fifo: (u64, u32),
+    next_seq: u64,
+    reqs: Pool<RecvReq>,
+    by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
+    budgets: Vec<SqBudget>,
+    deferred: VecDeque<u64>,
+}
+
+impl RecvComm {
+    pub(super) fn new(setup: Setup, qps: Vec<Qp<Rts>>, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, remote: &Meta) -> Result<RecvComm> {
+        let Setup { dev, cq, local, region, stage, .. } = setup;
+        let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+        let nq = qps.len();
+        link.qps = qps;
+        link.set_peer(remote);
+        Ok(RecvComm {
+            link,
+            ready: Some(([0; 8], 0)),
+            sizes_mem: region,
+            stage,
+            local,
+            remote_fifo: (remote.addr, remote.rkey),
+            next_seq: 0,
+            reqs: Pool::new(MAX_REQUESTS),
+            by_slot: [None; FIFO_DEPTH],
+            budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
+            deferred: VecDeque::with_capacity(FIFO_DEPTH),
+        })
+    }
+
+    /// What we tell the sender.
+    pub(super) fn local_meta(&self) -> Meta {
+        Meta {
+            qpns: self.link.qps.iter().map(|q| q.qpn()).collect(),
+            mtu: self.local.mtu,
+            link: self.link.dev.link_layer,
+            port: self.link.dev.port,
+            gid_index: self.local.gid_index,
+            lid: self.local.lid,
+            tc: 0,
+            sl: 0,
+            split: self.link.cc.split,
+            gid: self.local.gid,
+            addr: self.sizes_mem.addr() as u64,
+            rkey: self.sizes_mem.rkey(),
+            name: self.link.dev.dev_name.clone(),
+        }
+    }
+
+    pub(super) fn oob(&self) -> &Socket {
+        &self.link.oob
+    }
+
+    /// Peer's out-of-band address.
+    pub fn peer(&self) -> SocketAddr {
+        self.link.peer
+    }
+
+    /// Device index.
+    pub fn dev(&self) -> usize {
+        self.link.dev.index
+    }
+
+    /// Our QP numbers.
+    pub fn qpns(&self) -> Vec<u32> {
+        self.link.qps.iter().map(|q| q.qpn()).collect()
+    }
+
+    /// The device's registration cache (for flush lookups).
+    pub fn device(&self) -> &Arc<IbDev> {
+        &self.link.dev
+    }
+
+    fn progress_ready(&mut self) -> Result<()> {
+        let Some((buf, got)) = &mut self.ready else { return Ok(()) };
+        if !connect::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
+            return Ok(());
+        }
+        if *buf != READY {
+            return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("expected READY, got {buf:02x?}") });
+        }
+        self.ready = None;
+        while let Some(seq) = self.deferred.pop_front() {
+            self.write_cts(seq)?;
+        }
+        Ok(())
+    }
+
+    /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// Every buffer must stay writable, and its registration alive, until
+    /// `test` reports this request done or failed.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
+        self.link.check()?;
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(Error::InvalidArg(format!("irecv with n={n} (1..={MAX_RECVS} accepted)")));
+        }
+        let mut cts = [Cts::default(); MAX_RECVS];
+        let mut caps = [0usize; MAX_RECVS];
+        for (i, b) in bufs.iter().enumerate() {
+            check_buf("irecv", b.buf, mrs.get(i).copied().flatten(), &self.link.dev, Access::REMOTE_WRITE)?;
+            let rkey = mrs.get(i).copied().flatten().map_or(0, |m| m.rkey());
+            cts[i] = Cts { addr: b.buf.ptr as u64, rkey, cap: b.buf.len as u32, tag: b.tag, n: n as u8, i: i as u8 };
+            caps[i] = b.buf.len;
+        }
+        if self.ready.is_some() {
+            if let Err(e) = self.progress_ready() {
+                self.link.fail(e);
+                return Err(self.link.failed.clone().unwrap());
+            }
+        }
+        let seq = self.next_seq;
+        let slot = (seq % FIFO_DEPTH as u64) as usize;
+        let nqps = self.link.qps.len();
+        let (first, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
+        if self.by_slot[slot].is_some() || !self.budgets[first].has_room() {
+            self.poll();
+            if self.by_slot[slot].is_some() || !self.budgets[first].has_room() {
+                return Ok(None);
+            }
+        }
+        let Some(id) = self.reqs.alloc(RecvReq { seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], done: false }) else {
+            return Ok(None);
+        };
+        for lane in 0..nlanes {
+            if let Err(e) = self.link.qps[(first + lane) % nqps].post_recv_empty(seq) {
+                let _ = self.reqs.release(id);
+                self.link.fail(e.clone());
+                return Err(e);
+            }
+        }
+        self.next_seq += 1;
+        self.by_slot[slot] = Some((seq, id));
+        self.link.progressed();
+        if self.ready.is_none() {
+            if let Err(e) = self.write_cts(seq) {
+                self.link.fail(e.clone());
+                return Err(e);
+            }
+        } else {
+            self.deferred.push_back(seq);
+        }
+        Ok(Some(id))
+    }
+
+    fn write_cts(&mut self, seq: u64) -> Result<()> {
+        let slot = (seq % FIFO_DEPTH as u64) as usize;
+        let Some((s, id)) = self.by_slot[slot] else { return Ok(()) };
+        debug_assert_eq!(s, seq);
+        let r = self.reqs.get(id).map_err(|s| Error::Internal(format!("CTS for a freed request: {s}")))?;
+        let mut bytes = [0u8; SLOT_BYTES];
+        for i in 0..r.n {
+            bytes[i * ELEM_BYTES..(i + 1) * ELEM_BYTES].copy_from_slice(&r.cts[i].encode(seq));
+        }
+        let len = r.n * ELEM_BYTES;
+        let nqps = self.link.qps.len();
+        let (qi, _) = fifo::lanes(seq, nqps, self.link.cc.split);
+        let inline = len <= self.link.max_inline as usize;
+        let local = if inline {
+            (bytes.as_ptr() as u64, len as u32, 0)
+        } else {
+            self.stage.write(fifo::slot_offset(seq), &bytes[..len]);
+            (self.stage.addr() as u64 + fifo::slot_offset(seq) as u64, len as u32, self.stage.lkey())
+        };
+        let sig = self.budgets[qi].post();
+        let wr = SendWr {
+            wr_id: CTS_FLAG | (qi as u64) << 48 | sig.unwrap_or(0),
+            local,
+            remote: (self.remote_fifo.0 + fifo::slot_offset(seq) as u64, self.remote_fifo.1),
+            imm: None,
+            signaled: sig.is_some(),
+            inline,
+        };
+        // SAFETY: inline data is copied during the post; otherwise the
+        // source is this comm's staging region, which outlives its QPs
+        // (field order), and slot `seq % FIFO_DEPTH` is rewritten only for
+        // seq + FIFO_DEPTH, after the sender consumed this slot.
+        unsafe { self.link.qps[qi].post_writes(&[wr]) }
+    }
+
+    /// Drain the CQ.
+    fn poll(&mut self) {
+        let mut wcs = [verbs::empty_wc(); POLL_BATCH];
+        loop {
+            let n = match self.link.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => return self.link.fail(e),
+            };
+            for wc in &wcs[..n] {
+                let cts = wc.wr_id & CTS_FLAG != 0;
+                if wc.status != ffi::IBV_WC_SUCCESS {
+                    let what = if cts { "CTS write".to_string() } else { format!("receive #{}", wc.wr_id) };
+                    let e = self.link.wc_error(wc, what);
+                    self.link.fail(e);
+                    continue;
+                }
+                if cts {
+                    let qi = ((wc.wr_id & !CTS_FLAG) >> 48) as usize;
+                    if let Some(b) = self.budgets.get_mut(qi) {
+                        b.retire(wc.wr_id & 0xffff_ffff_ffff);
+                    }
+                    continue;
+                }
+                if let Err(e) = self.complete_recv(wc) {
+                    self.link.fail(e);
+                }
+            }
+            if n > 0 {
+                self.link.progressed();
+            }
+            if n < POLL_BATCH {
+                return;
+            }
+        }
+    }
+
+    fn complete_recv(&mut self, wc: &ibv_wc) -> Result<()> {
+        let seq = wc.wr_id;
+        let slot = (seq % FIFO_DEPTH as u64) as usize;
+        let Some((s, id)) = self.by_slot[slot] else {
+            return Err(Error::Internal(format!("completion for receive #{seq} that is not posted")));
+        };
+        if s != seq || wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
+            return Err(Error::Protocol {
+                peer: self.link.peer_name(),
+                what: format!("unexpected completion (opcode {}, wr_id {seq}) for receive #{s}", wc.opcode),
+            });
+        }
+        // SAFETY: WITH_IMM is set, so the union holds imm_data.
+        let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w })?;
+        let peer = self.link.peer_name();
+        let sizes_mem = &self.sizes_mem;
+        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive #{seq}: {s}")))?;
+        r.lanes_left -= 1;
+        if !matches!(r.imm, Some(Imm::Fail(_))) {
+            r.imm = Some(imm);
+        }
+        if r.lanes_left > 0 {
+            return Ok(());
+        }
+        let read_sizes = || {
+            let mut b = [0u8; SIZES_SLOT_BYTES];
+            sizes_mem.read(fifo::sizes_offset(r.seq), &mut b);
+            fifo::decode_sizes(&b)
+        };
+        let sizes = fifo::sizes_from_imm(r.imm.unwrap(), &r.caps[..r.n], read_sizes).map_err(|what| match imm {
+            Imm::Fail(_) => Error::Usage(format!("peer {peer}: {what}")),
+            _ => Error::Protocol { peer: peer.clone(), what },
+        })?;
+        r.sizes = sizes;
+        r.done = true;
+        self.by_slot[slot] = None;
+        Ok(())
+    }
+
+    /// `Ok(Some(sizes))` once every buffer of the receive is filled.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        let done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
+        if !done {
+            if self.ready.is_some() {
+                if let Err(e) = self.progress_ready() {
+                    self.link.fail(e);
+                }
+            }
+            self.poll();
+        }
+        let r = self.reqs.get(id).unwrap();
+        if r.done {
+            let mut c = Completion { n: r.n, sizes: [0; MAX_RECVS] };
+            c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+            self.reqs.release(id).unwrap();
+            return Ok(Some(c));
+        }
+        if self.link.failed.is_none() {
+            self.link.check().ok();
+        }
+        if self.link.failed.is_none() {
+            self.link.idle_tick(self.reqs.len());
+        }
+        if let Some(e) = self.link.failed.clone() {
+            let r = self.reqs.release(id).unwrap();
+            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
+            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
+                self.by_slot[slot] = None;
+            }
+            return Err(e);
+        }
+        Ok(None)
+    }
+
+    /// Flush: host memory needs none (`Ok(None)`).
+    pub fn iflush(&mut self, _bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+        self.link.check()?;
+        Ok(None)
+    }
+}

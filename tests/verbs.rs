@@ -1,0 +1,674 @@
+//! Verbs transport tests against a real RDMA device (soft-RoCE in
+//! `tests/rxe-vm/`). Selected by `RUSTNET_TEST_DEVICE` (e.g. `rxe0`) and,
+//! for the two-device tests, `RUSTNET_TEST_DEVICE2` (e.g. `rxe1`); the
+//! out-of-band interface follows `NCCL_SOCKET_IFNAME`.
+//!
+//! Without `RUSTNET_TEST_DEVICE` every device test prints `SKIPPED: <reason>`
+//! to stderr and returns. With it set, a missing device is a failure: these
+//! tests never pass without having moved bytes. The host-behaviour test
+//! (`host_without_rdma_*`) runs in both worlds and checks the one that applies.
+//!
+//! Run them one at a time (`--test-threads=1`): rxe loses completions with
+//! concurrent QPs on one device in some kernels.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustnet::config::Config;
+use rustnet::error::Error;
+use rustnet::plugin::{select_net, Net};
+use rustnet::proto::pool::ReqId;
+use rustnet::transport::ib::{connect, Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_HOST};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn device() -> Option<String> {
+    match std::env::var("RUSTNET_TEST_DEVICE") {
+        Ok(d) if !d.trim().is_empty() => Some(d.trim().to_string()),
+        _ => {
+            eprintln!("SKIPPED: RUSTNET_TEST_DEVICE is not set (verbs tests need an RDMA device; run them in tests/rxe-vm/)");
+            None
+        }
+    }
+}
+
+fn device2() -> Option<(String, String)> {
+    let d = device()?;
+    match std::env::var("RUSTNET_TEST_DEVICE2") {
+        Ok(d2) if !d2.trim().is_empty() => Some((d, d2.trim().to_string())),
+        _ => {
+            eprintln!("SKIPPED: RUSTNET_TEST_DEVICE2 is not set (this test needs two RDMA devices)");
+            None
+        }
+    }
+}
+
+/// The environment's knobs plus `extra` (which wins).
+fn config(extra: &[(&str, &str)]) -> Config {
+    let m: HashMap<String, String> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Config::from_lookup(&|k| m.get(k).cloned().or_else(|| std::env::var(k).ok())).expect("config")
+}
+
+/// An IbNet over exactly `devs`; panics (fails the test) when one is missing.
+fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
+    let hca = format!("={}", devs.join(","));
+    let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
+    kv.extend_from_slice(extra);
+    let n =
+        IbNet::new(&config(&kv)).unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
+    let idx = devs
+        .iter()
+        .map(|d| {
+            n.devices()
+                .iter()
+                .position(|x| x.dev_name == *d)
+                .unwrap_or_else(|| panic!("device {d} not among {:?}", n.devices().iter().map(|x| x.name.clone()).collect::<Vec<_>>()))
+        })
+        .collect();
+    (n, idx)
+}
+
+fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < DEADLINE, "timed out after {DEADLINE:?} waiting for {what}");
+        std::hint::spin_loop();
+    }
+}
+
+fn pair(n: &IbNet, sdev: usize, rdev: usize) -> (SendComm, RecvComm) {
+    let (mut l, h) = n.listen(rdev).expect("listen");
+    let mut c = n.connect(sdev, &h, None).expect("connect start");
+    // connect finishes without accept being called
+    until("connect", || c.progress().expect("connect").then_some(()));
+    let s = c.into_send_comm().expect("send comm");
+    let r = until("accept", || l.accept().expect("accept"));
+    (s, r)
+}
+
+/// Page-aligned host buffer.
+struct Buf {
+    v: Vec<u64>,
+    len: usize,
+}
+
+impl Buf {
+    fn new(len: usize) -> Buf {
+        Buf { v: vec![0u64; len.div_ceil(8) + 1], len }
+    }
+    fn raw(&mut self) -> RawBuf {
+        RawBuf { ptr: self.v.as_mut_ptr() as *mut u8, len: self.len }
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the Vec holds at least len bytes; u8 has no alignment needs.
+        unsafe { std::slice::from_raw_parts(self.v.as_ptr() as *const u8, self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(self.v.as_mut_ptr() as *mut u8, self.len) }
+    }
+    fn fill(&mut self, seed: u8) {
+        for (i, b) in self.bytes_mut().iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
+        }
+    }
+}
+
+fn reg(n: &IbNet, dev: usize, b: &mut Buf, access: Access) -> IbMr {
+    // SAFETY: the buffer outlives the registration in every test.
+    unsafe { n.reg_mr(dev, b.raw(), MemKind::Host, access).expect("reg_mr") }
+}
+
+/// Send `sizes` one at a time (each with its own receive) and check bytes and sizes.
+fn one_by_one(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
+    let (sd, rd) = (s.dev(), r.dev());
+    for (k, &size) in sizes.iter().enumerate() {
+        let mut src = Buf::new(size);
+        src.fill(k as u8);
+        let mut dst = Buf::new(size + 64);
+        dst.bytes_mut().fill(0xee);
+        let smr = reg(n, sd, &mut src, Access::LOCAL_READ);
+        let rmr = reg(n, rd, &mut dst, Access::REMOTE_WRITE);
+        let rb = [RecvBuf { buf: dst.raw(), tag: 7 }];
+        // SAFETY: buffers and registrations live until the requests complete below.
+        let rid = unsafe { r.irecv(&rb, &[Some(&rmr)]) }.expect("irecv").expect("irecv slot");
+        let mut rdone = None;
+        // SAFETY: as above.
+        let sid = until("isend to be accepted", || {
+            if rdone.is_none() {
+                rdone = r.test(rid).expect("recv test");
+            }
+            unsafe { s.isend(src.raw(), 7, Some(&smr)) }.expect("isend")
+        });
+        let sc = until("send completion", || s.test(sid).expect("send test"));
+        assert_eq!(sc.sizes[0], size);
+        let rc = match rdone {
+            Some(c) => c,
+            None => until("receive completion", || r.test(rid).expect("recv test")),
+        };
+        assert_eq!((rc.n, rc.sizes[0]), (1, size), "reported size of message {k}");
+        assert!(dst.bytes()[..size] == src.bytes()[..], "payload of message {k} ({size} bytes) differs");
+        assert!(dst.bytes()[size..].iter().all(|&b| b == 0xee), "message {k} wrote past its {size} bytes");
+    }
+}
+
+const SIZES: [usize; 10] = [0, 1, 8, 127, 4095, 4096, 65536, 65537, 1 << 20, (4 << 20) + 3];
+
+// ---------------------------------------------------------------- host behaviour
+
+struct Capture(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+
+struct Msg(String);
+impl tracing::field::Visit for Msg {
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        if f.name() == "message" {
+            self.0 = format!("{v:?}");
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut m = Msg(String::new());
+        e.record(&mut m);
+        self.0.lock().unwrap().push((*e.metadata().level(), m.0));
+    }
+}
+
+fn captured<T>(f: impl FnOnce() -> T) -> (T, Vec<(tracing::Level, String)>) {
+    use tracing_subscriber::prelude::*;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sub = tracing_subscriber::registry().with(Capture(log.clone()));
+    let out = tracing::subscriber::with_default(sub, f);
+    let v = log.lock().unwrap().clone();
+    (out, v)
+}
+
+/// Without an RDMA device (our build hosts: `ibv_get_device_list` fails with
+/// ENOSYS) `auto` is TCP with exactly one INFO line and `ib` is an init error
+/// naming what was found. With a device, `auto` picks verbs.
+#[test]
+fn host_without_rdma_falls_back_to_tcp_and_ib_fails_with_reason() {
+    let base = [("NCCL_SOCKET_IFNAME", std::env::var("NCCL_SOCKET_IFNAME").unwrap_or_else(|_| "lo".into()))];
+    let kv = |t: &'static str| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = base.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        v.push(("RUSTNET_TRANSPORT".into(), t.into()));
+        v
+    };
+    let cfg_of = |t: &'static str| {
+        let m: HashMap<String, String> = kv(t).into_iter().collect();
+        Config::from_lookup(&|k| m.get(k).cloned().or_else(|| std::env::var(k).ok().filter(|_| k.starts_with("NCCL_IB")))).unwrap()
+    };
+    if let Some(d) = std::env::var("RUSTNET_TEST_DEVICE").ok().filter(|d| !d.is_empty()) {
+        let (n, _) = captured(|| select_net(&cfg_of("auto")));
+        match n.expect("auto with a device") {
+            Net::Ib(n) => assert!(n.devices().iter().any(|x| x.dev_name == d), "auto chose verbs but not {d}"),
+            Net::Tcp(_) => panic!("RUSTNET_TEST_DEVICE={d} is set but auto chose TCP"),
+        }
+        return;
+    }
+    let why = match IbNet::new(&cfg_of("ib")) {
+        Ok(n) => {
+            eprintln!("SKIPPED: this host has RDMA devices ({}) but RUSTNET_TEST_DEVICE is not set", n.describe());
+            return;
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(why.contains("ibv_get_device_list") || why.contains("libibverbs") || why.contains("RDMA"), "{why}");
+    let (n, log) = captured(|| select_net(&cfg_of("auto")));
+    assert!(matches!(n.expect("auto falls back"), Net::Tcp(_)));
+    let info: Vec<&String> = log.iter().filter(|(l, _)| *l == tracing::Level::INFO).map(|(_, m)| m).collect();
+    assert_eq!(info.len(), 1, "want exactly one INFO line, got {log:?}");
+    assert!(info[0].starts_with("no RDMA devices (") && info[0].ends_with("): using TCP"), "{}", info[0]);
+    assert!(log.iter().all(|(l, _)| *l != tracing::Level::WARN), "no WARN expected: {log:?}");
+    let e = match select_net(&cfg_of("ib")) {
+        Err(e) => e,
+        Ok(_) => panic!("ib without devices must fail"),
+    };
+    assert!(matches!(e, Error::Usage(_)));
+    let m = e.to_string();
+    assert!(m.contains("RUSTNET_TRANSPORT=ib") && m.contains(&why), "{m}");
+}
+
+// ---------------------------------------------------------------- device tests
+
+#[test]
+fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let dev = &n.devices()[idx[0]];
+    let p = n.props(idx[0]).unwrap();
+    assert_eq!(p.name.to_str().unwrap(), d, "one port: the device name");
+    assert_eq!(p.port, 1);
+    assert!(p.speed_mbps > 0 && p.max_comms > 0);
+    assert_eq!((p.max_recvs, p.ptr_support, p.reg_is_global), (8, PTR_HOST, true));
+    let a = connect::local_addr(dev, n.conn_cfg()).expect("local address");
+    eprintln!("{}: GID index {} = {}, MTU code {}", dev.describe(), a.gid_index, rustnet::transport::ib::gid::show(&a.gid), a.mtu);
+    if dev.link_layer == rustnet::transport::ib::device::LINK_ETH {
+        assert!(rustnet::transport::ib::gid::is_v4(&a.gid), "RoCE: want the IPv4 RoCE v2 GID");
+    }
+}
+
+#[test]
+fn loopback_on_one_device_all_sizes() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    one_by_one(&n, &mut s, &mut r, &SIZES);
+}
+
+#[test]
+fn across_two_devices_all_sizes() {
+    let Some((d1, d2)) = device2() else { return };
+    let (n, idx) = net(&[&d1, &d2], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[1]);
+    one_by_one(&n, &mut s, &mut r, &SIZES);
+    // and the other way round
+    let (mut s, mut r) = pair(&n, idx[1], idx[0]);
+    one_by_one(&n, &mut s, &mut r, &SIZES[..6]);
+}
+
+fn grouped(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, rounds: usize) {
+    let (sd, rd) = (s.dev(), r.dev());
+    for round in 0..rounds {
+        let sizes = [0usize, 1, 4096, 100, 70000, 8, 3, 1 << 16];
+        let tags = [5, 6, 4, 7, 8, 9, 10, 11];
+        let nb = 1 + (round % 8);
+        let mut srcs: Vec<Buf> = (0..nb).map(|i| Buf::new(sizes[i])).collect();
+        let mut dsts: Vec<Buf> = (0..nb).map(|i| Buf::new(sizes[i] + 100)).collect();
+        for (i, b) in srcs.iter_mut().enumerate() {
+            b.fill((round * 8 + i) as u8);
+        }
+        let smrs: Vec<IbMr> = srcs.iter_mut().map(|b| reg(n, sd, b, Access::LOCAL_READ)).collect();
+        let rmrs: Vec<IbMr> = dsts.iter_mut().map(|b| reg(n, rd, b, Access::REMOTE_WRITE)).collect();
+        let rbs: Vec<RecvBuf> = dsts.iter_mut().enumerate().map(|(i, b)| RecvBuf { buf: b.raw(), tag: tags[i] }).collect();
+        let mrefs: Vec<Option<&IbMr>> = rmrs.iter().map(Some).collect();
+        // SAFETY: buffers outlive the requests (checked complete below).
+        let rid = unsafe { r.irecv(&rbs, &mrefs) }.unwrap().unwrap();
+        // send in reverse order: matching is by tag, not position
+        let mut sids = Vec::new();
+        let mut rc = None;
+        for i in (0..nb).rev() {
+            let id = until("grouped isend", || {
+                if rc.is_none() {
+                    rc = r.test(rid).unwrap();
+                }
+                // SAFETY: as above.
+                unsafe { s.isend(srcs[i].raw(), tags[i], Some(&smrs[i])) }.unwrap()
+            });
+            sids.push((id, sizes[i]));
+        }
+        for (id, sz) in sids {
+            let c = until("grouped send completion", || s.test(id).unwrap());
+            assert_eq!(c.sizes[0], sz);
+        }
+        let c = match rc {
+            Some(c) => c,
+            None => until("grouped receive", || r.test(rid).unwrap()),
+        };
+        assert_eq!(c.n, nb);
+        for i in 0..nb {
+            assert_eq!(c.sizes[i], sizes[i], "round {round} buffer {i}");
+            assert!(dsts[i].bytes()[..sizes[i]] == srcs[i].bytes()[..], "round {round} buffer {i} bytes");
+        }
+    }
+}
+
+#[test]
+fn grouped_receives_match_tags_and_report_exact_sizes() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    grouped(&n, &mut s, &mut r, 16);
+}
+
+fn many_in_flight(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, rounds: usize, per: usize) {
+    let (sd, rd) = (s.dev(), r.dev());
+    let size = 3000;
+    let mut src = Buf::new(size * per);
+    let mut dst = Buf::new(size * per);
+    let smr = reg(n, sd, &mut src, Access::LOCAL_READ);
+    let rmr = reg(n, rd, &mut dst, Access::REMOTE_WRITE);
+    for round in 0..rounds {
+        src.fill(round as u8);
+        dst.bytes_mut().fill(0);
+        let base_s = src.raw();
+        let base_d = dst.raw();
+        let piece = |b: RawBuf, i: usize| RawBuf { ptr: b.ptr.wrapping_add(i * size), len: size - i };
+        let mut rids: Vec<ReqId> = Vec::new();
+        for i in 0..per {
+            let rb = [RecvBuf { buf: piece(base_d, i), tag: i as i32 }];
+            // SAFETY: dst outlives the requests.
+            rids.push(unsafe { r.irecv(&rb, &[Some(&rmr)]) }.unwrap().expect("32 receives in flight must fit"));
+        }
+        let mut rdone = vec![false; per];
+        let test_recv = |r: &mut RecvComm, i: usize, rdone: &mut Vec<bool>| {
+            if !rdone[i] {
+                if let Some(c) = r.test(rids[i]).unwrap() {
+                    assert_eq!(c.sizes[0], size - i);
+                    rdone[i] = true;
+                }
+            }
+        };
+        let mut sids = Vec::new();
+        for i in 0..per {
+            sids.push(until("isend", || {
+                test_recv(r, 0, &mut rdone);
+                // SAFETY: src outlives the requests.
+                unsafe { s.isend(piece(base_s, i), i as i32, Some(&smr)) }.unwrap()
+            }));
+        }
+        let mut sdone = vec![false; per];
+        until("all completions", || {
+            for i in 0..per {
+                if !sdone[i] {
+                    sdone[i] = s.test(sids[i]).unwrap().is_some();
+                }
+                test_recv(r, i, &mut rdone);
+            }
+            (rdone.iter().all(|&d| d) && sdone.iter().all(|&d| d)).then_some(())
+        });
+        for i in 0..per {
+            let o = i * size;
+            assert!(dst.bytes()[o..o + size - i] == src.bytes()[o..o + size - i], "round {round} message {i}");
+        }
+    }
+}
+
+#[test]
+fn thirty_two_requests_in_flight_wrap_the_fifo() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    many_in_flight(&n, &mut s, &mut r, 5, 32);
+}
+
+#[test]
+fn two_qps_rotating_and_split() {
+    let Some(d) = device() else { return };
+    for split in ["0", "1"] {
+        let (n, idx) = net(&[&d], &[("NCCL_IB_QPS_PER_CONNECTION", "2"), ("NCCL_IB_SPLIT_DATA_ON_QPS", split)]);
+        let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+        assert_eq!(s.qpns().len(), 0, "QPs reach RTS only after the receiver answered");
+        one_by_one(&n, &mut s, &mut r, &SIZES);
+        assert_eq!(s.qpns().len(), 2);
+        grouped(&n, &mut s, &mut r, 8);
+        many_in_flight(&n, &mut s, &mut r, 2, 32);
+    }
+}
+
+#[test]
+fn without_inline_sends() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[("NCCL_IB_USE_INLINE", "0")]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    one_by_one(&n, &mut s, &mut r, &SIZES[..7]);
+    grouped(&n, &mut s, &mut r, 8);
+}
+
+#[test]
+fn oversized_send_fails_both_ends_with_usage_errors() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    let mut src = Buf::new(200);
+    let mut dst = Buf::new(100);
+    let smr = reg(&n, idx[0], &mut src, Access::LOCAL_READ);
+    let rmr = reg(&n, idx[0], &mut dst, Access::REMOTE_WRITE);
+    // SAFETY: buffers outlive the requests.
+    let rid = unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 1 }], &[Some(&rmr)]) }.unwrap().unwrap();
+    let e = until("isend to fail", || {
+        let _ = r.test(rid);
+        // SAFETY: as above.
+        match unsafe { s.isend(src.raw(), 1, Some(&smr)) } {
+            Ok(None) => None,
+            Ok(Some(_)) => panic!("an oversized send was accepted"),
+            Err(e) => Some(e),
+        }
+    });
+    assert!(matches!(e, Error::Usage(_)) && e.to_string().contains("larger"), "{e}");
+    let e = until("receive to fail", || match r.test(rid) {
+        Ok(None) => None,
+        Ok(Some(_)) => panic!("the receive completed"),
+        Err(e) => Some(e),
+    });
+    assert!(e.to_string().contains("larger"), "{e}");
+}
+
+#[test]
+fn registration_cache_is_refcounted_and_page_aligned() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let dev = &n.devices()[idx[0]];
+    let before = dev.mrs.len();
+    let mut b = Buf::new(3 * 4096);
+    let raw = b.raw();
+    let m1 = reg(&n, idx[0], &mut b, Access::REMOTE_WRITE);
+    // a sub-range with weaker access reuses the registration
+    // SAFETY: b outlives both registrations.
+    let m2 = unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
+    assert_eq!(m1.lkey(), m2.lkey());
+    assert_eq!(dev.mrs.len(), before + 1);
+    drop(m1);
+    assert_eq!(dev.mrs.len(), before + 1, "still referenced");
+    drop(m2);
+    assert_eq!(dev.mrs.len(), before);
+}
+
+// ---------------------------------------------------------------- failures
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex128(h: &str) -> [u8; 128] {
+    let mut hb = [0u8; 128];
+    for (i, b) in hb.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).expect("handle hex");
+    }
+    hb
+}
+
+/// The peer process of the tests below. Role `sender`: connects to the
+/// handle in `RUSTNET_TEST_PEER_HANDLE` and streams 1 MiB messages until
+/// killed. Role `receiver`: listens, prints `HANDLE <hex>`, accepts and
+/// receives until killed.
+#[test]
+#[ignore = "helper process for the peer-death tests"]
+fn peer_process() {
+    let Ok(role) = std::env::var("RUSTNET_TEST_PEER_ROLE") else { return };
+    let d = device().expect("peer needs RUSTNET_TEST_DEVICE");
+    let (n, idx) = net(&[&d], &[]);
+    let mut buf = Buf::new(1 << 20);
+    buf.fill(1);
+    if role == "sender" {
+        let hb = unhex128(&std::env::var("RUSTNET_TEST_PEER_HANDLE").unwrap());
+        let h = rustnet::proto::handle::Handle::decode(&hb).unwrap();
+        let mut c = n.connect(idx[0], &h, None).unwrap();
+        until("connect", || c.progress().unwrap().then_some(()));
+        let mut s = c.into_send_comm().unwrap();
+        let smr = reg(&n, idx[0], &mut buf, Access::LOCAL_READ);
+        loop {
+            // SAFETY: buf outlives the process.
+            if let Some(id) = unsafe { s.isend(buf.raw(), 0, Some(&smr)) }.unwrap() {
+                while s.test(id).unwrap().is_none() {}
+            }
+        }
+    } else {
+        let (mut l, h) = n.listen(idx[0]).unwrap();
+        let mut hb = [0u8; 128];
+        h.encode(&mut hb);
+        let out = std::env::var("RUSTNET_TEST_PEER_OUT").unwrap();
+        std::fs::write(format!("{out}.tmp"), hex(&hb)).unwrap();
+        std::fs::rename(format!("{out}.tmp"), &out).unwrap();
+        let mut r = until("accept", || l.accept().unwrap());
+        let rmr = reg(&n, idx[0], &mut buf, Access::REMOTE_WRITE);
+        loop {
+            // SAFETY: buf outlives the process.
+            if let Some(id) = unsafe { r.irecv(&[RecvBuf { buf: buf.raw(), tag: 0 }], &[Some(&rmr)]) }.unwrap() {
+                while r.test(id).unwrap().is_none() {}
+            }
+        }
+    }
+}
+
+/// Where a receiver peer leaves its handle.
+fn peer_out() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("rustnet-verbs-peer-{}", std::process::id()))
+}
+
+fn spawn_peer(role: &str, handle: Option<&rustnet::proto::handle::Handle>) -> std::process::Child {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "peer_process", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("RUSTNET_TEST_PEER_ROLE", role)
+        .env("RUSTNET_TEST_PEER_OUT", peer_out())
+        .stdout(std::process::Stdio::null());
+    if let Some(h) = handle {
+        let mut hb = [0u8; 128];
+        h.encode(&mut hb);
+        c.env("RUSTNET_TEST_PEER_HANDLE", hex(&hb));
+    }
+    c.spawn().expect("spawn peer")
+}
+
+/// A receiver whose sender is killed mid-stream fails its pending receive
+/// instead of hanging.
+#[test]
+fn sender_killed_mid_transfer_fails_pending_receive() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let (mut l, h) = n.listen(idx[0]).unwrap();
+    let mut child = spawn_peer("sender", Some(&h));
+    let mut r = until("accept from the peer process", || l.accept().unwrap());
+    let mut dst = Buf::new(1 << 20);
+    let rmr = reg(&n, idx[0], &mut dst, Access::REMOTE_WRITE);
+    let mut got = 0;
+    let mut killed_at = None;
+    let t0 = Instant::now();
+    let err = 'outer: loop {
+        // SAFETY: dst outlives the requests (the comm fails or completes them).
+        let rid = match unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 0 }], &[Some(&rmr)]) } {
+            Ok(Some(id)) => id,
+            Ok(None) => continue,
+            Err(e) => break e,
+        };
+        loop {
+            match r.test(rid) {
+                Ok(None) => assert!(t0.elapsed() < DEADLINE, "no progress and no error"),
+                Ok(Some(_)) => break,
+                Err(e) => break 'outer e,
+            }
+        }
+        got += 1;
+        if got == 3 {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            killed_at = Some(Instant::now());
+        }
+    };
+    let k = killed_at.unwrap_or_else(|| panic!("error before the peer was killed: {err}"));
+    eprintln!("receiver failed {:?} after the kill: {err}", k.elapsed());
+    assert!(matches!(err, Error::Remote { .. }), "{err}");
+    assert!(k.elapsed() < Duration::from_secs(30));
+}
+
+/// A sender whose receiver process dies fails within the retry timeout:
+/// its next isend or pending send returns an error, never hangs.
+#[test]
+fn receiver_killed_mid_transfer_fails_sender() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "2")]);
+    let mut child = spawn_peer("receiver", None);
+    let line = until("the peer's handle", || {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("the peer process exited ({st}) without writing its handle");
+        }
+        std::fs::read_to_string(peer_out()).ok()
+    });
+    let _ = std::fs::remove_file(peer_out());
+    let hb = unhex128(line.trim());
+    let h = rustnet::proto::handle::Handle::decode(&hb).unwrap();
+    let mut c = n.connect(idx[0], &h, None).unwrap();
+    until("connect", || c.progress().unwrap().then_some(()));
+    let mut s = c.into_send_comm().unwrap();
+    let mut src = Buf::new(1 << 20);
+    let smr = reg(&n, idx[0], &mut src, Access::LOCAL_READ);
+    let mut sent = 0;
+    let mut killed_at = None;
+    let t0 = Instant::now();
+    let err = 'outer: loop {
+        assert!(t0.elapsed() < DEADLINE, "no progress and no error");
+        // SAFETY: src outlives the requests.
+        let id = match unsafe { s.isend(src.raw(), 0, Some(&smr)) } {
+            Ok(Some(id)) => id,
+            Ok(None) => continue,
+            Err(e) => break e,
+        };
+        loop {
+            match s.test(id) {
+                Ok(None) => assert!(t0.elapsed() < DEADLINE, "no progress and no error"),
+                Ok(Some(_)) => break,
+                Err(e) => break 'outer e,
+            }
+        }
+        sent += 1;
+        if sent == 3 {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            killed_at = Some(Instant::now());
+        }
+    };
+    let k = killed_at.unwrap_or_else(|| panic!("error before the peer was killed: {err}"));
+    eprintln!("sender failed {:?} after the kill: {err}", k.elapsed());
+    assert!(matches!(err, Error::Remote { .. }), "{err}");
+    assert!(k.elapsed() < Duration::from_secs(30));
+}
+
+/// A sender whose receiver's QP is gone (comm closed without the sender
+/// knowing: we drop the receive comm but keep its socket semantics by
+/// dropping only after posting) gets a completion error naming the status,
+/// the QP and the peer within NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT.
+#[test]
+fn completion_error_names_status_qp_and_peer() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[("NCCL_IB_TIMEOUT", "12"), ("NCCL_IB_RETRY_CNT", "1")]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    one_by_one(&n, &mut s, &mut r, &[8]);
+    // the receiver advertises a buffer, then its registration disappears:
+    // the sender's write gets a remote access error
+    let mut src = Buf::new(4096);
+    let mut dst = Buf::new(4096);
+    let smr = reg(&n, idx[0], &mut src, Access::LOCAL_READ);
+    let rmr = reg(&n, idx[0], &mut dst, Access::REMOTE_WRITE);
+    // SAFETY: the buffer outlives the request; its registration is dropped
+    // on purpose before the data arrives (the NIC refuses the write).
+    let rid = unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 0 }], &[Some(&rmr)]) }.unwrap().unwrap();
+    until("CTS to leave", || r.test(rid).unwrap().map(|_| ()).or(Some(())));
+    drop(rmr);
+    let qpns = r.qpns();
+    let t0 = Instant::now();
+    let e = until("the send to fail", || {
+        let _ = r.test(rid);
+        // SAFETY: src outlives the request.
+        match unsafe { s.isend(src.raw(), 0, Some(&smr)) } {
+            Ok(None) => None,
+            Ok(Some(id)) => loop {
+                match s.test(id) {
+                    Ok(None) => assert!(t0.elapsed() < DEADLINE),
+                    Ok(Some(_)) => panic!("write into a deregistered buffer completed"),
+                    Err(e) => break Some(e),
+                }
+            },
+            Err(e) => Some(e),
+        }
+    });
+    let m = e.to_string();
+    eprintln!("{m}");
+    assert!(matches!(e, Error::Remote { .. }), "{m}");
+    assert!(m.contains("work completion error") && m.contains("status") && m.contains(&format!("{:#x}", qpns[0])), "{m}");
+    assert!(m.contains(&s.peer().to_string()), "{m}");
+}
