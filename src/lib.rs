@@ -11,6 +11,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod bisect;
 pub mod config;
 pub mod driver;
 pub mod error;
