@@ -6,11 +6,56 @@
 //!   default; `--listen`/`--peer` for two hosts.
 //! - `rustnet agent` / `rustnet bisect`: slow-node bisection over many hosts
 //!   (docs/bisect.md).
+//! - `rustnet doctor`: the fabric explained layer by layer, PASS/WARN/FAIL with fixes.
 //! - `rustnet knobs`: every variable the plugin reads, its default and meaning.
 mod agent;
 mod bench;
 mod bisect;
 mod ctl;
+
+fn doctor(args: Vec<String>) -> i32 {
+    let mut o = rustnet::doctor::Opts::default();
+    let (mut json, mut export) = (false, false);
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--export-env" => export = true,
+            "--sysfs" => o.sysfs = it.next().unwrap_or_default().into(),
+            "--devroot" => o.dev = it.next().unwrap_or_default().into(),
+            "--no-plugin" => o.probe_plugin = false,
+            "-h" | "--help" => {
+                println!(
+                    "rustnet doctor [--json] [--export-env] [--sysfs ROOT]\n\
+                     Checks RDMA devices and ports, GIDs and the one the plugin will use, PCI/NUMA placement,\n\
+                     GPUDirect readiness, locked memory, /dev/infiniband, IP interfaces and the NCCL/RUSTNET\n\
+                     variables in effect. Exit status: 0 pass, 1 warnings, 2 failures.\n\
+                     --export-env prints the export lines an init container can inject."
+                );
+                return 0;
+            }
+            other => {
+                eprintln!("rustnet doctor: unknown option {other:?}");
+                return 2;
+            }
+        }
+    }
+    let r = rustnet::doctor::run(&o);
+    if export {
+        for l in &r.export_env {
+            println!("{l}");
+        }
+    } else if json {
+        print!("{}", rustnet::doctor::render_json(&r));
+    } else {
+        print!("{}", rustnet::doctor::render(&r));
+    }
+    match r.worst() {
+        rustnet::doctor::Status::Pass => 0,
+        rustnet::doctor::Status::Warn => 1,
+        rustnet::doctor::Status::Fail => 2,
+    }
+}
 
 fn usage() -> ! {
     eprintln!(
@@ -19,6 +64,7 @@ fn usage() -> ! {
          bench   bandwidth/latency through the plugin vs raw TCP (rustnet bench --help)\n  \
          agent   serve `rustnet bisect` on this host (rustnet agent --help)\n  \
          bisect  find the slow host(s) among hosts running an agent (rustnet bisect --help)\n  \
+         doctor  explain the fabric: devices, GIDs, topology, GPUDirect, limits, knobs (--json, --export-env)\n  \
          knobs   list every environment variable the plugin reads"
     );
     std::process::exit(2);
@@ -34,6 +80,7 @@ fn main() {
         "bench" => bench::main(args),
         "agent" => agent::main(args),
         "bisect" => bisect::main(args),
+        "doctor" => doctor(args),
         "knobs" if args.first().map(String::as_str) == Some("--markdown") => {
             print!("{}", rustnet::config::knobs_markdown());
             0
