@@ -14,6 +14,10 @@ use crate::error::{Errno, Error, Result};
 pub trait GidTable {
     /// Entries in the table.
     fn len(&self) -> u32;
+    /// True for an empty table.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// GID `i`; `None` when the slot cannot be read (EINVAL).
     fn gid(&self, i: u32) -> Result<Option<[u8; 16]>>;
     /// RoCE version of entry `i` (1 or 2); `None` when unknown (EINVAL).

@@ -376,6 +376,16 @@ impl SendComm {
                 return Ok(None);
             }
         }
+        // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
+        // completion (the receiver saw the data before our ACK came back).
+        let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
+        if self.inflight[head_slot].active {
+            self.poll();
+            if self.inflight[head_slot].active {
+                self.link.check()?;
+                return Ok(None);
+            }
+        }
         match self.load_head() {
             Ok(true) => {}
             Ok(false) => {
