@@ -672,3 +672,105 @@ fn completion_error_names_status_qp_and_peer() {
     assert!(m.contains("work completion error") && m.contains("status") && m.contains(&format!("{:#x}", qpns[0])), "{m}");
     assert!(m.contains(&s.peer().to_string()), "{m}");
 }
+
+/// The netdev under `dev`'s port 1 (rxe0 -> veth0).
+fn netdev_of(dev: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0")).ok().map(|s| s.trim().to_string())
+}
+
+fn ip(args: &[&str]) -> String {
+    let o = std::process::Command::new("ip").args(args).output().expect("run ip");
+    assert!(o.status.success() || args.first() == Some(&"route"), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn port_active(dev: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state")).is_ok_and(|s| s.contains("ACTIVE"))
+}
+
+/// `ip link set <netdev> down` in the middle of a stream between two
+/// devices: both ends fail (PORT_ERR async event, or the RC retry limit),
+/// nothing hangs. Named to run last: it disturbs the VM's network, and puts
+/// the link and its routes back afterwards.
+#[test]
+fn zz_link_down_mid_transfer_fails_both_ends() {
+    let Some((d1, d2)) = device2() else { return };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to take the link down");
+        return;
+    }
+    let ifname = netdev_of(&d1).unwrap_or_else(|| panic!("cannot find the netdev under {d1}"));
+    let (n, idx) = net(&[&d1, &d2], &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "2")]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[1]);
+    let mut src = Buf::new(1 << 20);
+    let mut dst = Buf::new(1 << 20);
+    let smr = reg(&n, idx[0], &mut src, Access::LOCAL_READ);
+    let rmr = reg(&n, idx[1], &mut dst, Access::REMOTE_WRITE);
+    // the routes the rig put on the veths, to restore after the link comes back
+    let routes: Vec<String> = ip(&["-o", "route", "show", "table", "all"]).lines().filter(|l| l.contains(" dev veth")).map(String::from).collect();
+    let mut done = 0;
+    let mut down_at: Option<Instant> = None;
+    let (mut serr, mut rerr) = (None, None);
+    let t0 = Instant::now();
+    let mut rid = None;
+    let mut sid = None;
+    while serr.is_none() || rerr.is_none() {
+        assert!(t0.elapsed() < DEADLINE, "hang: send error {serr:?}, receive error {rerr:?}");
+        if rerr.is_none() {
+            match rid {
+                None => {
+                    // SAFETY: dst outlives the requests.
+                    match unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 0 }], &[Some(&rmr)]) } {
+                        Ok(id) => rid = id,
+                        Err(e) => rerr = Some(e),
+                    }
+                }
+                Some(id) => match r.test(id) {
+                    Ok(Some(_)) => {
+                        rid = None;
+                        done += 1;
+                        if done == 2 && down_at.is_none() {
+                            ip(&["link", "set", &ifname, "down"]);
+                            down_at = Some(Instant::now());
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => rerr = Some(e),
+                },
+            }
+        }
+        if serr.is_none() {
+            match sid {
+                // SAFETY: src outlives the requests.
+                None => match unsafe { s.isend(src.raw(), 0, Some(&smr)) } {
+                    Ok(id) => sid = id,
+                    Err(e) => serr = Some(e),
+                },
+                Some(id) => match s.test(id) {
+                    Ok(Some(_)) => sid = None,
+                    Ok(None) => {}
+                    Err(e) => serr = Some(e),
+                },
+            }
+        }
+    }
+    let k = down_at.map(|t| t.elapsed());
+    ip(&["link", "set", &ifname, "up"]);
+    for l in &routes {
+        let args: Vec<&str> = std::iter::once("route").chain(std::iter::once("replace")).chain(l.split_whitespace()).collect();
+        ip(&args);
+    }
+    let t1 = Instant::now();
+    while !(port_active(&d1) && port_active(&d2)) && t1.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (serr, rerr) = (serr.unwrap(), rerr.unwrap());
+    eprintln!("after link down ({k:?}):\n  sender: {serr}\n  receiver: {rerr}");
+    assert!(k.is_some(), "failed before the link went down: {serr} / {rerr}");
+    assert!(k.unwrap() < Duration::from_secs(30));
+    for e in [&serr, &rerr] {
+        assert!(matches!(e, Error::Remote { .. } | Error::Sys { .. }), "{e}");
+    }
+    assert!(port_active(&d1) && port_active(&d2), "ports did not come back");
+}
