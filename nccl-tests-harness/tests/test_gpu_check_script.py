@@ -1,0 +1,69 @@
+"""gpu-check.sh end to end with a stand-in python (tests/fakes/fake_python.sh):
+the real plugin file is probed, the real torch_sweep.py and ddp_check.py
+orchestrate stand-in ranks, and the script's budget, steps, summary and exit
+status are checked. Needs the built plugin (cargo build --release)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from _util import HARNESS, REPO, TESTS
+
+SO_DIR = os.path.join(REPO, "target", "release")
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(SO_DIR, "librustnet.so")), "plugin not built")
+class GpuCheckScript(unittest.TestCase):
+    def run_script(self, extra_env=None, *args):
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, OUT=out, PYTHON=os.path.join(TESTS, "fakes", "fake_python.sh"),
+                       REAL_PYTHON=sys.executable, **(extra_env or {}))
+            for k in ("FAKE_FALLBACK", "FAKE_SLOW_PLUGIN", "FAKE_DDP_DRIFT", "FAKE_RC"):
+                env.pop(k, None)
+            env.update(extra_env or {})
+            p = subprocess.run(["bash", os.path.join(HARNESS, "gpu-check.sh"), "--plugin-dir", SO_DIR, *args],
+                               env=env, capture_output=True, text=True, timeout=300)
+            files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
+            summary = ""
+            if "summary.txt" in files:
+                with open(os.path.join(out, "summary.txt")) as f:
+                    summary = f.read()
+            return p.returncode, p.stdout + p.stderr, files, summary
+
+    def test_pass(self):
+        rc, out, files, summary = self.run_script(None, "--quick")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("exports v6, v7, v8, v9, v10; vtable name(s): rustnet", out)
+        self.assertIn("GOAL MET", summary)
+        self.assertIn("DDP CHECK PASSED", summary)
+        self.assertIn("busbw ratio rustnet/Socket", summary)
+        self.assertIn("timings: preflight", summary)
+        for f in ("gpu-check.log", "summary.txt", "sweep/busbw.svg", "sweep/comparison.csv", "sweep/results.csv",
+                  "sweep/report.txt", "ddp/losses.csv", "ddp/ddp-report.txt"):
+            self.assertIn(f, files)
+        self.assertTrue(any(f.startswith("sweep/logs/torch-plugin-rank1") for f in files))
+
+    def test_goal_not_met_exit_1(self):
+        rc, out, _files, summary = self.run_script({"FAKE_SLOW_PLUGIN": "1"}, "--quick")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("GOAL NOT MET", summary)
+
+    def test_refusal_exit_2(self):
+        rc, out, _files, summary = self.run_script({"FAKE_FALLBACK": "1"}, "--quick")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("REFUSED", out)
+
+    def test_no_plugin(self):
+        with tempfile.TemporaryDirectory() as empty:
+            p = subprocess.run(["bash", os.path.join(HARNESS, "gpu-check.sh"), "--plugin-dir", empty],
+                               env=dict(os.environ, OUT=empty, PYTHON=os.path.join(TESTS, "fakes", "fake_python.sh"),
+                                        REAL_PYTHON=sys.executable),
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("does not load", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
