@@ -194,7 +194,7 @@ impl Plugin {
                         AnySend::Tcp(_) => return Err(Error::Internal("TCP comm under the verbs transport".into())),
                     },
                     CommBody::Recv(r) => match &*r.lock() {
-                        AnyRecv::Ib(c) => (c.dev(), ib::Access::REMOTE_WRITE),
+                        AnyRecv::Ib(c) => (c.dev(), n.recv_access()),
                         AnyRecv::Tcp(_) => return Err(Error::Internal("TCP comm under the verbs transport".into())),
                     },
                 };

@@ -440,6 +440,30 @@ fn oversized_send_fails_both_ends_with_usage_errors() {
 }
 
 #[test]
+fn flush_is_a_no_op_for_host_memory_unless_forced() {
+    let Some(d) = device() else { return };
+    for forced in [false, true] {
+        let (n, idx) = net(&[&d], &[("RUSTNET_FORCE_FLUSH", if forced { "1" } else { "0" })]);
+        let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+        one_by_one(&n, &mut s, &mut r, &[8]);
+        let mut dst = Buf::new(4096);
+        let rmr = reg(&n, idx[0], &mut dst, n.recv_access());
+        let bufs = [RawBuf { ptr: dst.raw().ptr, len: 0 }, RawBuf { ptr: dst.raw().ptr, len: 100 }];
+        match r.iflush(&bufs).expect("iflush") {
+            None => assert!(!forced, "a forced flush must post a read"),
+            Some(id) => {
+                assert!(forced, "host memory needs no flush unless forced");
+                let c = until("flush completion", || r.test(id).expect("flush test"));
+                assert_eq!(c.n, 0);
+            }
+        }
+        // nothing to flush when every buffer is empty
+        assert!(r.iflush(&bufs[..1]).unwrap().is_none());
+        drop(rmr);
+    }
+}
+
+#[test]
 fn registration_cache_is_refcounted_and_page_aligned() {
     let Some(d) = device() else { return };
     let (n, idx) = net(&[&d], &[]);

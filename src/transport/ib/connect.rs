@@ -54,6 +54,9 @@ pub struct ConnCfg {
     pub roce_version: u8,
     /// NCCL_IB_USE_INLINE.
     pub use_inline: bool,
+    /// iflush posts a loopback RDMA READ even for host memory
+    /// (RUSTNET_FORCE_FLUSH=1 and not NCCL_GDR_FLUSH_DISABLE=1).
+    pub flush: bool,
     /// Out-of-band socket settings.
     pub stream: StreamCfg,
 }
@@ -73,6 +76,7 @@ impl ConnCfg {
             family: cfg.ib_addr_family,
             roce_version: cfg.ib_roce_version.get() as u8,
             use_inline: cfg.ib_use_inline.get() == 1,
+            flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: StreamCfg { nstreams: 1, ..StreamCfg::from_config(cfg) },
         }
     }

@@ -78,6 +78,16 @@ impl IbNet {
         self.devs.get(dev).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.devs.len())))
     }
 
+    /// Access rights of receive-buffer registrations: the peer writes them,
+    /// and the flush QP reads them when flushes are forced.
+    pub fn recv_access(&self) -> Access {
+        if self.cc.flush {
+            Access::REMOTE_WRITE.with(Access::REMOTE_READ)
+        } else {
+            Access::REMOTE_WRITE
+        }
+    }
+
     /// Properties of `dev`.
     pub fn props(&self, dev: usize) -> Result<DeviceProps> {
         self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.devs.len())))

@@ -33,6 +33,8 @@ const POLL_BATCH: usize = 16;
 const LIVENESS_EVERY: u32 = 64;
 /// wr_id bit of the receiver's CTS writes.
 const CTS_FLAG: u64 = 1 << 63;
+/// wr_id bit of flush reads (low 16 bits: the request id).
+const FLUSH_FLAG: u64 = 1 << 62;
 
 // ---------------------------------------------------------------- shared by both ends
 
@@ -527,6 +529,8 @@ impl SendComm {
 // ---------------------------------------------------------------- receive side
 
 struct RecvReq {
+    /// A flush, not a receive.
+    flush: bool,
     seq: u64,
     n: usize,
     caps: [usize; MAX_RECVS],
@@ -537,9 +541,39 @@ struct RecvReq {
     done: bool,
 }
 
+/// A loopback QP and a scratch word: `iflush` RDMA-reads one byte of the
+/// last received buffer through the NIC, so the NIC's earlier writes are
+/// visible before NCCL reads (needed for GPU memory; forced for host memory
+/// only by RUSTNET_FORCE_FLUSH=1).
+struct Flush {
+    qp: Qp<Rts>,
+    scratch: HostRegion,
+}
+
+impl Flush {
+    fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
+        let caps = verbs::QpCaps { max_send_wr: FIFO_DEPTH as u32, max_recv_wr: 1, max_inline: 0 };
+        let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
+        let me = verbs::RtrParams {
+            dest_qpn: qp.qpn(),
+            mtu: local.mtu as u32,
+            port: dev.port,
+            global: dev.link_layer == super::device::LINK_ETH,
+            dgid: local.gid,
+            sgid_index: local.gid_index,
+            dlid: local.lid,
+            tc: 0,
+            sl: 0,
+        };
+        let qp = qp.to_rtr(&me)?.to_rts(&verbs::RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt })?;
+        Ok(Flush { qp, scratch: HostRegion::new(&dev.pd, 64, Access::LOCAL_WRITE)? })
+    }
+}
+
 /// The receiving end of a verbs connection.
 pub struct RecvComm {
     link: Link,
+    flush: Option<Flush>,
     /// READY bytes received so far; None once READY arrived.
     ready: Option<([u8; 8], usize)>,
     /// Sizes area the sender writes (grouped receives).
@@ -563,8 +597,10 @@ impl RecvComm {
         let nq = qps.len();
         link.qps = qps;
         link.set_peer(remote);
+        let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         Ok(RecvComm {
             link,
+            flush,
             ready: Some(([0; 8], 0)),
             sizes_mem: region,
             stage,
@@ -671,7 +707,9 @@ impl RecvComm {
                 return Ok(None);
             }
         }
-        let Some(id) = self.reqs.alloc(RecvReq { seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], done: false }) else {
+        let Some(id) =
+            self.reqs.alloc(RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], done: false })
+        else {
             return Ok(None);
         };
         for lane in 0..nlanes {
@@ -741,7 +779,13 @@ impl RecvComm {
             for wc in &wcs[..n] {
                 let cts = wc.wr_id & CTS_FLAG != 0;
                 if wc.status != ffi::IBV_WC_SUCCESS {
-                    let what = if cts { "CTS write".to_string() } else { format!("receive #{}", wc.wr_id) };
+                    let what = if cts {
+                        "CTS write".to_string()
+                    } else if wc.wr_id & FLUSH_FLAG != 0 {
+                        "flush read (loopback QP)".to_string()
+                    } else {
+                        format!("receive #{}", wc.wr_id)
+                    };
                     let e = self.link.wc_error(wc, what);
                     self.link.fail(e);
                     continue;
@@ -750,6 +794,13 @@ impl RecvComm {
                     let qi = ((wc.wr_id & !CTS_FLAG) >> 48) as usize;
                     if let Some(b) = self.budgets.get_mut(qi) {
                         b.retire(wc.wr_id & 0xffff_ffff_ffff);
+                    }
+                    continue;
+                }
+                if wc.wr_id & FLUSH_FLAG != 0 {
+                    let id = ReqId { slot: wc.wr_id as u8, gen: (wc.wr_id >> 8) as u8 };
+                    if let Ok(r) = self.reqs.get_mut(id) {
+                        r.done = true;
                     }
                     continue;
                 }
@@ -819,7 +870,7 @@ impl RecvComm {
         }
         let r = self.reqs.get(id).unwrap();
         if r.done {
-            let mut c = Completion { n: r.n, sizes: [0; MAX_RECVS] };
+            let mut c = Completion { n: if r.flush { 0 } else { r.n }, sizes: [0; MAX_RECVS] };
             c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
             self.reqs.release(id).unwrap();
             return Ok(Some(c));
@@ -841,9 +892,38 @@ impl RecvComm {
         Ok(None)
     }
 
-    /// Flush: host memory needs none (`Ok(None)`).
-    pub fn iflush(&mut self, _bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+    /// Flush received data: `Ok(None)` (nothing to do) for host memory
+    /// unless flushes are forced; then one RDMA READ of the last non-empty
+    /// buffer through the loopback QP, completed by `test`.
+    pub fn iflush(&mut self, bufs: &[RawBuf]) -> Result<Option<ReqId>> {
         self.link.check()?;
-        Ok(None)
+        let Some(f) = &self.flush else { return Ok(None) };
+        let Some(b) = bufs.iter().rev().find(|b| b.len > 0) else { return Ok(None) };
+        let rkey = self.link.dev.mrs.find_rkey(b.ptr, 1, Access::REMOTE_READ).ok_or_else(|| {
+            Error::Usage(format!("iflush: {:p} is not in a receive registration that allows the flush read (regMr on this recv comm first)", b.ptr))
+        })?;
+        let req = RecvReq {
+            flush: true,
+            seq: u64::MAX,
+            n: 0,
+            caps: [0; MAX_RECVS],
+            cts: [Cts::default(); MAX_RECVS],
+            lanes_left: 0,
+            imm: None,
+            sizes: [0; MAX_RECVS],
+            done: false,
+        };
+        let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
+        let wr_id = FLUSH_FLAG | (id.gen as u64) << 8 | id.slot as u64;
+        // SAFETY: the scratch word is registered with local write and lives
+        // in this comm after the flush QP (field order); the source is NCCL's
+        // receive buffer under the rkey of its live registration.
+        let r = unsafe { f.qp.post_read(wr_id, (f.scratch.addr() as u64, 1, f.scratch.lkey()), (b.ptr as u64, rkey)) };
+        if let Err(e) = r {
+            let _ = self.reqs.release(id);
+            self.link.fail(e.clone());
+            return Err(e);
+        }
+        Ok(Some(id))
     }
 }

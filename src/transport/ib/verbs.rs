@@ -987,6 +987,34 @@ pub struct SendWr {
 pub const MAX_CHAIN: usize = 16;
 
 impl Qp<Rts> {
+    /// Post one signaled RDMA READ of `remote` into `local` (the flush).
+    ///
+    /// # Safety
+    /// `local` must lie in memory registered (lkey) with local write access
+    /// on this QP's PD and stay valid until the completion; `remote` must be
+    /// readable under its rkey (a peer's memory or, for a loopback QP, ours).
+    pub unsafe fn post_read(&self, wr_id: u64, local: (u64, u32, u32), remote: (u64, u32)) -> Result<()> {
+        let mut sge = ibv_sge { addr: local.0, length: local.1, lkey: local.2 };
+        // SAFETY: ibv_send_wr is plain old data; all-zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_READ;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED;
+        wr.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.0, rkey: remote.1 };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; ops.post_send is what the ibv_post_send inline calls.
+        let f = unsafe { (*(*self.inner.ptr).context).ops.post_send };
+        let Some(f) = f else { return Err(Error::Internal("provider has no post_send".into())) };
+        // SAFETY: wr and sge live for the call; memory obligations are the caller's.
+        let r = unsafe { f(self.inner.ptr, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::sys(format!("ibv_post_send(QP {:#x}, RDMA READ)", self.inner.qpn), Errno(r)));
+        }
+        Ok(())
+    }
+
     /// Post up to [`MAX_CHAIN`] RDMA writes as one chain.
     ///
     /// # Safety
