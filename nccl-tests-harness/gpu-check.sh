@@ -14,7 +14,8 @@
 #   DIR holds librustnet.so (made by make-gpu-kit.sh: out/gpu-kit). Default:
 #   the kit this script sits in, else <repo>/out/gpu-kit, else target/release.
 #   --quick: sizes up to 64 MiB, fewer DDP steps (a smoke test, ~3 min).
-# env: PYTHON (default python3), GPU_CHECK_BUDGET_S (default 450),
+# env: PYTHON (default: the first of python3, python, python3.12 that imports
+#      torch), GPU_CHECK_BUDGET_S (default 450),
 #      RUSTNET_TRANSPORT for the plugin run (default socket: the TCP transport).
 # exit: 0 all proven and goal met; 1 goal not met; 2 a failure or refusal;
 #       3 torch/GPU missing.
@@ -26,7 +27,14 @@ DEADLINE=$((T0 + BUDGET))
 OUT=${OUT:-$PWD/out/gpu-check}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
-PY=${PYTHON:-python3}
+if [ -n "${PYTHON:-}" ]; then
+  PY=$PYTHON
+else   # the first python that has torch
+  PY=python3
+  for c in python3 python python3.12; do
+    if command -v "$c" >/dev/null && "$c" -c 'import torch' 2>/dev/null; then PY=$c; break; fi
+  done
+fi
 TRANSPORT=${RUSTNET_TRANSPORT:-socket}
 PLUGIN=""
 QUICK=0
@@ -48,7 +56,7 @@ left() { echo $(( DEADLINE - $(date +%s) )); }
 min() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
 declare -A SECS RC
 
-say "gpu-check: out=$OUT budget=${BUDGET}s plugin=${PLUGIN:-<none>} transport=$TRANSPORT quick=$QUICK"
+say "gpu-check: out=$OUT budget=${BUDGET}s plugin=${PLUGIN:-<none>} transport=$TRANSPORT quick=$QUICK python=$PY"
 [ -n "$PLUGIN" ] || { say "FAIL: no librustnet.so found; run make-gpu-kit.sh first or pass --plugin-dir"; exit 2; }
 [ -f "$PLUGIN/BUILD-INFO" ] && sed 's/^/  build: /' "$PLUGIN/BUILD-INFO"
 
@@ -88,7 +96,7 @@ say "torch sweep: 2 ranks on GPU 0, 1K..$MAXSIZE, per network ${per_net}s hard l
 s=$(date +%s)
 timeout -k 10 $(( 2 * per_net + 30 )) "$PY" "$HERE/torch_sweep.py" --plugin-dir "$PLUGIN" --nranks 2 \
   --rustnet-transport "$TRANSPORT" --min-size 1K --max-size "$MAXSIZE" \
-  --budget "$sweep_budget" --timeout "$per_net" --out "$OUT/sweep"
+  --target-time 0.15 --budget "$sweep_budget" --timeout "$per_net" --out "$OUT/sweep"
 RC[sweep]=$?
 SECS[sweep]=$(( $(date +%s) - s ))
 
