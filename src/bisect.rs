@@ -1,8 +1,9 @@
 //! The decision logic of `rustnet bisect`, free of I/O so it can be tested
 //! on its own: which disjoint pairs to measure next, and which hosts to name.
 //!
-//! Model: a pair's bandwidth is limited by its slower member, so a fast pair
-//! clears both of its hosts, and a slow pair holds at least one slow host.
+//! Model: a pair's bandwidth is limited by its slower member (and its slower
+//! direction), so a fast pair clears both of its hosts, and a slow pair
+//! holds at least one slow host.
 //!
 //! - Round 1 pairs the first half of the hosts with the second half
 //!   (`h[i]` with `h[i + n/2]`), all pairs at once.
@@ -10,19 +11,27 @@
 //!   bandwidth measured so far (a deliberately strict reference for planning:
 //!   suspecting too many costs a round, suspecting too few would miss one).
 //! - The rest (the slow part) is *unresolved*. Each later round pairs every
-//!   unresolved host with a distinct cleared host (a known-good partner
-//!   isolates it); unresolved hosts beyond the number of cleared ones are
-//!   paired among themselves, between halves again. A host measured slow
-//!   against a cleared partner is *convicted*.
-//! - It stops when nothing is unresolved, or after the round limit.
+//!   unresolved host with a distinct cleared host it has not met (a
+//!   known-good partner isolates it); unresolved hosts beyond the number of
+//!   cleared ones are paired among themselves, between halves again; cleared
+//!   hosts left idle cross-check each other with new partners at no extra
+//!   round. A host slow with `confirm` distinct cleared partners is
+//!   *convicted* (a pair measured before its partner was cleared counts too).
+//! - It stops when nothing is unresolved, or at the round limit.
 //!
 //! The verdict, stated for operators: a host's score is the best pair
 //! bandwidth it reached (the slower direction of that pair); the reference
 //! is the median score over the hosts that answered; a host is SLOW when its
-//! score is below `frac` x that median and it was measured against a cleared
-//! partner. A host that never met a cleared partner (round limit, or too few
-//! hosts) is UNDETERMINED rather than guessed. This needs fewer than half of
-//! the hosts to be slow: if most are, the slow ones define the median.
+//! score is below `frac` x that median and it is convicted. A host slow so
+//! far but not convicted (round limit, too few hosts) is UNDETERMINED rather
+//! than guessed.
+//!
+//! Preconditions: fewer than half of the hosts slow (else the slow ones
+//! define the median), and at least one round-1 pair of two healthy hosts,
+//! which holds whenever fewer than `n/2` (rounded down) hosts are slow; past
+//! that, an unlucky placement can make every pair look alike, and then
+//! nobody is named (never a healthy host). With two hosts there is nothing to
+//! compare; use four or more.
 
 /// What one measurement of a pair gave, in GB/s per direction.
 #[derive(Debug, Clone, PartialEq)]

@@ -39,7 +39,8 @@ rustnet agent: the per-host end of `rustnet bisect`
 options:
   --listen ADDR:PORT   control address the coordinator connects to (required;
                        0.0.0.0:PORT for every interface)
-  --plugin PATH        the plugin .so (default: librustnet.so beside this binary)
+  --plugin PATH        the plugin .so (default: $RUSTNET_PLUGIN, else librustnet.so
+                       beside this binary, else ../lib/librustnet.so as installed)
   --abi N              vtable version to drive: 6..10 (default 8)
   --dev N              plugin device index (default 0)
   --once               exit after the first coordinator session
@@ -58,8 +59,19 @@ struct Opts {
     idle: Duration,
 }
 
+/// `librustnet.so` beside the binary (or `$RUSTNET_PLUGIN`), else the
+/// `make install` layout: PREFIX/bin/rustnet with PREFIX/lib/librustnet.so.
+fn default_plugin() -> PathBuf {
+    let p = driver::default_plugin_path();
+    if p.exists() || std::env::var_os("RUSTNET_PLUGIN").is_some() {
+        return p;
+    }
+    let lib = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.parent()?.join("lib").join("librustnet.so")));
+    lib.filter(|l| l.exists()).unwrap_or(p)
+}
+
 fn parse(args: Vec<String>) -> Result<Opts, String> {
-    let mut o = Opts { listen: String::new(), plugin: driver::default_plugin_path(), abi: 8, dev: 0, once: false, idle: Duration::from_secs(300) };
+    let mut o = Opts { listen: String::new(), plugin: default_plugin(), abi: 8, dev: 0, once: false, idle: Duration::from_secs(300) };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));

@@ -552,8 +552,10 @@ pub fn svg(hosts: &[String], m: &Matrix, rep: &Report, frac: f64, title: &str) -
     );
     let med = if rep.median > 0.0 { rep.median } else { 1.0 };
     for j in 0..n {
-        if cs >= 14.0 || j % ((14.0 / cs).ceil() as usize) == 0 {
-            s += &format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{j}</text>\n", left + cs * (j as f64 + 0.5), top - 6.0);
+        let slow = rep.hosts.get(j).map(|h| h.verdict) == Some(Verdict::Slow);
+        if cs >= 14.0 || j % ((14.0 / cs).ceil() as usize) == 0 || slow {
+            let style = if slow { " fill=\"#c00000\" font-weight=\"bold\"" } else { "" };
+            s += &format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\"{style}>{j}</text>\n", left + cs * (j as f64 + 0.5), top - 6.0);
         }
     }
     for i in 0..n {
