@@ -2,7 +2,7 @@
 # Every test: unit tests, the two-process conformance suite over the built
 # .so (TCP on loopback), then the verbs suite inside the soft-RoCE VM.
 #   RUSTNET_SKIP_VM=1  skip the VM part (said loudly; CI never sets it)
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 echo "== build"
@@ -17,6 +17,8 @@ fi
 echo "exports: $syms; NEEDED: $(readelf -d target/release/librustnet.so | awk '/NEEDED/{print $5}' | tr '\n' ' ')"
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
+echo "== nccl-tests / PyTorch harness (parsers, busbw math, fallback refusal; no GPU needed)"
+python3 -m unittest discover -s nccl-tests-harness/tests 2>&1 | tail -n 3
 if [ "${RUSTNET_SKIP_VM:-0}" = 1 ]; then
   echo "!! SKIPPED: verbs suite in the soft-RoCE VM (RUSTNET_SKIP_VM=1)"
   exit 0
