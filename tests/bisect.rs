@@ -78,10 +78,13 @@ fn skipped() -> bool {
             if std::env::var_os("RUSTNET_BISECT_REQUIRE").is_some() {
                 panic!("RUSTNET_BISECT_REQUIRE is set but the namespace test cannot run: {why}");
             }
-            eprintln!("\n**************************************************************");
-            eprintln!("SKIPPED: {why}");
-            eprintln!("  tests/bisect.rs needs root and iproute2 (ip, tc); nothing was tested");
-            eprintln!("**************************************************************\n");
+            // Straight to fd 2: the test harness captures eprintln! of passing tests.
+            let banner = format!(
+                "\n**************************************************************\n\
+                 SKIPPED: {why}\n  tests/bisect.rs needs root and iproute2 (ip, tc); nothing was tested\n\
+                 **************************************************************\n"
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), banner.as_bytes());
             true
         }
     }
