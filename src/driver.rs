@@ -409,14 +409,16 @@ impl Plugin {
 }
 
 /// Where the built plugin lies: `$RUSTNET_PLUGIN`, else `librustnet.so` next
-/// to the running executable or one directory up (cargo's `deps/`).
+/// to the running executable, one directory up (cargo's `deps/`), or in
+/// `../lib` (the `make install` layout: `bin/rustnet`, `lib/librustnet.so`).
 pub fn default_plugin_path() -> std::path::PathBuf {
     if let Ok(p) = std::env::var("RUSTNET_PLUGIN") {
         return p.into();
     }
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    for d in [dir.clone(), dir.parent().map(Path::to_path_buf).unwrap_or_default()] {
+    let up = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+    for d in [dir.clone(), up.clone(), up.join("lib")] {
         let p = d.join("librustnet.so");
         if p.exists() {
             return p;
