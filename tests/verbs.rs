@@ -472,14 +472,22 @@ fn registration_cache_is_refcounted_and_page_aligned() {
     let mut b = Buf::new(3 * 4096);
     let raw = b.raw();
     let m1 = reg(&n, idx[0], &mut b, Access::REMOTE_WRITE);
-    // a sub-range with weaker access reuses the registration
-    // SAFETY: b outlives both registrations.
-    let m2 = unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
+    // the same pages with weaker access reuse the registration
+    let page = (raw.ptr as usize).div_ceil(4096) * 4096 - raw.ptr as usize;
+    // SAFETY: b outlives every registration below.
+    let m2 = unsafe { n.reg_mr(idx[0], raw, MemKind::Host, Access::LOCAL_READ) }.unwrap();
     assert_eq!(m1.lkey(), m2.lkey());
     assert_eq!(dev.mrs.len(), before + 1);
+    // a sub-range gets its own registration: the rest of a larger one may
+    // map pages that were unmapped and mapped again since
+    // SAFETY: as above.
+    let m3 = unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(page + 100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
+    assert_ne!(m1.lkey(), m3.lkey());
+    assert_eq!(dev.mrs.len(), before + 2);
     drop(m1);
-    assert_eq!(dev.mrs.len(), before + 1, "still referenced");
+    assert_eq!(dev.mrs.len(), before + 2, "still referenced");
     drop(m2);
+    drop(m3);
     assert_eq!(dev.mrs.len(), before);
 }
 

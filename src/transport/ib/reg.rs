@@ -1,6 +1,7 @@
 //! Memory registration (NCCL's net_ib reg.cc): one cache per device,
-//! keyed on page-aligned ranges and access rights, reference counted, so
-//! NCCL registering the same buffer for many comms pins it once. Remote
+//! keyed on the exact page-aligned range (and access rights covering the
+//! request), reference counted, so NCCL registering the same buffer for
+//! many comms pins it once. Remote
 //! write access only where a peer writes (receive buffers).
 //!
 //! The cache lock is taken on regMr/deregMr only, never on the data path.
@@ -72,7 +73,12 @@ impl MrCache {
         }
         let (start, end) = page_range(ptr as usize, len);
         let mut g = self.entries.lock();
-        if let Some(e) = g.iter_mut().find(|e| e.start <= start && end <= e.end && e.mr.access().covers(access)) {
+        // Exact page range only (as NCCL's cache): reusing a larger live
+        // registration for a sub-range is unsound, because the rest of its
+        // range may have been unmapped and mapped again (glibc trims and
+        // regrows the heap) since it was registered, so the NIC would reach
+        // the old pages: seen as corrupted receives over rxe.
+        if let Some(e) = g.iter_mut().find(|e| e.start == start && end == e.end && e.mr.access().covers(access)) {
             e.refs += 1;
             return Ok(IbMr { cache: self.clone(), mr: Some(e.mr.clone()), dev });
         }
