@@ -435,6 +435,11 @@ impl SendComm {
             self.stage.write(sizes_off, &fifo::encode_sizes(&g.sizes[..g.n])[..sizes_len]);
         }
         let inline = self.link.max_inline as usize;
+        // Every data byte copied into the WRs at post time: NCCL may reuse
+        // the buffers at once, so the sends complete now (like a TCP send
+        // whose bytes reached the socket buffer); the signaled completion
+        // still frees the slot, and close waits for it.
+        let mut all_inline = fail.is_none();
         for lane in 0..nlanes {
             let k = fifo::plan_lane(g, lane, nlanes, fail, &mut plan);
             for (w, p) in wrs.iter_mut().zip(&plan[..k]) {
@@ -448,7 +453,11 @@ impl SendComm {
                     ),
                     WrKind::Empty => ((0, 0, 0), (g.elems[0].addr, g.elems[0].rkey)),
                 };
-                *w = SendWr { wr_id: g.seq, local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: local.1 as usize <= inline && local.1 > 0 };
+                let inl = local.1 as usize <= inline && local.1 > 0;
+                if matches!(p.kind, WrKind::Data { .. }) && !inl {
+                    all_inline = false;
+                }
+                *w = SendWr { wr_id: g.seq, local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: inl };
             }
             let qp = &self.link.qps[(first + lane) % nqps];
             // SAFETY: data sources lie in NCCL buffers whose registrations
@@ -461,7 +470,19 @@ impl SendComm {
         }
         let slot = (g.seq % FIFO_DEPTH as u64) as usize;
         self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
+        if all_inline {
+            for r in g.reqs[..g.n].iter().flatten() {
+                if let Ok(q) = self.reqs.get_mut(*r) {
+                    q.done = true;
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Writes posted whose completion has not been seen yet.
+    fn outstanding(&self) -> usize {
+        self.inflight.iter().filter(|f| f.active).count()
     }
 
     /// Drain the CQ.
@@ -523,6 +544,32 @@ impl SendComm {
             return Err(e);
         }
         Ok(None)
+    }
+}
+
+impl Drop for SendComm {
+    /// Closing must not drop writes already posted (a send reported done
+    /// early, inline, may still be on the wire): wait for their completions,
+    /// bounded by the retry timeout, a failure, or the peer going away.
+    fn drop(&mut self) {
+        if self.hs.is_some() || self.link.failed.is_some() || self.outstanding() == 0 {
+            return;
+        }
+        let ack_s = 4.096e-6 * f64::from(1u32 << self.link.cc.timeout.min(31)) * f64::from(self.link.cc.retry_cnt + 1);
+        let limit = std::time::Duration::from_secs_f64(ack_s.clamp(1.0, 30.0));
+        let t0 = std::time::Instant::now();
+        while self.outstanding() > 0 && self.link.failed.is_none() && t0.elapsed() < limit {
+            self.poll();
+            self.link.idle_tick(0);
+        }
+        if self.outstanding() > 0 && self.link.failed.is_none() {
+            tracing::warn!(
+                "{}: closing a send comm to {} with {} message(s) not acknowledged after {limit:?}",
+                self.link.dev.name,
+                self.link.peer_name(),
+                self.outstanding()
+            );
+        }
     }
 }
 
