@@ -254,6 +254,38 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
 }
 
 #[test]
+fn gid_index_knob_is_honoured_and_an_empty_index_is_an_error() {
+    let Some(d) = device() else { return };
+    let (n, idx) = net(&[&d], &[]);
+    let auto = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("auto GID");
+    let want = auto.gid_index.to_string();
+    let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", want.as_str())]);
+    let a = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("explicit GID");
+    assert_eq!((a.gid_index, a.gid), (auto.gid_index, auto.gid));
+    // and traffic over the explicit index
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    one_by_one(&n, &mut s, &mut r, &[8, 4096]);
+    if n.devices()[idx[0]].link_layer == rustnet::transport::ib::device::LINK_ETH {
+        let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", "1000")]);
+        let e = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("GID index 1000") && e.contains("NCCL_IB_GID_INDEX"), "{e}");
+        let (mut l, h) = n.listen(idx[0]).unwrap();
+        let mut c = n.connect(idx[0], &h, None).unwrap();
+        let t0 = Instant::now();
+        let err = loop {
+            match c.progress() {
+                Err(e) => break e,
+                Ok(_) => {
+                    let _ = l.accept();
+                    assert!(t0.elapsed() < DEADLINE, "connect with an empty GID index did not fail");
+                }
+            }
+        };
+        assert!(err.to_string().contains("GID index 1000"), "{err}");
+    }
+}
+
+#[test]
 fn loopback_on_one_device_all_sizes() {
     let Some(d) = device() else { return };
     let (n, idx) = net(&[&d], &[]);
