@@ -391,11 +391,8 @@ fn peer_main(role: String) {
             let (s, r, l) = peer.connect_pair();
             let mut b = [0u8; 16];
             let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
-            let q = loop {
-                if let Some(q) = peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).unwrap() {
-                    break q;
-                }
-            };
+            // Post the receive first: a receiver-driven transport (verbs)
+            // only lets a send start once the peer's receive is posted.
             let mut rb = [0u8; 16];
             let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
             let rq = loop {
@@ -403,8 +400,18 @@ fn peer_main(role: String) {
                     break q;
                 }
             };
+            let (mut q, mut rdone) = (None, false);
+            while q.is_none() {
+                q = peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).unwrap();
+                if !rdone {
+                    rdone = peer.p.test(rq, &mut [0; 8]).unwrap();
+                }
+            }
+            let q = q.unwrap();
             while !peer.p.test(q, &mut [0]).unwrap() {}
-            while !peer.p.test(rq, &mut [0; 8]).unwrap() {}
+            while !rdone {
+                rdone = peer.p.test(rq, &mut [0; 8]).unwrap();
+            }
             out.push(format!("stale_test={}", peer.p.test(q, &mut [0]).unwrap_err().code));
             let many: Vec<_> = (0..9).map(|_| (rb.as_mut_ptr(), 16usize, 1, rmh)).collect();
             out.push(format!("irecv_n9={}", peer.p.irecv(r, &many).unwrap_err().code));
