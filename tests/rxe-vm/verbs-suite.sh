@@ -21,7 +21,8 @@
 #                            i.e. tests/<name>.rs; `rustnet` = the lib unit
 #                            tests). Default: every test target whose name
 #                            contains "verbs" or "conformance".
-#   VERBS_TEST_ARGS="..."    extra libtest arguments (a name filter, --nocapture)
+#   VERBS_TEST_ARGS="..."    extra libtest arguments (a name filter, --nocapture);
+#                            device tests are #[ignore]d on hosts, so --include-ignored is always passed
 #   VERBS_TEST_TIMEOUT=600   seconds per binary
 #   VERBS_SMOKE=auto|1|0     run smoke.sh first: auto = only when no test binary
 #                            was selected (the rig itself is then what we check)
@@ -53,10 +54,10 @@ if [ "${1:-}" = --in-vm ]; then
   fi
   for t in "$@"; do
     name=${t%%=*} bin=${t#*=}
-    echo "=== $name: $bin --test-threads=1 ${VERBS_TEST_ARGS:-}"
+    echo "=== $name: $bin --test-threads=1 --include-ignored ${VERBS_TEST_ARGS:-}"
     t0=$EPOCHREALTIME
     # shellcheck disable=SC2086
-    timeout -k 10 "${VERBS_TEST_TIMEOUT:-600}" "$bin" --test-threads=1 ${VERBS_TEST_ARGS:-} < /dev/null
+    timeout -k 10 "${VERBS_TEST_TIMEOUT:-600}" "$bin" --test-threads=1 --include-ignored ${VERBS_TEST_ARGS:-} < /dev/null
     rc=$?
     dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
     case $rc in
