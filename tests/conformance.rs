@@ -446,7 +446,13 @@ impl Proc {
                     if let Some(rest) = l.strip_prefix(prefix) {
                         return Ok(rest.trim().to_string());
                     }
-                    if l.starts_with("FAIL") || l.starts_with("INITFAIL") {
+                    if l.starts_with("FAIL") {
+                        std::thread::sleep(Duration::from_millis(200));
+                        let e = self.stderr.lock().unwrap();
+                        let tail = &e[e.len().saturating_sub(3000)..];
+                        return Err(format!("{l}\n    its stderr (tail):\n{tail}"));
+                    }
+                    if l.starts_with("INITFAIL") {
                         return Err(l);
                     }
                 }
