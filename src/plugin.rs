@@ -187,17 +187,7 @@ impl Plugin {
                 Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None })
             }
             Net::Ib(n) => {
-                // Remote write only where the peer writes: receive buffers.
-                let (dev, access) = match &comm.body {
-                    CommBody::Send(s) => match &*s.lock() {
-                        AnySend::Ib(c) => (c.dev(), ib::Access::LOCAL_READ),
-                        AnySend::Tcp(_) => return Err(Error::Internal("TCP comm under the verbs transport".into())),
-                    },
-                    CommBody::Recv(r) => match &*r.lock() {
-                        AnyRecv::Ib(c) => (c.dev(), n.recv_access()),
-                        AnyRecv::Tcp(_) => return Err(Error::Internal("TCP comm under the verbs transport".into())),
-                    },
-                };
+                let (dev, access) = ib_dev_access(n, comm)?;
                 // SAFETY: NCCL's regMr contract: the buffer stays mapped until deregMr,
                 // which drops the MemHandle and with it this registration.
                 let mr = unsafe { n.reg_mr(dev, buf, kind, access)? };
@@ -206,14 +196,42 @@ impl Plugin {
         }
     }
 
-    /// Register a dma-buf (GPU memory): only the verbs transport can.
-    pub fn reg_mr_dmabuf(&self, _comm: &Comm, buf: RawBuf, _fd: i32, _offset: u64) -> Result<MemHandle> {
-        Err(Error::Usage(format!(
-            "regMrDmaBuf({:p}, {} bytes): the {} transport has no dma-buf support (ptrSupport lacks NCCL_PTR_DMABUF)",
-            buf.ptr,
-            buf.len,
-            self.transport_name()
-        )))
+    /// Register a dma-buf (GPU memory): only the verbs transport can, on
+    /// devices whose ptrSupport has DMABUF (else the error says why not).
+    pub fn reg_mr_dmabuf(&self, comm: &Comm, buf: RawBuf, fd: i32, offset: u64) -> Result<MemHandle> {
+        match &self.net {
+            Net::Tcp(_) => Err(Error::Usage(format!(
+                "regMrDmaBuf({:p}, {} bytes): the {} transport has no dma-buf support (ptrSupport lacks NCCL_PTR_DMABUF)",
+                buf.ptr,
+                buf.len,
+                self.transport_name()
+            ))),
+            Net::Ib(n) => {
+                let (dev, access) = ib_dev_access(n, comm)?;
+                // SAFETY: NCCL's regMrDmaBuf contract: the memory stays allocated
+                // until deregMr drops the MemHandle (the fd may close at once).
+                let mr = unsafe { n.reg_mr_dmabuf(dev, buf, fd, offset, access)? };
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: Some(mr) })
+            }
+        }
+    }
+}
+
+/// The device of a verbs comm and the access its registrations need:
+/// remote write only where the peer writes (receive buffers).
+fn ib_dev_access(n: &IbNet, comm: &Comm) -> Result<(usize, ib::Access)> {
+    match &comm.body {
+        CommBody::Send(s) => match &*s.lock() {
+            AnySend::Ib(c) => Ok((c.dev(), ib::Access::LOCAL_READ)),
+            AnySend::Tcp(_) => Err(Error::Internal("TCP comm under the verbs transport".into())),
+        },
+        CommBody::Recv(r) => match &*r.lock() {
+            AnyRecv::Ib(c) => {
+                let d = c.dev();
+                Ok((d, n.recv_access_on(d)))
+            }
+            AnyRecv::Tcp(_) => Err(Error::Internal("TCP comm under the verbs transport".into())),
+        },
     }
 }
 

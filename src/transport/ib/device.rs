@@ -12,7 +12,7 @@ use super::verbs::{Context, Lib, Pd, PortAttr};
 use crate::config::{Config, NameList};
 use crate::error::{Error, Result};
 use crate::registry::intern;
-use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS, PTR_HOST};
+use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS};
 
 /// IBV_LINK_LAYER_INFINIBAND.
 pub const LINK_IB: u8 = 1;
@@ -82,6 +82,8 @@ pub struct IbDev {
     pub mrs: Arc<MrCache>,
     /// Async-event counters of the device context.
     pub health: Arc<Health>,
+    /// GPUDirect decision of the device (ptrSupport, flush, reason).
+    pub gdr: super::gdr::Gdr,
 }
 
 impl IbDev {
@@ -96,9 +98,9 @@ impl IbDev {
             name: intern(&self.name),
             pci_path: self.pci_path.as_deref().map(intern),
             guid: self.guid,
-            ptr_support: PTR_HOST,
+            ptr_support: self.gdr.decision.ptr_support,
             reg_is_global: true,
-            force_flush: false,
+            force_flush: self.gdr.forced,
             speed_mbps: self.speed_mbps,
             port: self.port as i32,
             latency_us: 0.0,
@@ -266,19 +268,20 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
         return Err(Error::Usage(format!("no ACTIVE RDMA port usable; found: {}", seen.join(", "))));
     }
     let order = order_and_name(cands.iter().map(|c| c.0.clone()).collect());
-    let mut pds: Vec<(String, Pd, Arc<MrCache>, Arc<Health>)> = Vec::new();
+    let mut pds: Vec<(String, Pd, Arc<MrCache>, Arc<Health>, super::gdr::Gdr)> = Vec::new();
     let mut out = Vec::new();
     for (cand, unique) in order.into_iter().take(MAX_DEVS) {
         let (_, ctx, attr, pa) = cands.iter().find(|c| c.0.dev == cand.dev && c.0.port == cand.port).unwrap();
         let shared = match pds.iter().find(|p| p.0 == cand.dev) {
-            Some(p) => (p.1.clone(), p.2.clone(), p.3.clone()),
+            Some(p) => (p.1.clone(), p.2.clone(), p.3.clone(), p.4.clone()),
             None => {
                 let pd = Pd::new(ctx)?;
                 let health = Arc::new(Health::default());
                 watch_async_events(ctx.clone(), Arc::downgrade(&health));
                 let mrs = Arc::new(MrCache::new(pd.clone()));
-                pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone()));
-                (pd, mrs, health)
+                let gdr = super::gdr::decide(cfg, &cand.dev, &pd);
+                pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone(), gdr.clone()));
+                (pd, mrs, health, gdr)
             }
         };
         out.push(Arc::new(IbDev {
@@ -297,6 +300,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             pci_path: cand.pci.clone(),
             mrs: shared.1,
             health: shared.2,
+            gdr: shared.3,
         }));
     }
     Ok(out)

@@ -6,10 +6,12 @@
 //! - [`gid`]: the RoCE GID choice;
 //! - [`connect`]: out-of-band exchange and QP bring-up;
 //! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
-//! - [`reg`]: the registration cache.
+//! - [`reg`]: the registration cache;
+//! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush).
 pub mod connect;
 pub mod device;
 pub mod ffi;
+pub mod gdr;
 pub mod gid;
 pub mod p2p;
 pub mod reg;
@@ -37,6 +39,10 @@ pub struct IbNet {
     props: Vec<DeviceProps>,
     oob: tcpdev::NetIf,
     cc: Arc<ConnCfg>,
+    /// Per device: `cc` with `flush` on where that device flushes (GPUDirect
+    /// on and NCCL_GDR_FLUSH_DISABLE=0, or forced): its receive comms get
+    /// the loopback flush QP, the others none.
+    dev_cc: Vec<Arc<ConnCfg>>,
 }
 
 impl IbNet {
@@ -51,7 +57,12 @@ impl IbNet {
             .next()
             .ok_or_else(|| Error::Usage("no IP interface for the out-of-band connection setup".into()))?;
         let props = devs.iter().map(|d| d.props()).collect();
-        Ok(IbNet { devs, props, oob, cc: Arc::new(ConnCfg::from_config(cfg)) })
+        let cc = Arc::new(ConnCfg::from_config(cfg));
+        let dev_cc = devs
+            .iter()
+            .map(|d| if gdr::flush_needed(d, &cc) && !cc.flush { Arc::new(ConnCfg { flush: true, ..(*cc).clone() }) } else { cc.clone() })
+            .collect();
+        Ok(IbNet { devs, props, oob, cc, dev_cc })
     }
 
     /// The ports in use.
@@ -79,9 +90,21 @@ impl IbNet {
     }
 
     /// Access rights of receive-buffer registrations: the peer writes them,
-    /// and the flush QP reads them when flushes are forced.
+    /// and the flush QP reads them where flushes happen (forced, or any
+    /// device with GPUDirect on). [`IbNet::recv_access_on`] is per device.
     pub fn recv_access(&self) -> Access {
-        if self.cc.flush {
+        if self.dev_cc.iter().any(|c| c.flush) {
+            Access::REMOTE_WRITE.with(Access::REMOTE_READ)
+        } else {
+            Access::REMOTE_WRITE
+        }
+    }
+
+    /// Access rights of receive-buffer registrations on `dev`: the peer
+    /// writes them, and the flush QP reads them when that device flushes
+    /// (GPUDirect on, or forced).
+    pub fn recv_access_on(&self, dev: usize) -> Access {
+        if self.dev_cc.get(dev).is_some_and(|c| c.flush) {
             Access::REMOTE_WRITE.with(Access::REMOTE_READ)
         } else {
             Access::REMOTE_WRITE
@@ -96,29 +119,40 @@ impl IbNet {
     /// Listen on `dev`.
     pub fn listen(&self, dev: usize) -> Result<(IbListen, Handle)> {
         let d = self.dev(dev)?;
-        IbListen::new(d, &self.cc, self.oob.addr)
+        IbListen::new(d, &self.dev_cc[dev], self.oob.addr)
     }
 
     /// Start connecting from `dev` to the listener in `h`.
     pub fn connect(&self, dev: usize, h: &Handle, traffic_class: Option<i32>) -> Result<IbConnecting> {
         let d = self.dev(dev)?;
-        IbConnecting::start(d, &self.cc, h, traffic_class)
+        IbConnecting::start(d, &self.dev_cc[dev], h, traffic_class)
     }
 
-    /// Register host memory on `dev` with `access`.
+    /// Register host memory, or CUDA memory where peer memory makes
+    /// `ibv_reg_mr` work on it (else the error gives the device's reason), on
+    /// `dev` with `access`.
     ///
     /// # Safety
     /// `buf` must stay mapped until the returned registration is dropped.
     pub unsafe fn reg_mr(&self, dev: usize, buf: RawBuf, kind: MemKind, access: Access) -> Result<IbMr> {
-        if kind != MemKind::Host {
-            return Err(Error::Usage(format!(
-                "the verbs transport registers host memory only in this build (ptrSupport=HOST), but NCCL registered {kind:?} memory at {:p}",
-                buf.ptr
-            )));
-        }
         let d = self.dev(dev)?;
+        d.gdr.check_reg(kind, buf.ptr, buf.len)?;
         // SAFETY: forwarded from our caller.
         unsafe { d.mrs.register(dev, buf.ptr, buf.len, access) }
+    }
+
+    /// Register the dma-buf `fd` (from `offset`) behind `buf` on `dev`
+    /// (NCCL's regMrDmaBuf); refused with the device's reason when its
+    /// ptrSupport lacks DMABUF. `fd` may be closed once this returns.
+    ///
+    /// # Safety
+    /// The memory behind `fd` must stay allocated until the returned
+    /// registration is dropped.
+    pub unsafe fn reg_mr_dmabuf(&self, dev: usize, buf: RawBuf, fd: i32, offset: u64, access: Access) -> Result<IbMr> {
+        let d = self.dev(dev)?;
+        d.gdr.check_dmabuf(buf.ptr, buf.len, fd)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { d.mrs.register_dmabuf(dev, buf.ptr, buf.len, fd, offset, access) }
     }
 
     /// One line per device for the init log.

@@ -4,6 +4,14 @@
 //! many comms pins it once. Remote
 //! write access only where a peer writes (receive buffers).
 //!
+//! Three kinds of memory go through it: host memory and CUDA memory by
+//! virtual address (`ibv_reg_mr`; CUDA needs a peer-memory client), and
+//! dma-buf registrations (`ibv_reg_dmabuf_mr`, iova = the buffer's address).
+//! A dma-buf entry is keyed by its address range too, never by its fd (NCCL
+//! closes the fd right after regMrDmaBuf, and the number is reused): it is
+//! reused only for a dma-buf registration of the exact same range, never for
+//! a VA registration or a different range.
+//!
 //! The cache lock is taken on regMr/deregMr only, never on the data path.
 use std::sync::Arc;
 
@@ -17,6 +25,8 @@ const PAGE: usize = 4096;
 struct Entry {
     start: usize,
     end: usize,
+    /// Registered through a dma-buf (else by virtual address).
+    dmabuf: bool,
     mr: Arc<Mr>,
     refs: usize,
 }
@@ -78,7 +88,7 @@ impl MrCache {
         // range may have been unmapped and mapped again (glibc trims and
         // regrows the heap) since it was registered, so the NIC would reach
         // the old pages: seen as corrupted receives over rxe.
-        if let Some(e) = g.iter_mut().find(|e| e.start == start && end == e.end && e.mr.access().covers(access)) {
+        if let Some(e) = g.iter_mut().find(|e| !e.dmabuf && e.start == start && end == e.end && e.mr.access().covers(access)) {
             e.refs += 1;
             return Ok(IbMr { cache: self.clone(), mr: Some(e.mr.clone()), dev });
         }
@@ -86,7 +96,39 @@ impl MrCache {
         // page-rounded range around it lies in the same mappings (pages are
         // the unit of mapping).
         let mr = Arc::new(unsafe { self.pd.reg_mr(start as *mut u8, end - start, access)? });
-        g.push(Entry { start, end, mr: mr.clone(), refs: 1 });
+        g.push(Entry { start, end, dmabuf: false, mr: mr.clone(), refs: 1 });
+        Ok(IbMr { cache: self.clone(), mr: Some(mr), dev })
+    }
+
+    /// Register (or reuse the dma-buf registration of the exact same range)
+    /// `[ptr, ptr+len)` backed by the dma-buf `fd` from `offset`, as net_ib
+    /// does: the page-rounded range, iova = its start, `offset` as given (NCCL's
+    /// fd covers the page-rounded range and it passes offset 0). `fd` may be
+    /// closed as soon as this returns.
+    ///
+    /// # Safety
+    /// The memory behind the dma-buf must stay allocated until the returned
+    /// handle is dropped (NCCL's contract: the buffer outlives deregMr).
+    pub unsafe fn register_dmabuf(self: &Arc<Self>, dev: usize, ptr: *mut u8, len: usize, fd: i32, offset: u64, access: Access) -> Result<IbMr> {
+        if len == 0 {
+            return Ok(IbMr { cache: self.clone(), mr: None, dev });
+        }
+        if ptr.is_null() {
+            return Err(Error::InvalidArg(format!("regMrDmaBuf of {len} bytes at NULL (fd {fd})")));
+        }
+        if fd < 0 {
+            return Err(Error::InvalidArg(format!("regMrDmaBuf({ptr:p}, {len} bytes): fd {fd} is not a dma-buf file descriptor")));
+        }
+        let (start, end) = page_range(ptr as usize, len);
+        let mut g = self.entries.lock();
+        if let Some(e) = g.iter_mut().find(|e| e.dmabuf && e.start == start && end == e.end && e.mr.access().covers(access)) {
+            e.refs += 1;
+            return Ok(IbMr { cache: self.clone(), mr: Some(e.mr.clone()), dev });
+        }
+        // SAFETY: forwarded from our caller; the kernel takes its own
+        // reference on the dma-buf, so closing fd later is fine.
+        let mr = Arc::new(unsafe { self.pd.reg_dmabuf_mr(offset, end - start, start as u64, fd, access)? });
+        g.push(Entry { start, end, dmabuf: true, mr: mr.clone(), refs: 1 });
         Ok(IbMr { cache: self.clone(), mr: Some(mr), dev })
     }
 

@@ -521,6 +521,54 @@ impl Pd {
         let (lkey, rkey) = unsafe { ((*p).lkey, (*p).rkey) };
         Ok(Mr { ptr: p, pd: self.clone(), addr, len, lkey, rkey, access })
     }
+
+    /// NCCL's dma-buf probe on this PD: `ibv_reg_dmabuf_mr(pd, 0, 0, 0,
+    /// fd=-1, 0)`. EOPNOTSUPP / EPROTONOSUPPORT mean the device (provider or
+    /// kernel driver) cannot; any other failure (EBADF for the bad fd) means
+    /// it can. No symbol (rdma-core < 34) is its own answer.
+    pub fn probe_dmabuf(&self) -> crate::gpu::DmabufProbe {
+        use crate::gpu::DmabufProbe;
+        let Some(f) = self.0.ctx.0.lib.reg_dmabuf_mr else { return DmabufProbe::NoSymbol };
+        // SAFETY: live PD; fd -1 names no memory, so nothing can be registered
+        // (a provider that returns an MR anyway gets it deregistered below).
+        let p = unsafe { f(self.0.ptr, 0, 0, 0, -1, 0) };
+        if !p.is_null() {
+            // SAFETY: p is a fresh MR from this PD, deregistered once.
+            unsafe { (self.0.ctx.0.lib.dereg_mr)(p) };
+            return DmabufProbe::Supported;
+        }
+        match Errno::last().0 {
+            e if e == libc::EOPNOTSUPP || e == libc::EPROTONOSUPPORT => DmabufProbe::Refused(e),
+            _ => DmabufProbe::Supported,
+        }
+    }
+
+    /// `ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access)`: register
+    /// `len` bytes of the dma-buf `fd` from `offset`, addressed by the NIC as
+    /// `[iova, iova+len)` (NCCL passes the buffer's virtual address, so keys
+    /// work with ordinary pointers). The MR holds its own reference on the
+    /// dma-buf: the caller may close `fd` right after (NCCL does).
+    ///
+    /// # Safety
+    /// The dma-buf's memory must stay allocated while the returned [`Mr`]
+    /// lives (the exporter may move it; the kernel re-pins it for the MR).
+    pub unsafe fn reg_dmabuf_mr(&self, offset: u64, len: usize, iova: u64, fd: i32, access: Access) -> Result<Mr> {
+        let lib = self.0.ctx.0.lib;
+        let Some(f) = lib.reg_dmabuf_mr else {
+            return Err(Error::Usage(format!("{LIBIBVERBS} lacks ibv_reg_dmabuf_mr (rdma-core < 34): cannot register dma-buf fd {fd}")));
+        };
+        // SAFETY: live PD; the kernel validates fd, offset and len against the dma-buf.
+        let p = unsafe { f(self.0.ptr, offset, len, iova, fd, access.0 as c_int) };
+        if p.is_null() {
+            return Err(Error::sys(
+                format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes, iova {iova:#x}, access {:#x}) on {}", access.0, self.0.ctx.name()),
+                Errno::last(),
+            ));
+        }
+        // SAFETY: p is a fresh MR.
+        let (lkey, rkey) = unsafe { ((*p).lkey, (*p).rkey) };
+        Ok(Mr { ptr: p, pd: self.clone(), addr: iova as *mut u8, len, lkey, rkey, access })
+    }
 }
 
 // ---------------------------------------------------------------- MR
