@@ -236,6 +236,66 @@ impl KnobValue for NameList {
     }
 }
 
+/// An address range in CIDR form (`NCCL_IB_ADDR_RANGE`): `10.1.0.0/16`,
+/// `fd00::/8`; empty means no restriction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AddrRange(pub Option<(std::net::IpAddr, u8)>);
+
+impl AddrRange {
+    /// True when a range was given.
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The family of the range, when set.
+    pub fn family(&self) -> Option<Family> {
+        self.0.map(|(a, _)| if a.is_ipv4() { Family::V4 } else { Family::V6 })
+    }
+
+    /// Is `ip` inside (always true when no range is set)? An IPv4-mapped
+    /// IPv6 address (`::ffff:a.b.c.d`) counts as its IPv4 address.
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let Some((net, len)) = self.0 else { return true };
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len as u32) };
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for AddrRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some((a, l)) => write!(f, "{a}/{l}"),
+            None => f.write_str("(any)"),
+        }
+    }
+}
+
+impl KnobValue for AddrRange {
+    fn parse_knob(s: &str) -> Option<Self> {
+        if s.is_empty() {
+            return Some(AddrRange(None));
+        }
+        let (a, l) = s.split_once('/')?;
+        let a: std::net::IpAddr = a.trim().parse().ok()?;
+        let l: u8 = l.trim().parse().ok()?;
+        (l <= if a.is_ipv4() { 32 } else { 128 }).then_some(AddrRange(Some((a, l))))
+    }
+}
+
 /// Whether GPU memory is offered over verbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GdrChoice {
@@ -302,14 +362,18 @@ knobs! {
     ib_roce_version: Int<1, 2> = "NCCL_IB_ROCE_VERSION_NUM", default "2", accepts "1 or 2";
     /// Address family the GID auto-selection prefers.
     ib_addr_family: Family = "NCCL_IB_ADDR_FAMILY", default "AF_INET", accepts "AF_INET or AF_INET6";
+    /// RoCE GID auto-selection uses only GIDs inside this CIDR range (IPv4 `10.1.0.0/16` or IPv6 `fd00::/8`; its family then wins over NCCL_IB_ADDR_FAMILY). Empty: no restriction.
+    ib_addr_range: AddrRange = "NCCL_IB_ADDR_RANGE", default "", accepts "empty, or a CIDR range a.b.c.d/n or ipv6/n";
     /// Verbs ACK timeout exponent: 4.096 us * 2^value.
     ib_timeout: Int<1, 31> = "NCCL_IB_TIMEOUT", default "20", accepts "an integer 1..31";
     /// Verbs transport retry count.
     ib_retry_cnt: Int<0, 7> = "NCCL_IB_RETRY_CNT", default "7", accepts "an integer 0..7";
     /// InfiniBand partition key index.
     ib_pkey: Int<0, 65535> = "NCCL_IB_PKEY", default "0", accepts "an integer 0..65535";
-    /// Traffic class (RoCE: the GRH traffic class, i.e. DSCP << 2); -1: the communicator's, else 0.
+    /// Traffic class of the data QPs (RoCE: the GRH traffic class, i.e. DSCP << 2, the IPv4 TOS byte). When set it wins over the communicator's traffic class (ABI v10 `connect`, as NCCL 2.26+); -1: the communicator's, else 0. The sender chooses; the receiver follows it.
     ib_tc: Int<-1, 255> = "NCCL_IB_TC", default "-1", accepts "-1 or 0..255";
+    /// Traffic class of the receiver's QPs, which carry its CTS (clear-to-send) writes, so control messages can ride a higher-priority class (RoCE only); -1: the data traffic class.
+    ib_fifo_tc: Int<-1, 255> = "NCCL_IB_FIFO_TC", default "-1", accepts "-1 or 0..255";
     /// Service level; -1: 0.
     ib_sl: Int<-1, 15> = "NCCL_IB_SL", default "-1", accepts "-1 or 0..15";
     /// Queue pairs per connection.
@@ -410,6 +474,25 @@ mod tests {
         let names = vec!["mlx5_1".to_string(), "mlx5_10".to_string(), "mlx5_0".to_string()];
         assert_eq!(l.ambiguous_prefixes(&names), vec!["mlx5_1"]);
         assert!(NameList::parse_knob("").unwrap().accepts("anything", Some(3)));
+    }
+
+    #[test]
+    fn addr_range_cidr() {
+        let r = AddrRange::parse_knob("10.199.5.0/24").unwrap();
+        assert!(r.contains("10.199.5.7".parse().unwrap()) && !r.contains("10.199.0.1".parse().unwrap()));
+        assert!(r.contains("::ffff:10.199.5.1".parse().unwrap()) && !r.contains("fd99::1".parse().unwrap()));
+        assert_eq!(r.family(), Some(Family::V4));
+        assert_eq!(r.to_string(), "10.199.5.0/24");
+        let r = AddrRange::parse_knob("fd99::/16").unwrap();
+        assert!(r.contains("fd99:1::5".parse().unwrap()) && !r.contains("fd98::1".parse().unwrap()));
+        assert!(!r.contains("10.0.0.1".parse().unwrap()));
+        assert!(AddrRange::parse_knob("0.0.0.0/0").unwrap().contains("1.2.3.4".parse().unwrap()));
+        assert!(!AddrRange::parse_knob("").unwrap().is_set());
+        for bad in ["10.0.0.0", "10.0.0.0/33", "fd00::/129", "x/8"] {
+            assert!(AddrRange::parse_knob(bad).is_none(), "{bad}");
+        }
+        let e = cfg(&[("NCCL_IB_ADDR_RANGE", "10.0.0.0")]).unwrap_err().to_string();
+        assert!(e.contains("NCCL_IB_ADDR_RANGE") && e.contains("CIDR"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, Family, KnobValue, NameList};
+use crate::config::{Config, KnobValue, NameList};
+use crate::transport::ib::gid::GidTable as _;
 use crate::transport::ib::{device, gid};
 
 /// Outcome of one check.
@@ -283,39 +284,36 @@ pub fn run(o: &Opts) -> Report {
             r.add("rdma", label, Status::Warn, format!("{detail}: not ACTIVE, the plugin skips it"), "check the cable/switch port (ibstat, ip link) or exclude it with NCCL_IB_HCA");
         }
     }
-    // ---- GIDs (RoCE)
+    // ---- GIDs (RoCE): the plugin's own choice (gid::choose), with its reason
     for p in ports.iter_mut().filter(|p| p.selected && p.link_layer == "Ethernet") {
         let label = format!("{}:{}", p.dev, p.port);
-        let len = p.gids.iter().map(|g| g.index + 1).max().unwrap_or(0);
+        let len = gid::SysfsGids::sysfs_len(&o.sysfs, &p.dev, p.port);
         let table = gid::SysfsGids::new(&o.sysfs, &p.dev, p.port, len);
         let forced = cfg.ib_gid_index.get();
-        let family = if cfg.ib_addr_family == Family::V6 { Family::V6 } else { Family::V4 };
-        let pick = if forced >= 0 { Ok(forced as u32) } else { gid::select_roce(&table, family, cfg.ib_roce_version.get() as u8) };
-        match pick {
-            Ok(i) => {
-                let row = p.gids.iter().find(|g| g.index == i);
-                let ll = p.gids.iter().filter(|g| g.gid.starts_with("fe80:")).count();
-                let (status, why, fix) = match row {
-                    None => (Status::Fail, format!("GID index {i} is empty on this node"), "unset NCCL_IB_GID_INDEX (automatic choice) or configure an address on the netdev".to_string()),
-                    Some(g) if g.gid.starts_with("fe80:") => (Status::Warn, format!("{} {} is link-local: not routable", g.gid, g.kind), "assign an IPv4 address to the netdev so an IPv4 RoCE v2 GID appears".into()),
-                    Some(g) if g.kind == "?" => (Status::Warn, format!("{} type unreadable (GID not mapped into this container?)", g.gid), "check the container's network namespace".into()),
-                    Some(g) => {
-                        let fam = if g.gid.starts_with("::ffff:") { "IPv4" } else { "IPv6" };
-                        let how = if forced >= 0 { "forced by NCCL_IB_GID_INDEX".to_string() } else { format!("{fam} {} preferred", g.kind) };
-                        (Status::Pass, format!("{} {}: {how}; skipped {ll} link-local", g.gid, g.kind), String::new())
-                    }
-                };
-                if let Some(g) = row {
-                    if let Some(nd) = &g.ndev {
-                        if !o.sysfs.join("class/net").join(nd).exists() {
-                            r.add("gid", format!("{label} GID {i} netdev"), Status::Warn, format!("{nd} is not in this network namespace"), "run in the namespace that owns the RoCE netdev (macvlan/SR-IOV: pass the VF/netdev into the pod)");
-                        }
+        let prefs = gid::Prefs {
+            family: Some(cfg.ib_addr_family),
+            version: cfg.ib_roce_version.get() as u8,
+            range: cfg.ib_addr_range,
+            forced: (forced >= 0).then_some(forced as u32),
+        };
+        match gid::choose(&table, &label, &prefs) {
+            Ok(c) => {
+                if let Some(nd) = &c.ndev {
+                    if table.netdev_state(nd) == gid::NetdevState::Invisible {
+                        r.add("gid", format!("{label} GID {} netdev", c.index), Status::Warn, format!("{nd} is not in this network namespace"), "run in the namespace that owns the RoCE netdev (macvlan/SR-IOV: pass the VF/netdev into the pod)");
                     }
                 }
-                r.add("gid", format!("{label} GID {i}"), status, why.clone(), fix);
-                p.choice = Some((i, why));
+                let (status, fix) = match &c.concern {
+                    Some(f) => (Status::Warn, f.clone()),
+                    None => (Status::Pass, String::new()),
+                };
+                r.add("gid", format!("{label} GID {}", c.index), status, c.detail(), fix);
+                p.choice = Some((c.index, c.reason()));
             }
-            Err(e) => r.add("gid", format!("{label} GID"), Status::Fail, e.to_string(), "check the GID table (show_gids) and NCCL_IB_GID_INDEX"),
+            Err(e) => r.add("gid", format!("{label} GID"), Status::Fail, match e {
+                crate::Error::Usage(m) => m,
+                e => e.to_string(),
+            }, "check the GID table (show_gids), NCCL_IB_GID_INDEX and NCCL_IB_ADDR_RANGE"),
         }
         if forced >= 0 {
             r.add("env", "NCCL_IB_GID_INDEX", Status::Warn, format!("set to {forced}: GID indices differ between nodes and move when addresses change"), "unset it: librustnet picks the IPv4 RoCE v2 GID per connection");
@@ -372,6 +370,13 @@ pub fn run(o: &Opts) -> Report {
                     .map(|d| format!("{} ({} Mbps{})", d.name.to_string_lossy(), d.speed_mbps, d.pci_path.map(|x| format!(", {}", x.to_string_lossy())).unwrap_or_default()))
                     .collect();
                 r.add("plugin", "transport", Status::Pass, format!("{}: {}", p.transport_name(), devs.join(", ")), "");
+                // Per-device GPUDirect decisions, made (and the dma-buf probe run)
+                // by the init above on the devices it opened: no second open.
+                for g in crate::transport::ib::gdr::decisions() {
+                    let on = g.decision.ptr_support != crate::transport::PTR_HOST;
+                    let status = if on || r.gpus.is_empty() { Status::Pass } else { Status::Warn };
+                    r.add("plugin", format!("{} GPUDirect", g.dev), status, g.describe(), "see the GPUDirect RDMA section (nvidia-peermem, CUDA driver, rdma-core >= 34 for dma-buf)");
+                }
             }
             Err(e) => r.add("plugin", "transport", Status::Fail, format!("init fails: {e}"), "fix the cause above; NCCL would fall back to its own network"),
         }

@@ -82,7 +82,7 @@ fn doctor(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (String, i32) {
 fn connectx_table_picks_ipv4_roce_v2_and_explains() {
     let t = fixture("cx");
     let (out, _) = doctor(&t.0, &[], &[]);
-    assert!(out.contains("[PASS] mlx5_0:1 GID 3: ::ffff:10.0.0.1 RoCE v2: IPv4 RoCE v2 preferred; skipped 2 link-local"), "{out}");
+    assert!(out.contains("[PASS] mlx5_0:1 GID 3: ::ffff:10.0.0.1 RoCE v2 on eth2: IPv4 v2 preferred; skipped 2 link-local"), "{out}");
     assert!(out.contains("[WARN] mlx5_1:1:") && out.contains("not ACTIVE"), "{out}");
     assert!(out.contains("0000:03:00.0") && out.contains("nearest NIC mlx5_0"), "{out}");
     assert!(out.contains("nvidia-peermem not loaded"), "{out}");
@@ -109,7 +109,7 @@ fn prefix_pitfall_and_forced_bad_index() {
     let (out, code) = doctor(&t.0, &[], &[("NCCL_IB_HCA", "mlx5_1"), ("NCCL_IB_GID_INDEX", "7")]);
     assert!(out.contains("NCCL_IB_HCA prefix") && out.contains("mlx5_10") && out.contains("NCCL_IB_HCA==mlx5_1"), "{out}");
     assert!(out.contains("excluded by NCCL_IB_HCA"), "{out}");
-    assert!(out.contains("[FAIL] mlx5_10:1 GID 7: GID index 7 is empty on this node"), "{out}");
+    assert!(out.contains("[FAIL] mlx5_10:1 GID: NCCL_IB_GID_INDEX=7: GID index 7 on mlx5_10:1 is empty; usable: 0 fe80::1 RoCE v1 eth4 link-local"), "{out}");
     assert_eq!(code, 2);
     let (out, code) = doctor(&t.0, &[], &[("NCCL_SOCKET_FAMILY", "AF_DECnet")]);
     assert!(out.contains("[FAIL] knob values") && out.contains("NCCL_SOCKET_FAMILY"), "{out}");

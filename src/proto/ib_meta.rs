@@ -15,7 +15,9 @@
 //!  18 tc      u8   traffic class the sender chose (receiver follows it)
 //!  19 sl      u8   service level the sender chose
 //!  20 split   u8   1: messages are split across all QPs
-//!  21 -       [u8; 3]
+//!  21 family  u8   address family of the GID: 4, 6 (RoCE); 0 unknown / InfiniBand
+//!  22 rocever u8   RoCE version of the GID: 1, 2; 0 unknown / InfiniBand
+//!  23 -       u8
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
@@ -57,6 +59,10 @@ pub struct Meta {
     pub split: bool,
     /// GID.
     pub gid: [u8; 16],
+    /// Address family of the GID (4, 6; 0 = unknown or InfiniBand).
+    pub family: u8,
+    /// RoCE version of the GID (1, 2; 0 = unknown or InfiniBand).
+    pub roce_version: u8,
     /// FIFO (sender) or sizes area (receiver).
     pub addr: u64,
     /// Its rkey.
@@ -81,6 +87,8 @@ impl Meta {
         b[18] = self.tc;
         b[19] = self.sl;
         b[20] = self.split as u8;
+        b[21] = self.family;
+        b[22] = self.roce_version;
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
@@ -110,6 +118,12 @@ impl Meta {
         if !(1..=5).contains(&b[12]) {
             return Err(format!("peer announces MTU code {}", b[12]));
         }
+        if !matches!(b[21], 0 | 4 | 6) {
+            return Err(format!("peer announces address family {}", b[21]));
+        }
+        if b[22] > 2 {
+            return Err(format!("peer announces RoCE version {}", b[22]));
+        }
         let name_end = b[56..88].iter().position(|&c| c == 0).unwrap_or(32);
         Ok(Meta {
             qpns: (0..nqps).map(|i| u32::from_le_bytes(b[88 + 4 * i..92 + 4 * i].try_into().unwrap())).collect(),
@@ -122,6 +136,8 @@ impl Meta {
             sl: b[19],
             split: b[20] != 0,
             gid: b[24..40].try_into().unwrap(),
+            family: b[21],
+            roce_version: b[22],
             addr: u64::from_le_bytes(b[40..48].try_into().unwrap()),
             rkey: u32::from_le_bytes(b[48..52].try_into().unwrap()),
             name: String::from_utf8_lossy(&b[56..56 + name_end]).into_owned(),
@@ -150,6 +166,8 @@ mod tests {
             sl: 3,
             split: true,
             gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 199, 0, 1],
+            family: 4,
+            roce_version: 2,
             addr: 0xdead_beef_0000,
             rkey: 0x1234,
             name: "rxe0".into(),
@@ -160,6 +178,8 @@ mod tests {
     fn roundtrip() {
         let m = sample();
         assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
+        let b = m.encode();
+        assert_eq!((b[21], b[22]), (4, 2), "family and RoCE version at their offsets");
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_bytes(5), 4096);
     }
@@ -178,5 +198,11 @@ mod tests {
         let mut b = sample().encode();
         b[12] = 9;
         assert!(Meta::decode(&b).is_err());
+        let mut b = sample().encode();
+        b[21] = 5;
+        assert!(Meta::decode(&b).unwrap_err().contains("address family 5"));
+        let mut b = sample().encode();
+        b[22] = 3;
+        assert!(Meta::decode(&b).unwrap_err().contains("RoCE version 3"));
     }
 }

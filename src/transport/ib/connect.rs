@@ -21,7 +21,7 @@ use super::device::{IbDev, LINK_ETH};
 use super::gid::{self, SysfsGids};
 use super::p2p::{RecvComm, SendComm};
 use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
-use crate::config::{Config, Family};
+use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
 use crate::proto::handle::{Handle, HandleKind};
@@ -44,6 +44,8 @@ pub struct ConnCfg {
     pub pkey: u16,
     /// NCCL_IB_TC (-1 = the communicator's, else 0).
     pub tc: i32,
+    /// NCCL_IB_FIFO_TC: traffic class of the receiver's QPs (its CTS writes); -1 = the data TC.
+    pub fifo_tc: i32,
     /// NCCL_IB_SL (-1 = 0).
     pub sl: i32,
     /// NCCL_IB_GID_INDEX (-1 = auto).
@@ -52,6 +54,8 @@ pub struct ConnCfg {
     pub family: Family,
     /// NCCL_IB_ROCE_VERSION_NUM.
     pub roce_version: u8,
+    /// NCCL_IB_ADDR_RANGE.
+    pub addr_range: AddrRange,
     /// NCCL_IB_USE_INLINE.
     pub use_inline: bool,
     /// iflush posts a loopback RDMA READ even for host memory
@@ -71,10 +75,12 @@ impl ConnCfg {
             retry_cnt: cfg.ib_retry_cnt.get() as u8,
             pkey: cfg.ib_pkey.get() as u16,
             tc: cfg.ib_tc.get() as i32,
+            fifo_tc: cfg.ib_fifo_tc.get() as i32,
             sl: cfg.ib_sl.get() as i32,
             gid_index: cfg.ib_gid_index.get(),
             family: cfg.ib_addr_family,
             roce_version: cfg.ib_roce_version.get() as u8,
+            addr_range: cfg.ib_addr_range,
             use_inline: cfg.ib_use_inline.get() == 1,
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: StreamCfg { nstreams: 1, ..StreamCfg::from_config(cfg) },
@@ -93,6 +99,30 @@ pub struct LocalAddr {
     pub gid: [u8; 16],
     /// GID index.
     pub gid_index: u8,
+    /// Address family of the GID (RoCE: 4 or 6; 0 on InfiniBand).
+    pub family: u8,
+    /// RoCE version of the GID (1, 2; 0 when unknown or InfiniBand).
+    pub roce_version: u8,
+}
+
+/// The GID selection preferences of `cc`.
+pub fn gid_prefs(cc: &ConnCfg) -> gid::Prefs {
+    gid::Prefs {
+        family: Some(cc.family),
+        version: cc.roce_version,
+        range: cc.addr_range,
+        forced: (cc.gid_index >= 0).then_some(cc.gid_index as u32),
+    }
+}
+
+/// Choose the GID of `dev` for a new connection from a fresh read of its
+/// table (RoCE), with the reason; the choice is recorded per port and logged
+/// at INFO when it is new or changed.
+pub fn choose_gid(dev: &IbDev, gid_tbl_len: u32, cc: &ConnCfg) -> Result<gid::GidChoice> {
+    let t = SysfsGids::new(std::path::Path::new("/sys"), &dev.dev_name, dev.port, gid_tbl_len);
+    let c = gid::choose(&t, &format!("{}:{}", dev.dev_name, dev.port), &gid_prefs(cc))?;
+    gid::remember(&c);
+    Ok(c)
 }
 
 /// Query the port and choose the GID for a new connection.
@@ -101,26 +131,71 @@ pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
     if pa.state != super::ffi::IBV_PORT_ACTIVE {
         return Err(Error::Usage(format!("{} is {} now (was ACTIVE at init)", dev.describe(), super::device::port_state_name(pa.state))));
     }
-    let index = if cc.gid_index >= 0 {
-        cc.gid_index as u32
-    } else if dev.link_layer == LINK_ETH {
-        let t = SysfsGids::new(std::path::Path::new("/sys"), &dev.dev_name, dev.port, pa.gid_tbl_len.max(0) as u32);
-        gid::select_roce(&t, cc.family, cc.roce_version)?
-    } else {
-        0
+    let mtu = pa.active_mtu.clamp(1, 5) as u8;
+    if dev.link_layer != LINK_ETH {
+        // InfiniBand: GID 0 (LID routing inside the subnet)
+        let g = dev.ctx.query_gid(dev.port, 0)?;
+        return Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: 0, family: 0, roce_version: 0 });
+    }
+    // The verbs stack's own view of the entry: sysfs and it agree unless the
+    // table changed in between; then choose again, once.
+    let mut again = true;
+    let (c, g) = loop {
+        let c = choose_gid(dev, pa.gid_tbl_len.max(0) as u32, cc)?;
+        let g = dev.ctx.query_gid(dev.port, c.index)?;
+        if g == c.gid {
+            break (c, g);
+        }
+        if !again {
+            return Err(Error::Usage(format!(
+                "{}: GID {} changed while it was chosen (sysfs {}, verbs {}): the address table is moving",
+                dev.describe(),
+                c.index,
+                gid::show(&c.gid),
+                gid::show(&g)
+            )));
+        }
+        again = false;
     };
-    let g = dev.ctx.query_gid(dev.port, index)?;
-    if dev.link_layer == LINK_ETH && g.iter().all(|&b| b == 0) {
-        return Err(Error::Usage(format!(
-            "{}: GID index {index} is empty{}",
-            dev.describe(),
-            if cc.gid_index >= 0 { " (NCCL_IB_GID_INDEX)" } else { "; does the interface of this RoCE port have an IP address?" }
-        )));
+    Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: c.index as u8, family: c.family_code(), roce_version: c.version.unwrap_or(0) })
+}
+
+fn family_text(code: u8) -> &'static str {
+    match code {
+        4 => "IPv4",
+        6 => "IPv6",
+        _ => "?",
     }
-    if index > 255 {
-        return Err(Error::Usage(format!("{}: GID index {index} does not fit the address handle (max 255)", dev.describe())));
+}
+
+/// Both ends of a RoCE connection must use GIDs of one address family and
+/// one RoCE version; the error names both GIDs.
+pub fn check_peer_gid(dev: &IbDev, local: &LocalAddr, remote: &Meta) -> Result<()> {
+    if dev.link_layer != LINK_ETH {
+        return Ok(());
     }
-    Ok(LocalAddr { mtu: pa.active_mtu.clamp(1, 5) as u8, lid: pa.lid, gid: g, gid_index: index as u8 })
+    let fam_differs = local.family != 0 && remote.family != 0 && local.family != remote.family;
+    let ver_differs = local.roce_version != 0 && remote.roce_version != 0 && local.roce_version != remote.roce_version;
+    if !fam_differs && !ver_differs {
+        return Ok(());
+    }
+    let what = if fam_differs { "address families" } else { "RoCE versions" };
+    Err(Error::Usage(format!(
+        "RoCE GID mismatch ({what} differ): this end uses {}:{} GID {} {} ({}, RoCE v{}), the peer uses {}:{} GID {} {} ({}, RoCE v{}); \
+         set the same NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM and NCCL_IB_ADDR_RANGE (or none) on every rank",
+        dev.dev_name,
+        dev.port,
+        local.gid_index,
+        gid::show(&local.gid),
+        family_text(local.family),
+        local.roce_version,
+        remote.name,
+        remote.port,
+        remote.gid_index,
+        gid::show(&remote.gid),
+        family_text(remote.family),
+        remote.roce_version
+    )))
 }
 
 /// RTR parameters toward `remote` (MTU = the smaller of both ends).
@@ -195,6 +270,8 @@ impl Setup {
             sl,
             split,
             gid: self.local.gid,
+            family: self.local.family,
+            roce_version: self.local.roce_version,
             addr: self.region.addr() as u64,
             rkey: self.region.rkey(),
             name: self.dev.dev_name.clone(),
@@ -211,6 +288,7 @@ pub(super) fn connect_qps(dev: &IbDev, local: &LocalAddr, qps: Vec<Qp<Init>>, re
             qps.len()
         )));
     }
+    check_peer_gid(dev, local, remote)?;
     let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
     let mut out = Vec::with_capacity(qps.len());
     for (i, q) in qps.into_iter().enumerate() {
@@ -250,11 +328,25 @@ pub(super) fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &
     Ok(true)
 }
 
-/// The traffic class and service level a sender uses (the receiver follows).
+/// The traffic class and service level a sender uses for its (data) QPs.
+/// Precedence as in NCCL 2.26+: `NCCL_IB_TC` when set, else the
+/// communicator's traffic class (ABI v10 `connect`), else 0; `NCCL_IB_SL`
+/// when set, else 0. Both travel in the metadata and the receiver follows
+/// them (its traffic class only unless `NCCL_IB_FIFO_TC` is set).
 pub fn choose_tc_sl(cc: &ConnCfg, comm_tc: Option<i32>) -> (u8, u8) {
     let tc = if cc.tc >= 0 { cc.tc } else { comm_tc.filter(|&t| (0..=255).contains(&t)).unwrap_or(0) };
     let sl = if cc.sl >= 0 { cc.sl } else { 0 };
     (tc as u8, sl as u8)
+}
+
+/// The traffic class of the receiver's QPs, which carry its CTS writes:
+/// `NCCL_IB_FIFO_TC` when set (RoCE only, as NCCL), else the sender's.
+pub fn receiver_tc(cc: &ConnCfg, link_layer: u8, sender_tc: u8) -> u8 {
+    if cc.fifo_tc >= 0 && link_layer == LINK_ETH {
+        cc.fifo_tc as u8
+    } else {
+        sender_tc
+    }
 }
 
 // ---------------------------------------------------------------- connect
@@ -399,9 +491,19 @@ impl IbListen {
             )));
         }
         let setup = Setup::new(&self.dev, &self.cc, false)?;
+        if let Err(e) = check_peer_gid(&self.dev, &setup.local, remote) {
+            // Tell the sender who we are before failing, so that it fails
+            // with the same message naming both GIDs (one short write; the
+            // socket buffer holds it).
+            let tx = setup.meta(0, 0, remote.split).encode();
+            let mut sent = 0;
+            let _ = write_some(&sock, &tx, &mut sent, &peer, "connection metadata");
+            return Err(e);
+        }
         let mut cc = (*self.cc).clone();
         cc.split = remote.split;
-        let qps = connect_qps(&self.dev, &setup.local, setup.qps, remote, remote.tc, remote.sl, &cc)?;
+        let tc = receiver_tc(&self.cc, self.dev.link_layer, remote.tc);
+        let qps = connect_qps(&self.dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)?;
         let setup = Setup { qps: Vec::new(), ..setup };
         RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote)
     }

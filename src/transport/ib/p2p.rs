@@ -685,6 +685,8 @@ impl RecvComm {
             sl: 0,
             split: self.link.cc.split,
             gid: self.local.gid,
+            family: self.local.family,
+            roce_version: self.local.roce_version,
             addr: self.sizes_mem.addr() as u64,
             rkey: self.sizes_mem.rkey(),
             name: self.link.dev.dev_name.clone(),
