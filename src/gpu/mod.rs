@@ -44,6 +44,22 @@ pub enum DmabufProbe {
     Supported,
 }
 
+/// `EOPNOTSUPP (errno 95)`: the symbolic name for the errnos the dma-buf
+/// probe and registration give, else the system's text.
+pub fn errno_name(e: i32) -> String {
+    let name = match e {
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+        libc::EBADF => "EBADF",
+        libc::EINVAL => "EINVAL",
+        libc::EPERM => "EPERM",
+        libc::ENOMEM => "ENOMEM",
+        libc::EFAULT => "EFAULT",
+        _ => return crate::error::Errno(e).to_string(),
+    };
+    format!("{name} (errno {e})")
+}
+
 /// What we offer NCCL for one device, and the reasons.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GdrDecision {
@@ -76,7 +92,7 @@ pub fn decide(cfg: &Config, peermem: &PeerMem, dmabuf: &DmabufProbe, cuda: &cuda
         (_, 0, _) => why.push("dma-buf off: NCCL_DMABUF_ENABLE=0".into()),
         (DmabufProbe::NoSymbol, _, _) => why.push("dma-buf off: libibverbs lacks ibv_reg_dmabuf_mr (rdma-core < 34)".into()),
         (DmabufProbe::Refused(e), _, _) => {
-            why.push(format!("dma-buf off: registration probe returned {}", crate::error::Errno(*e)))
+            why.push(format!("dma-buf off: registration probe returned {}", errno_name(*e)))
         }
         (DmabufProbe::Supported, _, false) => why.push("dma-buf off: the CUDA driver reports no dma-buf support".into()),
         (DmabufProbe::Supported, _, true) => {
@@ -142,6 +158,28 @@ mod tests {
         assert!(!d.flush && d.ptr_support & PTR_DMABUF != 0);
         let d = decide(&cfg(&[("RUSTNET_GDR", "off")]), &PeerMem::Absent, &DmabufProbe::Supported, &gpu(true));
         assert_eq!((d.ptr_support, d.reason.as_str()), (PTR_HOST, "GDR off: RUSTNET_GDR=off"));
+    }
+
+    /// Peer memory present or absent (a sysfs tree written here) x dma-buf
+    /// probe accepted or refused: the four outcomes and their reasons.
+    #[test]
+    fn fixture_trees_times_probe_outcomes() {
+        let present = fixture(&["module/nvidia_peermem/version", "probe-table"]); // a name no other test uses (they run in parallel)
+        let absent = fixture(&["module/other/version"]);
+        let refused = DmabufProbe::Refused(libc::EOPNOTSUPP);
+        let table = [
+            (&present, &DmabufProbe::Supported, PTR_HOST | PTR_CUDA | PTR_DMABUF, "GDR on: peer memory on (/sys/module/nvidia_peermem/version); dma-buf on"),
+            (&present, &refused, PTR_HOST | PTR_CUDA, "GDR on: peer memory on (/sys/module/nvidia_peermem/version); dma-buf off: registration probe returned EOPNOTSUPP (errno 95)"),
+            (&absent, &DmabufProbe::Supported, PTR_HOST | PTR_DMABUF, "GDR on: no nvidia-peermem (modprobe nvidia-peermem); dma-buf on"),
+            (&absent, &refused, PTR_HOST, "GDR off: no nvidia-peermem (modprobe nvidia-peermem); dma-buf off: registration probe returned EOPNOTSUPP (errno 95)"),
+        ];
+        for (tree, probe, bits, reason) in table {
+            let d = decide(&cfg(&[]), &detect_peermem(tree), probe, &gpu(true));
+            assert_eq!((d.ptr_support, d.reason.as_str()), (bits, reason));
+            assert_eq!(d.flush, bits != PTR_HOST);
+        }
+        let d = decide(&cfg(&[]), &detect_peermem(&absent), &DmabufProbe::Refused(libc::EPROTONOSUPPORT), &gpu(true));
+        assert!(d.reason.ends_with("EPROTONOSUPPORT (errno 93)"), "{}", d.reason);
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl Gdr {
     pub fn describe(&self) -> String {
         let probe = match &self.probe {
             DmabufProbe::NoSymbol => "no ibv_reg_dmabuf_mr".to_string(),
-            DmabufProbe::Refused(e) => format!("refused, {}", crate::error::Errno(*e)),
+            DmabufProbe::Refused(e) => format!("refused with {}", gpu::errno_name(*e)),
             DmabufProbe::Supported => "accepted".to_string(),
         };
         format!(
