@@ -858,7 +858,7 @@ fn main() {
         cases.push(("tcp_ipv6_between_namespaces".into(), Box::new(ipv6_case)));
     }
     let t0 = Instant::now();
-    let (mut pass, mut fail, mut filtered, mut skipped) = (0, 0, 0, 0);
+    let (mut pass, mut fail, mut filtered, mut skipped, mut flaky) = (0, 0, 0, 0, 0);
     println!("\nrunning conformance over {}", driver::default_plugin_path().display());
     for (name, f) in &cases {
         if !filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str())) {
@@ -866,7 +866,24 @@ fn main() {
             continue;
         }
         let t = Instant::now();
-        match f() {
+        // Under emulation (the soft-RoCE VM sets RUSTNET_CONF_RETRY=1) a failed
+        // case runs once more; a pass on retry is reported as FLAKY with the
+        // first error, never silently.
+        let first = f();
+        let res = match first {
+            Err(e) if !e.starts_with("SKIPPED") && std::env::var("RUSTNET_CONF_RETRY").as_deref() == Ok("1") => {
+                println!("test {name} ... first attempt failed, retrying once: {}", e.lines().next().unwrap_or(""));
+                match f() {
+                    Ok(d) => {
+                        flaky += 1;
+                        Ok(format!("FLAKY (passed on retry; first attempt: {e}) {d}"))
+                    }
+                    Err(e2) => Err(format!("{e2}\n    (first attempt: {e})")),
+                }
+            }
+            other => other,
+        };
+        match res {
             Ok(detail) => {
                 pass += 1;
                 println!("test {name} ... ok ({:.1}s) {detail}", t.elapsed().as_secs_f64());
@@ -883,6 +900,9 @@ fn main() {
         }
     }
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("rustnet-conf-{}", std::process::id())));
+    if flaky > 0 {
+        println!("\n!! {flaky} case(s) passed only on retry (FLAKY above)");
+    }
     println!(
         "\ntest result: {}. {pass} passed; {fail} failed; {skipped} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
         if fail == 0 { "ok" } else { "FAILED" },
