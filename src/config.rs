@@ -390,6 +390,8 @@ knobs! {
     gdr_flush_disable: Int<0, 1> = "NCCL_GDR_FLUSH_DISABLE", default "0", accepts "0 or 1";
     /// 1 asks NCCL to flush after every GPUDirect receive (reported as forceFlush, ABI v9+).
     force_flush: Int<0, 1> = "RUSTNET_FORCE_FLUSH", default "0", accepts "0 or 1";
+    /// 1: every verbs comm prints one INFO line on close with what each of its QPs carried (messages, bytes); the same line is logged at TRACE (NCCL_DEBUG=TRACE) without it.
+    stats: Int<0, 1> = "RUSTNET_STATS", default "0", accepts "0 or 1";
     /// Testing only: panic inside the named vtable slot (e.g. `isend`) to prove the boundary catches it.
     fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.

@@ -198,38 +198,8 @@ pub fn rdma_ports(sysfs: &Path) -> Vec<PortInfo> {
     out
 }
 
-fn pci_common(a: &str, b: &str) -> usize {
-    a.split('/').zip(b.split('/')).take_while(|(x, y)| x == y).count()
-}
-
-/// GPUs (NVIDIA display/3D controllers) on the PCI bus.
-pub fn gpus(sysfs: &Path) -> Vec<(String, Option<i32>)> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(sysfs.join("bus/pci/devices")) else { return out };
-    for e in rd.flatten() {
-        let p = e.path();
-        let class = read(&p.join("class")).unwrap_or_default();
-        let vendor = read(&p.join("vendor")).unwrap_or_default();
-        if vendor == "0x10de" && (class.starts_with("0x0302") || class.starts_with("0x0300")) {
-            let real = std::fs::canonicalize(&p).unwrap_or(p.clone()).to_string_lossy().into_owned();
-            out.push((real, read(&p.join("numa_node")).and_then(|s| s.parse().ok()).filter(|&n: &i32| n >= 0)));
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Nearest NIC to `gpu_pci` among `nics` (name, pci): deepest common PCI ancestor.
-pub fn nearest_nic(gpu_pci: &str, nics: &[(String, String)]) -> Option<String> {
-    let mut best: Option<(&String, usize)> = None;
-    for (n, p) in nics {
-        let d = pci_common(gpu_pci, p);
-        if best.is_none_or(|(_, b)| d > b) {
-            best = Some((n, d));
-        }
-    }
-    best.map(|(n, _)| n.clone())
-}
+/// GPUs (NVIDIA display/3D controllers) on the PCI bus (shared with the verbs transport: `topo`).
+pub use crate::transport::ib::topo::{gpus, nearest_nic};
 
 fn env_get(o: &Opts) -> impl Fn(&str) -> Option<String> + '_ {
     move |k| o.env.get(k).cloned()

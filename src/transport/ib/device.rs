@@ -138,9 +138,9 @@ pub fn port_state_name(s: u32) -> &'static str {
 }
 
 /// sysfs PCI path of device `dev` (realpath of its `device` link); None for
-/// virtual devices such as rxe.
+/// virtual devices such as rxe (see [`super::topo`]).
 pub fn pci_path(sysfs: &Path, dev: &str) -> Option<String> {
-    std::fs::canonicalize(sysfs.join("class/infiniband").join(dev).join("device")).ok().map(|p| p.to_string_lossy().into_owned())
+    super::topo::pci_path(sysfs, dev)
 }
 
 /// A port found during discovery, before it is opened for use.
@@ -163,7 +163,7 @@ pub fn order_and_name(mut c: Vec<Candidate>) -> Vec<(Candidate, String)> {
     c.into_iter().zip(names).collect()
 }
 
-fn watch_async_events(ctx: Context, health: Weak<Health>) {
+fn watch_async_events(ctx: Context, health: Weak<Health>, mut numa: Option<i32>) {
     let fd = match ctx.async_fd_nonblocking() {
         Ok(fd) => fd,
         Err(e) => {
@@ -173,6 +173,10 @@ fn watch_async_events(ctx: Context, health: Weak<Health>) {
     };
     let name = format!("rustnet-async-{}", ctx.name());
     let spawned = std::thread::Builder::new().name(name).spawn(move || loop {
+        if numa.is_some() {
+            // first pass only: run on the NIC's NUMA node (topo.rs)
+            super::topo::bind_current_thread_to_node(Path::new("/sys"), numa.take(), ctx.name());
+        }
         let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd; the context (and its fd) is kept open by `ctx`, owned by this thread.
         let r = unsafe { libc::poll(&mut p, 1, 200) };
@@ -279,7 +283,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             None => {
                 let pd = Pd::new(ctx)?;
                 let health = Arc::new(Health::default());
-                watch_async_events(ctx.clone(), Arc::downgrade(&health));
+                watch_async_events(ctx.clone(), Arc::downgrade(&health), super::topo::numa_node(sysfs, &cand.dev));
                 let mrs = Arc::new(MrCache::new(pd.clone()));
                 let gdr = super::gdr::decide(cfg, &cand.dev, &pd);
                 pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone(), gdr.clone()));

@@ -7,7 +7,8 @@
 //! - [`connect`]: out-of-band exchange and QP bring-up;
 //! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
 //! - [`reg`]: the registration cache;
-//! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush).
+//! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
+//! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
 pub mod connect;
 pub mod device;
 pub mod ffi;
@@ -15,6 +16,7 @@ pub mod gdr;
 pub mod gid;
 pub mod p2p;
 pub mod reg;
+pub mod topo;
 pub mod verbs;
 
 use std::net::SocketAddr;
@@ -50,6 +52,7 @@ impl IbNet {
     /// found (`RUSTNET_TRANSPORT=ib` reports it; `auto` logs it and uses TCP).
     pub fn new(cfg: &Config) -> Result<IbNet> {
         let lib = verbs::Lib::get().map_err(Error::Usage)?;
+        p2p::set_stats_dump(cfg.stats.get() == 1);
         let devs = device::discover(lib, cfg, Path::new("/sys"))?;
         let oob = tcpdev::discover(cfg)
             .map_err(|e| Error::Usage(format!("RDMA ports found, but no IP interface for the out-of-band connection setup: {e}")))?

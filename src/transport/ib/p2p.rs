@@ -40,6 +40,34 @@ const CTS_FLAG: u64 = 1 << 63;
 /// wr_id bit of flush reads (low 16 bits: the request id).
 const FLUSH_FLAG: u64 = 1 << 62;
 
+// ---------------------------------------------------------------- per-QP counters
+
+static STATS_DUMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// RUSTNET_STATS=1: every comm prints one INFO line with its per-QP
+/// counters when it closes (they are always logged at TRACE).
+pub fn set_stats_dump(on: bool) {
+    STATS_DUMP.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What one QP of a comm carried: plain integers owned by the comm and
+/// bumped on its data path (no atomics, nothing shared between comms).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpStat {
+    /// Our QP number.
+    pub qpn: u32,
+    /// Messages (lanes of a message in split mode) that used this QP.
+    pub msgs: u64,
+    /// Payload bytes this QP carried (data writes only, not CTS/sizes/immediates).
+    pub bytes: u64,
+}
+
+/// `qp 0x11: 3 msgs, 4096 bytes; qp 0x12: ...`
+pub fn format_stats(stats: &[QpStat]) -> String {
+    let v: Vec<String> = stats.iter().map(|q| format!("qp {:#x}: {} msgs, {} bytes", q.qpn, q.msgs, q.bytes)).collect();
+    v.join("; ")
+}
+
 // ---------------------------------------------------------------- shared by both ends
 
 /// What both comm kinds share: the QPs, the CQ, the peer, the failure state.
@@ -59,6 +87,8 @@ pub(super) struct Link {
     idle: u32,
     last_check: std::time::Instant,
     max_inline: u32,
+    /// Per-QP counters, index = QP index in `qps`.
+    stats: Vec<QpStat>,
 }
 
 fn is_remote_status(s: u32) -> bool {
@@ -94,6 +124,26 @@ impl Link {
             idle: 0,
             last_check: std::time::Instant::now(),
             max_inline: 0,
+            stats: Vec::new(),
+        }
+    }
+
+    /// (Re)build the counters once the QPs are known.
+    fn init_stats(&mut self) {
+        self.stats = self.qps.iter().map(|q| QpStat { qpn: q.qpn(), msgs: 0, bytes: 0 }).collect();
+    }
+
+    /// Log the counters at close: TRACE always, INFO with RUSTNET_STATS=1.
+    fn log_stats(&self, kind: &str) {
+        let dump = STATS_DUMP.load(std::sync::atomic::Ordering::Relaxed);
+        if !dump && !tracing::enabled!(tracing::Level::TRACE) {
+            return;
+        }
+        let line = format!("{}: {kind} comm to {}: {}", self.dev.name, self.peer_name(), format_stats(&self.stats));
+        if dump {
+            tracing::info!("stats: {line}");
+        } else {
+            tracing::trace!("{line}");
         }
     }
 
@@ -295,6 +345,11 @@ impl SendComm {
         self.link.qps.iter().map(|q| q.qpn()).collect()
     }
 
+    /// Per-QP counters (empty until the handshake finished).
+    pub fn qp_stats(&self) -> &[QpStat] {
+        &self.link.stats
+    }
+
     /// True once the QPs are in RTS and READY was sent.
     pub fn is_ready(&self) -> bool {
         self.hs.is_none()
@@ -312,6 +367,7 @@ impl SendComm {
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
                     let qps = connect::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
                     self.link.qps = qps;
+                    self.link.init_stats();
                     self.link.set_peer(&remote);
                     self.remote_sizes = (remote.addr, remote.rkey);
                     self.hs = Some(SendHs::WriteReady { sent: 0 });
@@ -453,7 +509,11 @@ impl SendComm {
         let mut all_inline = fail.is_none();
         for lane in 0..nlanes {
             let k = fifo::plan_lane(g, lane, nlanes, fail, &mut plan);
+            let mut lane_bytes = 0u64;
             for (w, p) in wrs.iter_mut().zip(&plan[..k]) {
+                if let WrKind::Data { len, .. } = p.kind {
+                    lane_bytes += len as u64;
+                }
                 let (local, remote) = match p.kind {
                     WrKind::Data { elem, off, len } => {
                         ((g.src[elem] + off as u64, len as u32, g.lkey[elem]), (g.elems[elem].addr + off as u64, g.elems[elem].rkey))
@@ -470,7 +530,12 @@ impl SendComm {
                 }
                 *w = SendWr { wr_id: g.seq, local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: inl };
             }
-            let qp = &self.link.qps[(first + lane) % nqps];
+            let qi = (first + lane) % nqps;
+            let qp = &self.link.qps[qi];
+            if let Some(st) = self.link.stats.get_mut(qi) {
+                st.msgs += 1;
+                st.bytes += lane_bytes;
+            }
             // SAFETY: data sources lie in NCCL buffers whose registrations
             // were checked in isend and which NCCL keeps valid and registered
             // until the request completes, i.e. until this lane's signaled
@@ -563,6 +628,9 @@ impl Drop for SendComm {
     /// early, inline, may still be on the wire): wait for their completions,
     /// bounded by the retry timeout, a failure, or the peer going away.
     fn drop(&mut self) {
+        if self.hs.is_none() {
+            self.link.log_stats("send");
+        }
         if self.hs.is_some() || self.link.failed.is_some() || self.outstanding() == 0 {
             return;
         }
@@ -628,6 +696,12 @@ impl Flush {
     }
 }
 
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        self.link.log_stats("recv");
+    }
+}
+
 /// The receiving end of a verbs connection.
 pub struct RecvComm {
     link: Link,
@@ -654,6 +728,7 @@ impl RecvComm {
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         let nq = qps.len();
         link.qps = qps;
+        link.init_stats();
         link.set_peer(remote);
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         Ok(RecvComm {
@@ -715,6 +790,11 @@ impl RecvComm {
     /// The device's registration cache (for flush lookups).
     pub fn device(&self) -> &Arc<IbDev> {
         &self.link.dev
+    }
+
+    /// Per-QP counters.
+    pub fn qp_stats(&self) -> &[QpStat] {
+        &self.link.stats
     }
 
     fn progress_ready(&mut self) -> Result<()> {
@@ -914,7 +994,18 @@ impl RecvComm {
         })?;
         r.sizes = sizes;
         r.done = true;
+        // counters: the sender cut each buffer with the same rule (fifo::chunk)
+        let nqps = link.qps.len();
+        let (first, nlanes) = fifo::lanes(r.seq, nqps, link.cc.split);
+        let (n, seq_sizes) = (r.n, r.sizes);
         self.by_slot[slot] = None;
+        for lane in 0..nlanes {
+            let bytes: usize = seq_sizes[..n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
+            if let Some(st) = self.link.stats.get_mut((first + lane) % nqps) {
+                st.msgs += 1;
+                st.bytes += bytes as u64;
+            }
+        }
         Ok(())
     }
 
