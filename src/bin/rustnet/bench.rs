@@ -257,41 +257,71 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
 }
 
 /// Ping-pong of `size` bytes, `iters` round trips; the initiator returns seconds.
+/// Receives are posted ahead (two deep) and send completions are reaped in
+/// passing, the way NCCL's proxy drives a connection; exactly `iters`
+/// receives are posted, so none is left behind for the next measurement.
 fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64, String> {
+    const AHEAD: usize = 2;
     let mut sb = Bufs::new(net, net.s, 1, size)?;
-    let mut rb = Bufs::new(net, net.r, 1, size)?;
+    let mut rb = Bufs::new(net, net.r, AHEAD, size)?;
     let e = |x: driver::NcclErr| x.to_string();
-    let wait = |q: Ptr, sizes: &mut [i32]| -> Result<(), String> {
-        while !net.p.test(q, sizes).map_err(e)? {}
+    let mut posted = 0usize;
+    let mut rq: std::collections::VecDeque<(Ptr, usize)> = std::collections::VecDeque::new();
+    let mut sq: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
+    let post = |k: usize, rb: &mut Bufs| -> Result<Ptr, String> {
+        let b = rb.bufs[k].as_mut_ptr();
+        loop {
+            if let Some(r) = net.p.irecv(net.r, &[(b, size, 0, rb.mhs[k])]).map_err(e)? {
+                return Ok(r);
+            }
+        }
+    };
+    while posted < iters.min(AHEAD) {
+        rq.push_back((post(posted, &mut rb)?, posted));
+        posted += 1;
+    }
+    let reap = |sq: &mut std::collections::VecDeque<Ptr>| -> Result<(), String> {
+        while let Some(&s) = sq.front() {
+            if net.p.test(s, &mut [0]).map_err(e)? {
+                sq.pop_front();
+            } else {
+                break;
+            }
+        }
         Ok(())
     };
     let t0 = Instant::now();
-    for _ in 0..iters {
-        let rbuf = rb.bufs[0].as_mut_ptr();
-        let r = loop {
-            if let Some(r) = net.p.irecv(net.r, &[(rbuf, size, 0, rb.mhs[0])]).map_err(e)? {
-                break r;
+    for i in 0..iters {
+        let send = |sq: &mut std::collections::VecDeque<Ptr>, sb: &mut Bufs| -> Result<(), String> {
+            loop {
+                if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
+                    sq.push_back(s);
+                    return Ok(());
+                }
+                reap(sq)?;
             }
         };
         if initiator {
-            let s = loop {
-                if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
-                    break s;
-                }
-            };
-            wait(s, &mut [0])?;
-            wait(r, &mut [0; 8])?;
-        } else {
-            wait(r, &mut [0; 8])?;
-            let s = loop {
-                if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
-                    break s;
-                }
-            };
-            wait(s, &mut [0])?;
+            send(&mut sq, &mut sb)?;
         }
+        let (r, k) = rq.pop_front().ok_or("no receive posted")?;
+        while !net.p.test(r, &mut [0; 8]).map_err(e)? {
+            reap(&mut sq)?;
+        }
+        if posted < iters {
+            rq.push_back((post(k, &mut rb)?, k));
+            posted += 1;
+        }
+        if !initiator {
+            send(&mut sq, &mut sb)?;
+        }
+        let _ = i;
+        reap(&mut sq)?;
     }
     let dt = t0.elapsed().as_secs_f64();
+    while !sq.is_empty() {
+        reap(&mut sq)?;
+    }
     sb.release(net);
     rb.release(net);
     Ok(dt)

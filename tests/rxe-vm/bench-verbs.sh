@@ -1,0 +1,76 @@
+#!/bin/bash
+# tests/rxe-vm/bench-verbs.sh -- the verbs benchmark side by side with perftest,
+# in one VM run, on the same devices and sizes (rxe0 -> rxe1 across the veth):
+#   ib_write_bw vs `rustnet bench` bandwidth at 64 KiB, 256 KiB, 1 MiB
+#   ib_write_lat vs `rustnet bench` 8-byte half round trip
+# Each point is measured REPS times (default 3); min/median/max are printed,
+# and a CSV lands in out/bench-verbs.csv. Emulated RDMA (qemu TCG): use the
+# ratios, never the absolute numbers.
+#
+#   tests/rxe-vm/bench-verbs.sh            # builds, boots the VM, runs, prints
+#   REPS=5 tests/rxe-vm/bench-verbs.sh
+HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+if [ "${1:-}" != --in-vm ]; then
+  cd "$ROOT" || exit 2
+  cargo build --release --quiet || exit $?
+  mkdir -p out
+  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
+fi
+ulimit -l unlimited
+cd "$ROOT" || exit 2
+REPS=${REPS:-3}
+BIN=$ROOT/target/release/rustnet
+S_IP=$RXE_VM_IP1
+csv=$ROOT/out/bench-verbs.csv
+echo "test,size,tool,run,value,unit" > "$csv"
+waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
+
+perf() { # perf <tool> <size> <iters> -> prints the value (MB/s avg, or usec typical)
+  local tool=$1 size=$2 n=$3 out
+  timeout 120 "$tool" -d rxe1 -x 1 -s "$size" -n "$n" -p 18515 > /tmp/srv.log 2>&1 &
+  local sp=$!
+  waitport 18515 || { echo "server did not start" >&2; return 1; }
+  out=$(timeout 120 "$tool" -d rxe0 -x 1 -s "$size" -n "$n" -p 18515 "$S_IP" 2>&1)
+  wait $sp
+  # bw: "#bytes #iterations BW peak BW average MsgRate"; lat: "#bytes #iter t_min t_max t_typical ..."
+  if [ "$tool" = ib_write_bw ]; then
+    awk -v s="$size" '$1==s && NF>=5 {print $4; exit}' <<<"$out"
+  else
+    awk -v s="$size" '$1==s && NF>=5 {print $5; exit}' <<<"$out"
+  fi
+}
+
+declare -A P R
+for r in $(seq "$REPS"); do
+  for size in 65536 262144 1048576; do
+    v=$(perf ib_write_bw $size 300); P[bw_$size]+="$v "; echo "bw,$size,ib_write_bw,$r,$v,MB/s" >> "$csv"
+  done
+  v=$(perf ib_write_lat 8 1000); P[lat]+="$v "; echo "lat,8,ib_write_lat,$r,$v,us" >> "$csv"
+  # the plugin: server end on rxe1/veth1, client on rxe0/veth0, through the vtable
+  NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "$BIN" bench --listen "$S_IP:18600" > /tmp/bsrv.log 2>&1 &
+  sp=$!
+  waitport 18600 || { echo "bench server did not start"; cat /tmp/bsrv.log; exit 1; }
+  NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "$BIN" bench --peer "$S_IP:18600" --no-raw \
+    --sizes 64K,256K,1M --reps 1 --bytes 24M --lat-iters 1000 --csv /tmp/b.csv > /tmp/bcli.log 2>&1
+  wait $sp
+  while IFS=, read -r t size tr med _; do
+    case $t in
+      oneway) v=$(awk -v g="$med" 'BEGIN{printf "%.2f", g*1000}'); R[bw_$size]+="$v "; echo "bw,$size,rustnet,$r,$v,MB/s" >> "$csv" ;;
+      latency) R[lat]+="$med "; echo "lat,8,rustnet,$r,$med,us" >> "$csv" ;;
+    esac
+  done < <(tail -n +2 /tmp/b.csv)
+  grep -q '^latency' /tmp/b.csv || { echo "rustnet bench failed:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }
+done
+
+stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
+med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+echo
+echo "rxe0 -> rxe1 across the veth, $REPS runs each, median [min-max]"
+printf '%-10s %-26s %-26s %s\n' "size" "ib_write_bw MB/s" "rustnet bench MB/s" "ratio"
+for size in 65536 262144 1048576; do
+  a=${P[bw_$size]} b=${R[bw_$size]}
+  printf '%-10s %-26s %-26s %s\n' "$((size / 1024))K" "$(stats "$a")" "$(stats "$b")" "$(awk -v x="$(med "$b")" -v y="$(med "$a")" 'BEGIN{printf "%.0f%%", 100*x/y}')"
+done
+printf '%-10s %-26s %-26s %s\n' "latency" "ib_write_lat $(stats "${P[lat]}") us" "rustnet $(stats "${R[lat]}") us" "$(awk -v x="$(med "${R[lat]}")" -v y="$(med "${P[lat]}")" 'BEGIN{printf "%.2fx", x/y}')"
+echo "CSV: out/bench-verbs.csv"
