@@ -380,6 +380,8 @@ knobs! {
     ib_qps_per_connection: Int<1, 128> = "NCCL_IB_QPS_PER_CONNECTION", default "1", accepts "an integer 1..128";
     /// 0: whole messages rotate over the QPs; 1: each message is split across all QPs.
     ib_split_data_on_qps: Int<0, 1> = "NCCL_IB_SPLIT_DATA_ON_QPS", default "0", accepts "0 or 1";
+    /// Several RDMA ports/NICs as one NCCL device, for ABI v6..v8 (NCCL 2.20..2.23 merged inside net_ib; with v9+ NCCL fuses through makeVDevice instead and this is not used): 0 off; 1 merges the ports and PCI functions of one adapter (same PCI device, system GUID and link layer); or explicit groups `a,b;c,d`. A merged device is named `a+b`, its speed is the sum, each connection opens NCCL_IB_QPS_PER_CONNECTION QPs per member, member i talks to the peer's member i, and each message is cut over the members in 128-byte-aligned chunks.
+    ib_merge_nics: String = "RUSTNET_IB_MERGE_NICS", default "0", accepts "0, 1, or groups of device names a,b;c,d";
     /// Use inline sends for the receiver's small control writes where the device allows.
     ib_use_inline: Int<0, 1> = "NCCL_IB_USE_INLINE", default "1", accepts "0 or 1";
     /// GPU memory over verbs: `auto` offers it when peer memory or dma-buf works (and says why not otherwise); `off` reports host memory only.

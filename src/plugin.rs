@@ -10,7 +10,7 @@ use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::ReqId;
-use crate::transport::ib::{self, IbConnecting, IbListen, IbNet};
+use crate::transport::ib::{self, vdev, IbNet};
 use crate::transport::tcp::{self, TcpConnecting, TcpListen, TcpNet};
 use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
 
@@ -102,6 +102,24 @@ impl Plugin {
         }
     }
 
+    /// NCCL's makeVDevice (ABI v9+): fuse `members` into one device,
+    /// appended after the others; verbs only.
+    pub fn make_vdevice(&self, members: &[i32]) -> Result<i32> {
+        let m: Vec<usize> = members.iter().map(|&d| usize::try_from(d).map_err(|_| Error::InvalidArg(format!("makeVDevice: device {d} is negative")))).collect::<Result<_>>()?;
+        match &self.net {
+            Net::Tcp(_) => Err(Error::Usage("makeVDevice: the TCP transport does not fuse devices (it stripes over streams instead)".into())),
+            Net::Ib(n) => Ok(n.make_vdevice(&m)? as i32),
+        }
+    }
+
+    /// The physical devices behind `dev` (vProps): itself unless merged.
+    pub fn vdev_members(&self, dev: i32) -> Vec<i32> {
+        match &self.net {
+            Net::Ib(n) => n.members(dev.max(0) as usize).map(|v| v.into_iter().map(|x| x as i32).collect()).unwrap_or_else(|_| vec![dev]),
+            Net::Tcp(_) => vec![dev],
+        }
+    }
+
     /// Listen on `dev`; fills NCCL's handle.
     pub fn listen(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<ListenComm> {
         let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
@@ -112,7 +130,8 @@ impl Plugin {
                 Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(l)) })
             }
             Net::Ib(n) => {
-                let (l, h) = n.listen(dev)?;
+                // plain or merged (vdev.rs): the member listeners' handles in one
+                let (l, h) = n.listen_any(dev)?;
                 h.encode(handle);
                 Ok(ListenComm { inner: Mutex::new(AnyListen::Ib(Box::new(l))) })
             }
@@ -128,7 +147,7 @@ impl Plugin {
                 Net::Tcp(t) => Connecting::Tcp(t.connect(&h)?),
                 Net::Ib(n) => {
                     let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
-                    Connecting::Ib(Box::new(n.connect(dev, &h, traffic_class)?))
+                    Connecting::Ib(Box::new(n.connect_any(dev, handle, &h, traffic_class)?))
                 }
             }
         } else {
@@ -148,7 +167,10 @@ impl Plugin {
                 Handle::set_stage(handle, 0);
                 Ok(Some(match st {
                     Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm())))),
-                    Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Ib(Box::new(c.into_send_comm()?))))),
+                    Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(match c.into_send()? {
+                        vdev::AnySend::One(s) => AnySend::Ib(Box::new(s)),
+                        vdev::AnySend::Multi(s) => AnySend::IbMulti(Box::new(s)),
+                    }))),
                 }))
             }
             Ok(false) => {
@@ -169,7 +191,12 @@ impl Plugin {
         let mut g = l.inner.lock();
         match &mut *g {
             AnyListen::Tcp(t) => Ok(t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r)))))),
-            AnyListen::Ib(l) => Ok(l.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Ib(Box::new(r))))))),
+            AnyListen::Ib(l) => Ok(l.accept()?.map(|r| {
+                Comm::new(CommBody::Recv(Mutex::new(match r {
+                    vdev::AnyRecv::One(r) => AnyRecv::Ib(Box::new(r)),
+                    vdev::AnyRecv::Multi(r) => AnyRecv::IbMulti(Box::new(r)),
+                })))
+            })),
         }
     }
 
@@ -184,14 +211,20 @@ impl Plugin {
                         buf.ptr
                     )));
                 }
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None })
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None, ib_rails: Vec::new() })
             }
             Net::Ib(n) => {
+                if let Some((members, access)) = ib_members_access(n, comm) {
+                    // merged device: one registration per member (vdev.rs)
+                    // SAFETY: as below, for each member.
+                    let rails = members.iter().map(|&d| unsafe { n.reg_mr(d, buf, kind, access) }).collect::<Result<Vec<_>>>()?;
+                    return Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None, ib_rails: rails });
+                }
                 let (dev, access) = ib_dev_access(n, comm)?;
                 // SAFETY: NCCL's regMr contract: the buffer stays mapped until deregMr,
                 // which drops the MemHandle and with it this registration.
                 let mr = unsafe { n.reg_mr(dev, buf, kind, access)? };
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: Some(mr) })
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: Some(mr), ib_rails: Vec::new() })
             }
         }
     }
@@ -207,13 +240,40 @@ impl Plugin {
                 self.transport_name()
             ))),
             Net::Ib(n) => {
+                if let Some((members, access)) = ib_members_access(n, comm) {
+                    // SAFETY: as below, for each member (fd is still open during this call).
+                    let rails = members.iter().map(|&d| unsafe { n.reg_mr_dmabuf(d, buf, fd, offset, access) }).collect::<Result<Vec<_>>>()?;
+                    return Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: None, ib_rails: rails });
+                }
                 let (dev, access) = ib_dev_access(n, comm)?;
                 // SAFETY: NCCL's regMrDmaBuf contract: the memory stays allocated
                 // until deregMr drops the MemHandle (the fd may close at once).
                 let mr = unsafe { n.reg_mr_dmabuf(dev, buf, fd, offset, access)? };
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: Some(mr) })
+                Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: Some(mr), ib_rails: Vec::new() })
             }
         }
+    }
+}
+
+/// A comm on a merged device: its members and the access registrations need.
+fn ib_members_access(n: &IbNet, comm: &Comm) -> Option<(Vec<usize>, ib::Access)> {
+    match &comm.body {
+        CommBody::Send(s) => match &*s.lock() {
+            AnySend::IbMulti(c) => Some((c.members(), ib::Access::LOCAL_READ)),
+            _ => None,
+        },
+        CommBody::Recv(r) => match &*r.lock() {
+            AnyRecv::IbMulti(c) => {
+                let m = c.members();
+                let access = if m.iter().any(|&d| n.recv_access_on(d).covers(ib::Access::REMOTE_READ)) {
+                    ib::Access::REMOTE_WRITE.with(ib::Access::REMOTE_READ)
+                } else {
+                    ib::Access::REMOTE_WRITE
+                };
+                Some((m, access))
+            }
+            _ => None,
+        },
     }
 }
 
@@ -223,14 +283,14 @@ fn ib_dev_access(n: &IbNet, comm: &Comm) -> Result<(usize, ib::Access)> {
     match &comm.body {
         CommBody::Send(s) => match &*s.lock() {
             AnySend::Ib(c) => Ok((c.dev(), ib::Access::LOCAL_READ)),
-            AnySend::Tcp(_) => Err(Error::Internal("TCP comm under the verbs transport".into())),
+            AnySend::Tcp(_) | AnySend::IbMulti(_) => Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into())),
         },
         CommBody::Recv(r) => match &*r.lock() {
             AnyRecv::Ib(c) => {
                 let d = c.dev();
                 Ok((d, n.recv_access_on(d)))
             }
-            AnyRecv::Tcp(_) => Err(Error::Internal("TCP comm under the verbs transport".into())),
+            AnyRecv::Tcp(_) | AnyRecv::IbMulti(_) => Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into())),
         },
     }
 }
@@ -267,7 +327,7 @@ static CONNECTING: Mutex<Option<HashMap<u64, Connecting>>> = Mutex::new(None);
 
 enum Connecting {
     Tcp(TcpConnecting),
-    Ib(Box<IbConnecting>),
+    Ib(Box<vdev::Connecting>),
 }
 
 /// Listening endpoint NCCL holds.
@@ -277,7 +337,7 @@ pub struct ListenComm {
 
 enum AnyListen {
     Tcp(TcpListen),
-    Ib(Box<IbListen>),
+    Ib(Box<vdev::Listen>),
 }
 
 /// Magic at the start of every comm we hand out.
@@ -308,6 +368,8 @@ pub enum AnySend {
     Tcp(tcp::SendComm),
     /// Verbs.
     Ib(Box<ib::SendComm>),
+    /// Verbs on a merged device (one comm per member).
+    IbMulti(Box<vdev::MultiSend>),
 }
 
 /// Transport-specific receiving end.
@@ -317,6 +379,8 @@ pub enum AnyRecv {
     Tcp(tcp::RecvComm),
     /// Verbs.
     Ib(Box<ib::RecvComm>),
+    /// Verbs on a merged device (one comm per member).
+    IbMulti(Box<vdev::MultiRecv>),
 }
 
 /// A registration NCCL holds.
@@ -330,6 +394,19 @@ pub struct MemHandle {
     pub kind: MemKind,
     /// The verbs registration (dropped, and its cache reference released, with the handle).
     pub ib: Option<ib::IbMr>,
+    /// On a merged device: one registration per member, in member order (else empty).
+    pub ib_rails: Vec<ib::IbMr>,
+}
+
+/// Member registrations of `m`, for a merged comm.
+fn rail_mrs(m: Option<&MemHandle>) -> [Option<&ib::IbMr>; vdev::MAX_MEMBERS] {
+    let mut v = [None; vdev::MAX_MEMBERS];
+    if let Some(m) = m {
+        for (o, x) in v.iter_mut().zip(&m.ib_rails) {
+            *o = Some(x);
+        }
+    }
+    v
 }
 
 /// Which way a request goes (for `test`).
@@ -365,6 +442,8 @@ impl Comm {
             AnySend::Tcp(t) => unsafe { t.isend(buf, tag) },
             // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
             AnySend::Ib(c) => unsafe { c.isend(buf, tag, mr.and_then(|m| m.ib.as_ref())) },
+            // SAFETY: as above.
+            AnySend::IbMulti(c) => unsafe { c.isend(buf, tag, &rail_mrs(mr)) },
         }
     }
 
@@ -385,6 +464,16 @@ impl Comm {
                 // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
                 unsafe { c.irecv(bufs, &ibm[..mrs.len().min(crate::transport::MAX_RECVS)]) }
             }
+            AnyRecv::IbMulti(c) => {
+                const N: usize = crate::transport::MAX_RECVS;
+                let mut per = [[None; vdev::MAX_MEMBERS]; N];
+                for (p, m) in per.iter_mut().zip(mrs) {
+                    *p = rail_mrs(*m);
+                }
+                let refs: [&[Option<&ib::IbMr>]; N] = std::array::from_fn(|j| &per[j][..]);
+                // SAFETY: forwarded from our caller.
+                unsafe { c.irecv(bufs, &refs[..mrs.len().min(N)]) }
+            }
         }
     }
 
@@ -394,6 +483,7 @@ impl Comm {
         match &mut *r.lock() {
             AnyRecv::Tcp(_) => Ok(None),
             AnyRecv::Ib(c) => c.iflush(bufs),
+            AnyRecv::IbMulti(c) => c.iflush(bufs),
         }
     }
 
@@ -403,10 +493,12 @@ impl Comm {
             CommBody::Send(s) => match &mut *s.lock() {
                 AnySend::Tcp(t) => t.test(id),
                 AnySend::Ib(c) => c.test(id),
+                AnySend::IbMulti(c) => c.test(id),
             },
             CommBody::Recv(r) => match &mut *r.lock() {
                 AnyRecv::Tcp(t) => t.test(id),
                 AnyRecv::Ib(c) => c.test(id),
+                AnyRecv::IbMulti(c) => c.test(id),
             },
         }
     }

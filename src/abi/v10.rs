@@ -8,6 +8,8 @@ use super::v8::{self, Vtable};
 use super::{v9, VoidPtr};
 
 unsafe extern "C" fn init(log: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
+    // NCCL fuses devices through makeVDevice: the plugin never self-merges
+    crate::transport::ib::vdev::set_nccl_fuses(true);
     c::init(v8::logger(log))
 }
 
@@ -78,5 +80,5 @@ pub static ncclNetPlugin_v10: Vtable<ncclNet_v10_t> = Vtable(ncclNet_v10_t {
     closeListen: Some(v8::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(v9::make_vdevice),
 });

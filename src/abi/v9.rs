@@ -9,6 +9,8 @@ use super::{guard, out, VoidPtr};
 use crate::transport::DeviceProps;
 
 unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
+    // NCCL fuses devices through makeVDevice: the plugin never self-merges
+    crate::transport::ib::vdev::set_nccl_fuses(true);
     c::init(v8::logger(log))
 }
 
@@ -32,10 +34,33 @@ pub(crate) fn fill_v9(dev: c_int, d: &DeviceProps) -> ncclNetProperties_v9_t {
         maxRecvs: d.max_recvs,
         netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
         netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
-        vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: [dev, 0, 0, 0] },
+        vProps: vprops(dev),
         maxP2pBytes: d.max_p2p_bytes,
         maxCollBytes: d.max_coll_bytes,
     }
+}
+
+/// vProps: the physical devices fused in `dev` (itself for a plain device).
+fn vprops(dev: c_int) -> ncclNetVDeviceProps_v9_t {
+    let m = crate::plugin::get().map(|p| p.vdev_members(dev)).unwrap_or_else(|_| vec![dev]);
+    let mut v = ncclNetVDeviceProps_v9_t { ndevs: m.len().min(4) as c_int, devs: [0; 4] };
+    for (o, x) in v.devs.iter_mut().zip(&m) {
+        *o = *x;
+    }
+    v
+}
+
+/// makeVDevice: fuse `props->devs[..ndevs]` into a new device, index in `*d`.
+pub(crate) unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v9_t) -> ncclResult_t {
+    guard("makeVDevice", || {
+        // SAFETY: pointers from NCCL; NULL rejected.
+        let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
+        let n = usize::try_from(p.ndevs).ok().filter(|&n| n <= p.devs.len()).ok_or_else(|| {
+            crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {} (1..={} accepted)", p.ndevs, p.devs.len()))
+        })?;
+        *out_d = crate::plugin::get()?.make_vdevice(&p.devs[..n])?;
+        Ok(())
+    })
 }
 
 pub(crate) unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v9_t) -> ncclResult_t {
@@ -88,7 +113,7 @@ pub(crate) unsafe extern "C" fn irecv(
     unsafe { c::irecv(rc, n, data, &s, tags, mh, req) }
 }
 
-/// The v9 vtable (NCCL 2.24, 2.25). `makeVDevice` is NULL: NCCL then fuses no NICs.
+/// The v9 vtable (NCCL 2.24, 2.25). `makeVDevice` fuses devices (verbs; TCP refuses, which NCCL tolerates).
 #[no_mangle]
 pub static ncclNetPlugin_v9: Vtable<ncclNet_v9_t> = Vtable(ncclNet_v9_t {
     name: NET_NAME.as_ptr(),
@@ -110,5 +135,5 @@ pub static ncclNetPlugin_v9: Vtable<ncclNet_v9_t> = Vtable(ncclNet_v9_t {
     closeListen: Some(v8::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice),
 });

@@ -8,10 +8,16 @@
 #    and has no writable cargo home): `cargo build --release`, then
 #    `cargo test --release --no-run --message-format=json` to learn the paths
 #    of the test binaries.
-# 2. One VM boot (run.sh); inside it each selected binary runs from the host's
+# 2. One VM boot (run.sh) with two veth pairs (RXE_VM_PAIRS=2: rxe0-rxe1 and
+#    rxe2-rxe3); inside it each selected binary runs from the host's
 #    read-only target dir with --test-threads=1 and
 #      RUSTNET_TEST_DEVICE=rxe0 RUSTNET_TEST_DEVICE2=rxe1 RUSTNET_TRANSPORT=ib
 #      NCCL_SOCKET_IFNAME=veth0 RXE_VM_IP0=10.199.0.1 RXE_VM_IP1=10.199.0.2
+#      RUSTNET_TEST_RAILS="rxe0,rxe2;rxe1,rxe3" (merged-device tests)
+#    The conformance suite runs four times: both peers on rxe0; rxe0 -> rxe1;
+#    the traffic cases with 4 QPs per connection split (NCCL_IB_QPS_PER_CONNECTION=4
+#    NCCL_IB_SPLIT_DATA_ON_QPS=1); the v6-v8 traffic cases through merged devices
+#    (rxe0+rxe2 -> rxe1+rxe3, RUSTNET_IB_MERGE_NICS).
 # 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
 #    any failed, 125 when the VM died or timed out, other values when the build
 #    failed.
@@ -43,6 +49,7 @@ if [ "${1:-}" = --in-vm ]; then
   export RUSTNET_TEST_DEVICE=rxe0 RUSTNET_TEST_DEVICE2=rxe1 RUSTNET_TRANSPORT=ib \
          NCCL_SOCKET_IFNAME=veth0 RUST_BACKTRACE=1 CARGO_MANIFEST_DIR="$ROOT"
   export RXE_VM_IP0 RXE_VM_IP1
+  [ "${RXE_VM_PAIRS:-1}" -ge 2 ] && export RUSTNET_TEST_RAILS="rxe0,rxe2;rxe1,rxe3"
   # emulation is noisy: a failed conformance case runs once more and is
   # reported as FLAKY (with its first error) if it then passes
   export RUSTNET_CONF_RETRY=1
@@ -55,27 +62,42 @@ if [ "${1:-}" = --in-vm ]; then
     echo "=== smoke"
     if bash "$HERE/smoke.sh"; then results+=("PASS smoke"); else results+=("FAIL smoke"); fails=$((fails + 1)); fi
   fi
-  # The conformance suite runs twice: both peers on rxe0 (one device to
-  # itself), then the traffic and peer-death cases rxe0 -> rxe1 across the veth.
+  # The conformance suite runs up to four times: both peers on rxe0 (one
+  # device to itself); the traffic and peer-death cases rxe0 -> rxe1 across
+  # the veth; the traffic cases with 4 QPs split; and (two pairs booted) the
+  # v6-v8 traffic cases through self-merged devices rxe0+rxe2 -> rxe1+rxe3.
   runs=()
   for t in "$@"; do
     runs+=("$t")
-    case ${t%%=*} in conformance) runs+=("conformance_rxe0_to_rxe1=${t#*=}") ;; esac
+    case ${t%%=*} in conformance)
+      runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}")
+      [ "${RXE_VM_PAIRS:-1}" -ge 2 ] && runs+=("conformance_merged_rxe0+rxe2_to_rxe1+rxe3=${t#*=}")
+      ;;
+    esac
   done
   for t in "${runs[@]}"; do
     name=${t%%=*} bin=${t#*=}
-    extra=()
-    if [ "$name" = conformance_rxe0_to_rxe1 ]; then
-      [ -z "${VERBS_TEST_ARGS:-}" ] || continue
-      extra=(traffic peer_killed)
-      export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1"
-    else
-      unset RUSTNET_CONF_A_ENV RUSTNET_CONF_B_ENV
-    fi
+    extra=() run_env=()
+    unset RUSTNET_CONF_A_ENV RUSTNET_CONF_B_ENV
+    case $name in
+      conformance_rxe0_to_rxe1)
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic peer_killed)
+        export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1" ;;
+      conformance_4qps_split)
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic)
+        run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1) ;;
+      conformance_merged*)
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v6 traffic_v7 traffic_v8)
+        export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0,rxe2 RUSTNET_IB_MERGE_NICS=rxe0,rxe2 NCCL_SOCKET_IFNAME=veth0" \
+               RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1,rxe3 RUSTNET_IB_MERGE_NICS=rxe1,rxe3 NCCL_SOCKET_IFNAME=veth1" ;;
+    esac
     echo "=== $name: $bin --test-threads=1 --include-ignored ${VERBS_TEST_ARGS:-} ${extra[*]}"
     t0=$EPOCHREALTIME
     # shellcheck disable=SC2086
-    timeout -k 10 "${VERBS_TEST_TIMEOUT:-600}" "$bin" --test-threads=1 --include-ignored ${VERBS_TEST_ARGS:-} "${extra[@]}" < /dev/null
+    env "${run_env[@]}" timeout -k 10 "${VERBS_TEST_TIMEOUT:-600}" "$bin" --test-threads=1 --include-ignored ${VERBS_TEST_ARGS:-} "${extra[@]}" < /dev/null
     rc=$?
     dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
     case $rc in
@@ -148,6 +170,8 @@ elif hidden "$target_dir"; then ro+=" $target_dir"; fi
 hidden "$ROOT" && ro+=" $ROOT"
 export RXE_VM_RO=$ro RXE_VM_RW=$rw
 export RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-3600}
+# two veth pairs: rxe0-rxe1 and rxe2-rxe3 (merged-device tests need both)
+export RXE_VM_PAIRS=${RXE_VM_PAIRS:-2}
 
 # libtest binaries linked against Rust dylibs find them where cargo test would
 # put them on LD_LIBRARY_PATH: target/release/deps and the toolchain's lib dir

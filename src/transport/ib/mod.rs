@@ -8,6 +8,7 @@
 //! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
 //! - [`reg`]: the registration cache;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
+//! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
 pub mod connect;
 pub mod device;
@@ -17,6 +18,7 @@ pub mod gid;
 pub mod p2p;
 pub mod reg;
 pub mod topo;
+pub mod vdev;
 pub mod verbs;
 
 use std::net::SocketAddr;
@@ -38,7 +40,10 @@ pub use verbs::Access;
 /// The verbs transport's device table.
 pub struct IbNet {
     devs: Vec<Arc<IbDev>>,
-    props: Vec<DeviceProps>,
+    /// The devices NCCL sees (plain, merged); see [`vdev`].
+    slots: parking_lot::RwLock<Vec<vdev::Slot>>,
+    /// NUMA node per physical device (control memory placement, [`topo`]).
+    numa: Vec<Option<i32>>,
     oob: tcpdev::NetIf,
     cc: Arc<ConnCfg>,
     /// Per device: `cc` with `flush` on where that device flushes (GPUDirect
@@ -59,13 +64,16 @@ impl IbNet {
             .into_iter()
             .next()
             .ok_or_else(|| Error::Usage("no IP interface for the out-of-band connection setup".into()))?;
-        let props = devs.iter().map(|d| d.props()).collect();
+        let spec = vdev::MergeSpec::parse(&cfg.ib_merge_nics).map_err(Error::Usage)?;
+        let groups = if vdev::nccl_fuses() { Vec::new() } else { vdev::plan(&devs, &spec)? };
+        let slots = parking_lot::RwLock::new(vdev::slots(&devs, &groups));
+        let numa = devs.iter().map(|d| topo::numa_node(Path::new("/sys"), &d.dev_name)).collect();
         let cc = Arc::new(ConnCfg::from_config(cfg));
         let dev_cc = devs
             .iter()
             .map(|d| if gdr::flush_needed(d, &cc) && !cc.flush { Arc::new(ConnCfg { flush: true, ..(*cc).clone() }) } else { cc.clone() })
             .collect();
-        Ok(IbNet { devs, props, oob, cc, dev_cc })
+        Ok(IbNet { devs, slots, numa, oob, cc, dev_cc })
     }
 
     /// The ports in use.
@@ -73,9 +81,9 @@ impl IbNet {
         &self.devs
     }
 
-    /// Number of devices.
+    /// Number of devices NCCL sees (merged devices count once).
     pub fn ndev(&self) -> usize {
-        self.devs.len()
+        self.slots.read().len()
     }
 
     /// The out-of-band interface.
@@ -114,9 +122,56 @@ impl IbNet {
         }
     }
 
-    /// Properties of `dev`.
+    /// Properties of NCCL's device `dev`.
     pub fn props(&self, dev: usize) -> Result<DeviceProps> {
-        self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.devs.len())))
+        let s = self.slots.read();
+        s.get(dev).map(|x| x.props).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", s.len())))
+    }
+
+    /// Physical members of NCCL's device `dev` (one for a plain device).
+    pub fn members(&self, dev: usize) -> Result<Vec<usize>> {
+        let s = self.slots.read();
+        s.get(dev).map(|x| x.members.clone()).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", s.len())))
+    }
+
+    /// NCCL's makeVDevice: a merged device over the *physical* devices
+    /// `members`, appended after the others; returns its index.
+    pub fn make_vdevice(&self, members: &[usize]) -> Result<usize> {
+        vdev::check_members(&self.devs, members)?;
+        let mut s = self.slots.write();
+        if let Some(i) = s.iter().position(|x| x.members == members) {
+            return Ok(i);
+        }
+        s.push(vdev::Slot { members: members.to_vec(), props: vdev::merged_props(&self.devs, members) });
+        let i = s.len() - 1;
+        tracing::info!("virtual device {i} {} over devices {members:?}", s[i].props.name.to_string_lossy());
+        Ok(i)
+    }
+
+    /// Listen on NCCL's device `dev` (plain or merged); the handles go into NCCL's buffer.
+    pub fn listen_any(&self, dev: usize) -> Result<(vdev::Listen, vdev::Handles)> {
+        let m = self.members(dev)?;
+        if m.len() == 1 {
+            let (l, h) = self.listen(m[0])?;
+            return Ok((vdev::Listen::One(l, self.numa[m[0]]), vdev::Handles(vec![h])));
+        }
+        let mut rails = Vec::new();
+        let mut hs = Vec::new();
+        for &p in &m {
+            let (l, h) = self.listen(p)?;
+            rails.push((l, None, self.numa[p]));
+            hs.push(h);
+        }
+        Ok((vdev::Listen::Multi(rails, dev), vdev::Handles(hs)))
+    }
+
+    /// Connect from NCCL's device `dev` (plain or merged) to the listener
+    /// whose handle is `raw` (`h` decoded from it).
+    pub fn connect_any(&self, dev: usize, raw: &[u8; crate::proto::handle::HANDLE_SIZE], h: &Handle, tc: Option<i32>) -> Result<vdev::Connecting> {
+        let m = self.members(dev)?;
+        let peer = vdev::decode_handles(h, raw);
+        let devs: Vec<_> = m.iter().map(|&p| (self.devs[p].clone(), self.dev_cc[p].clone(), self.numa[p])).collect();
+        vdev::Connecting::start(&devs, dev, &peer, tc)
     }
 
     /// Listen on `dev`.

@@ -426,6 +426,45 @@ impl SendComm {
         Ok(true)
     }
 
+    /// The capacity of the receive buffer a send of `tag` would fill next,
+    /// once the receiver advertised it (`Ok(None)`: not yet). A merged
+    /// device (vdev.rs) cuts each message over its members by these.
+    pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
+        self.link.check()?;
+        if self.hs.is_some() {
+            if let Err(e) = self.progress_handshake() {
+                self.link.fail(e);
+                return Err(self.link.failed.clone().unwrap());
+            }
+            if self.hs.is_some() {
+                self.link.idle_tick(self.reqs.len());
+                return Ok(None);
+            }
+        }
+        let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
+        if self.inflight[head_slot].active {
+            self.poll();
+            if self.inflight[head_slot].active {
+                return Ok(None);
+            }
+        }
+        match self.load_head() {
+            Ok(true) => {}
+            Ok(false) => {
+                self.poll();
+                self.link.idle_tick(self.reqs.len());
+                self.link.check()?;
+                return Ok(None);
+            }
+            Err(e) => {
+                self.link.fail(e);
+                return Err(self.link.failed.clone().unwrap());
+            }
+        }
+        // a tag the slot lacks: the isend that follows reports it
+        Ok(Some(self.fifo.match_send(tag, 0).map(|i| self.fifo.current().unwrap().elems[i].cap as usize).unwrap_or(0)))
+    }
+
     /// Queue a send; `Ok(None)` until the receiver posted the matching
     /// receive (or while all request slots are busy).
     ///
