@@ -199,7 +199,7 @@ pub fn decode_handles(h0: &Handle, b: &[u8; HANDLE_SIZE]) -> Vec<Handle> {
     if b[EXT] == EXT_MAGIC && (2..=MAX_MEMBERS).contains(&(b[EXT + 1] as usize)) {
         for i in 0..b[EXT + 1] as usize - 1 {
             let o = EXT + 2 + 10 * i;
-            let mut h = *h0;
+            let mut h = Handle { stage: 0, ..*h0 };
             h.addr.set_port(u16::from_le_bytes([b[o], b[o + 1]]));
             h.nonce = u64::from_le_bytes(b[o + 2..o + 10].try_into().unwrap());
             out.push(h);
@@ -321,6 +321,7 @@ impl Listen {
 }
 
 /// A send comm on a plain or merged device.
+#[allow(clippy::large_enum_variant)] // short-lived: the plugin boxes each side at once
 pub enum AnySend {
     /// One port.
     One(SendComm),
@@ -329,6 +330,7 @@ pub enum AnySend {
 }
 
 /// A receive comm on a plain or merged device.
+#[allow(clippy::large_enum_variant)] // short-lived: the plugin boxes each side at once
 pub enum AnyRecv {
     /// One port.
     One(RecvComm),
@@ -386,6 +388,7 @@ impl MultiSend {
     }
 
     /// Post a send; `mrs[i]` is the registration on member i.
+    #[allow(clippy::needless_range_loop)]
     ///
     /// # Safety
     /// As [`SendComm::isend`].
@@ -521,6 +524,7 @@ impl MultiRecv {
     }
 
     /// Done when every member's part is; sizes are the sums.
+    #[allow(clippy::needless_range_loop)]
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         let q = self.reqs.get_mut(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
         let mut all = true;
@@ -562,5 +566,42 @@ impl MultiRecv {
             return Ok(None);
         }
         Ok(self.reqs.alloc(MReq { ids, sizes: [[0; MAX_RECVS]; MAX_MEMBERS], n: 0, flush: true }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::handle::HandleKind;
+
+    #[test]
+    fn merge_spec_parses_off_bynic_and_groups() {
+        assert_eq!(MergeSpec::parse("0").unwrap(), MergeSpec::Off);
+        assert_eq!(MergeSpec::parse(" ").unwrap(), MergeSpec::Off);
+        assert_eq!(MergeSpec::parse("1").unwrap(), MergeSpec::ByNic);
+        assert_eq!(
+            MergeSpec::parse("rxe0,rxe2;rxe1, rxe3").unwrap(),
+            MergeSpec::Groups(vec![vec!["rxe0".into(), "rxe2".into()], vec!["rxe1".into(), "rxe3".into()]])
+        );
+        assert!(MergeSpec::parse("rxe0").unwrap_err().contains("2..4"));
+        assert!(MergeSpec::parse("a,b,c,d,e").is_err());
+    }
+
+    #[test]
+    fn member_handles_ride_in_one_nccl_handle() {
+        let h = |port: u16, nonce: u64| Handle { kind: HandleKind::Ib, addr: format!("10.199.0.1:{port}").parse().unwrap(), nonce, stage: 0 };
+        let hs = vec![h(4000, 1), h(4001, 0xdead_beef_0000_0001), h(4002, 3), h(4003, u64::MAX)];
+        let mut b = [0u8; HANDLE_SIZE];
+        Handles(hs.clone()).encode(&mut b);
+        let h0 = Handle::decode(&b).unwrap();
+        assert_eq!(h0, hs[0], "member 0 is a plain handle");
+        assert_eq!(decode_handles(&h0, &b), hs);
+        // the progress token NCCL's retries carry does not touch the members
+        Handle::set_stage(&mut b, 77);
+        assert_eq!(decode_handles(&Handle::decode(&b).unwrap(), &b)[1..], hs[1..]);
+        // a plain handle decodes to one member
+        let mut p = [0u8; HANDLE_SIZE];
+        hs[0].encode(&mut p);
+        assert_eq!(decode_handles(&hs[0], &p), vec![hs[0]]);
     }
 }
