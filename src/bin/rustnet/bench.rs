@@ -216,6 +216,7 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
     let mut rq: Vec<Option<Ptr>> = vec![None; rb.bufs.len()];
     let t0 = Instant::now();
     while done_s < send || done_r < recv {
+        let before = (posted_s, done_s, posted_r, done_r);
         for (i, q) in rq.iter_mut().enumerate() {
             if q.is_none() && posted_r < recv {
                 let b = &mut rb.bufs[i];
@@ -246,6 +247,11 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
                     done_s += 1;
                 }
             }
+        }
+        // Like NCCL's proxy thread: give the CPU away when a pass moved
+        // nothing (matters where the NIC is software, e.g. soft-RoCE).
+        if before == (posted_s, done_s, posted_r, done_r) {
+            std::thread::yield_now();
         }
         if t0.elapsed() > Duration::from_secs(600) {
             return Err(format!("stuck: sent {done_s}/{send}, received {done_r}/{recv}"));
@@ -307,6 +313,7 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64
         let (r, k) = rq.pop_front().ok_or("no receive posted")?;
         while !net.p.test(r, &mut [0; 8]).map_err(e)? {
             reap(&mut sq)?;
+            std::thread::yield_now();
         }
         if posted < iters {
             rq.push_back((post(k, &mut rb)?, k));
