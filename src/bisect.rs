@@ -412,7 +412,17 @@ mod tests {
     }
 
     fn caps(n: usize, slow: &[usize], dead: &[usize]) -> Vec<Option<f64>> {
-        (0..n).map(|i| if dead.contains(&i) { None } else if slow.contains(&i) { Some(0.1) } else { Some(10.0) }).collect()
+        (0..n)
+            .map(|i| {
+                if dead.contains(&i) {
+                    None
+                } else if slow.contains(&i) {
+                    Some(0.1)
+                } else {
+                    Some(10.0)
+                }
+            })
+            .collect()
     }
 
     #[test]

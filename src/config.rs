@@ -418,7 +418,13 @@ pub fn knobs_markdown() -> String {
          | variable | default | accepts | meaning |\n|---|---|---|---|\n",
     );
     for k in KNOBS {
-        s += &format!("| `{}` | `{}` | {} | {} |\n", k.name, if k.default.is_empty() { "(empty)" } else { k.default }, k.accepts, k.doc.trim());
+        s += &format!(
+            "| `{}` | `{}` | {} | {} |\n",
+            k.name,
+            if k.default.is_empty() { "(empty)" } else { k.default },
+            k.accepts,
+            k.doc.trim()
+        );
     }
     s
 }

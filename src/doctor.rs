@@ -162,7 +162,10 @@ pub fn read_port(sysfs: &Path, dev: &str, port: u8) -> PortInfo {
         }
     }
     let netdev = gids.iter().find_map(|g| g.ndev.clone()).or_else(|| {
-        std::fs::read_dir(sysfs.join("class/infiniband").join(dev).join("device/net")).ok()?.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).next()
+        std::fs::read_dir(sysfs.join("class/infiniband").join(dev).join("device/net"))
+            .ok()?
+            .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+            .next()
     });
     let devdir = sysfs.join("class/infiniband").join(dev).join("device");
     PortInfo {
@@ -211,8 +214,19 @@ pub fn run(o: &Opts) -> Report {
     // ---- environment
     let cfg = match Config::from_lookup(&env_get(o)) {
         Ok(c) => {
-            let set: Vec<String> = o.env.iter().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("RUSTNET_")).map(|(k, v)| format!("{k}={v}")).collect();
-            r.add("env", "knob values", Status::Pass, if set.is_empty() { "no NCCL_*/RUSTNET_* variables set: defaults".into() } else { set.join(" ") }, "");
+            let set: Vec<String> = o
+                .env
+                .iter()
+                .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("RUSTNET_"))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            r.add(
+                "env",
+                "knob values",
+                Status::Pass,
+                if set.is_empty() { "no NCCL_*/RUSTNET_* variables set: defaults".into() } else { set.join(" ") },
+                "",
+            );
             c
         }
         Err(e) => {
@@ -222,11 +236,25 @@ pub fn run(o: &Opts) -> Report {
     };
     match o.env.get("NCCL_NET_PLUGIN") {
         Some(v) if v.contains("rustnet") => r.add("env", "NCCL_NET_PLUGIN", Status::Pass, v.clone(), ""),
-        Some(v) => r.add("env", "NCCL_NET_PLUGIN", Status::Warn, format!("{v}: NCCL will not load librustnet"), "export NCCL_NET_PLUGIN=rustnet"),
-        None => r.add("env", "NCCL_NET_PLUGIN", Status::Warn, "unset: NCCL only tries libnccl-net.so", "export NCCL_NET_PLUGIN=rustnet (and put the lib dir on LD_LIBRARY_PATH)"),
+        Some(v) => {
+            r.add("env", "NCCL_NET_PLUGIN", Status::Warn, format!("{v}: NCCL will not load librustnet"), "export NCCL_NET_PLUGIN=rustnet")
+        }
+        None => r.add(
+            "env",
+            "NCCL_NET_PLUGIN",
+            Status::Warn,
+            "unset: NCCL only tries libnccl-net.so",
+            "export NCCL_NET_PLUGIN=rustnet (and put the lib dir on LD_LIBRARY_PATH)",
+        ),
     }
     if o.env.get("NCCL_IB_DISABLE").map(String::as_str) == Some("1") {
-        r.add("env", "NCCL_IB_DISABLE", Status::Warn, "1: turns off NCCL's built-in IB (librustnet ignores it)", "use RUSTNET_TRANSPORT=socket to force TCP in librustnet");
+        r.add(
+            "env",
+            "NCCL_IB_DISABLE",
+            Status::Warn,
+            "1: turns off NCCL's built-in IB (librustnet ignores it)",
+            "use RUSTNET_TRANSPORT=socket to force TCP in librustnet",
+        );
     }
 
     // ---- RDMA devices and ports
@@ -234,24 +262,53 @@ pub fn run(o: &Opts) -> Report {
     let names: Vec<String> = ports.iter().map(|p| p.dev.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     for amb in cfg.ib_hca.ambiguous_prefixes(&names) {
         let matched: Vec<&String> = names.iter().filter(|n| n.starts_with(amb)).collect();
-        r.add("env", "NCCL_IB_HCA prefix", Status::Warn, format!("entry {amb:?} is a prefix of {matched:?}"), format!("use exact names: NCCL_IB_HCA=={amb}"));
+        r.add(
+            "env",
+            "NCCL_IB_HCA prefix",
+            Status::Warn,
+            format!("entry {amb:?} is a prefix of {matched:?}"),
+            format!("use exact names: NCCL_IB_HCA=={amb}"),
+        );
     }
     if ports.is_empty() {
-        let why = if !o.sysfs.join("class/infiniband").exists() { "no /sys/class/infiniband (kernel without RDMA, or devices not passed into this container)" } else { "no devices under /sys/class/infiniband" };
-        r.add("rdma", "RDMA devices", Status::Warn, format!("none: {why}; the plugin will use TCP"), "for RDMA: load the driver (e.g. mlx5_ib) and pass /dev/infiniband into the container");
+        let why = if !o.sysfs.join("class/infiniband").exists() {
+            "no /sys/class/infiniband (kernel without RDMA, or devices not passed into this container)"
+        } else {
+            "no devices under /sys/class/infiniband"
+        };
+        r.add(
+            "rdma",
+            "RDMA devices",
+            Status::Warn,
+            format!("none: {why}; the plugin will use TCP"),
+            "for RDMA: load the driver (e.g. mlx5_ib) and pass /dev/infiniband into the container",
+        );
     }
     let active_sel: Vec<usize> = (0..ports.len()).collect();
     for &i in &active_sel {
         let p = &mut ports[i];
         p.selected = cfg.ib_hca.accepts(&p.dev, Some(p.port as u32));
         let label = format!("{}:{}", p.dev, p.port);
-        let detail = format!("{} / {} / {} / {}{}", p.state, p.phys_state, p.link_layer, p.rate, p.netdev.as_ref().map(|n| format!(" / netdev {n}")).unwrap_or_default());
+        let detail = format!(
+            "{} / {} / {} / {}{}",
+            p.state,
+            p.phys_state,
+            p.link_layer,
+            p.rate,
+            p.netdev.as_ref().map(|n| format!(" / netdev {n}")).unwrap_or_default()
+        );
         if !p.selected {
             r.add("rdma", label, Status::Pass, format!("{detail} (excluded by NCCL_IB_HCA)"), "");
         } else if p.state == "ACTIVE" {
             r.add("rdma", label, Status::Pass, detail, "");
         } else {
-            r.add("rdma", label, Status::Warn, format!("{detail}: not ACTIVE, the plugin skips it"), "check the cable/switch port (ibstat, ip link) or exclude it with NCCL_IB_HCA");
+            r.add(
+                "rdma",
+                label,
+                Status::Warn,
+                format!("{detail}: not ACTIVE, the plugin skips it"),
+                "check the cable/switch port (ibstat, ip link) or exclude it with NCCL_IB_HCA",
+            );
         }
     }
     // ---- GIDs (RoCE): the plugin's own choice (gid::choose), with its reason
@@ -270,7 +327,13 @@ pub fn run(o: &Opts) -> Report {
             Ok(c) => {
                 if let Some(nd) = &c.ndev {
                     if table.netdev_state(nd) == gid::NetdevState::Invisible {
-                        r.add("gid", format!("{label} GID {} netdev", c.index), Status::Warn, format!("{nd} is not in this network namespace"), "run in the namespace that owns the RoCE netdev (macvlan/SR-IOV: pass the VF/netdev into the pod)");
+                        r.add(
+                            "gid",
+                            format!("{label} GID {} netdev", c.index),
+                            Status::Warn,
+                            format!("{nd} is not in this network namespace"),
+                            "run in the namespace that owns the RoCE netdev (macvlan/SR-IOV: pass the VF/netdev into the pod)",
+                        );
                     }
                 }
                 let (status, fix) = match &c.concern {
@@ -280,18 +343,31 @@ pub fn run(o: &Opts) -> Report {
                 r.add("gid", format!("{label} GID {}", c.index), status, c.detail(), fix);
                 p.choice = Some((c.index, c.reason()));
             }
-            Err(e) => r.add("gid", format!("{label} GID"), Status::Fail, match e {
-                crate::Error::Usage(m) => m,
-                e => e.to_string(),
-            }, "check the GID table (show_gids), NCCL_IB_GID_INDEX and NCCL_IB_ADDR_RANGE"),
+            Err(e) => r.add(
+                "gid",
+                format!("{label} GID"),
+                Status::Fail,
+                match e {
+                    crate::Error::Usage(m) => m,
+                    e => e.to_string(),
+                },
+                "check the GID table (show_gids), NCCL_IB_GID_INDEX and NCCL_IB_ADDR_RANGE",
+            ),
         }
         if forced >= 0 {
-            r.add("env", "NCCL_IB_GID_INDEX", Status::Warn, format!("set to {forced}: GID indices differ between nodes and move when addresses change"), "unset it: librustnet picks the IPv4 RoCE v2 GID per connection");
+            r.add(
+                "env",
+                "NCCL_IB_GID_INDEX",
+                Status::Warn,
+                format!("set to {forced}: GID indices differ between nodes and move when addresses change"),
+                "unset it: librustnet picks the IPv4 RoCE v2 GID per connection",
+            );
         }
     }
     // ---- topology
     // nearest-NIC answers consider the ports the plugin would use
-    let nics: Vec<(String, String)> = ports.iter().filter(|p| p.selected && p.state == "ACTIVE").filter_map(|p| Some((p.dev.clone(), p.pci.clone()?))).collect();
+    let nics: Vec<(String, String)> =
+        ports.iter().filter(|p| p.selected && p.state == "ACTIVE").filter_map(|p| Some((p.dev.clone(), p.pci.clone()?))).collect();
     for p in &ports {
         let (s, d) = match (&p.pci, p.numa) {
             (Some(pci), numa) => (Status::Pass, format!("{pci}{}", numa.map(|n| format!(", NUMA {n}")).unwrap_or_default())),
@@ -301,7 +377,17 @@ pub fn run(o: &Opts) -> Report {
     }
     for (pci, numa) in gpus(&o.sysfs) {
         let near = nearest_nic(&pci, &nics);
-        r.add("topo", "GPU", Status::Pass, format!("{pci}{}; nearest NIC {}", numa.map(|n| format!(", NUMA {n}")).unwrap_or_default(), near.clone().unwrap_or_else(|| "none".into())), "");
+        r.add(
+            "topo",
+            "GPU",
+            Status::Pass,
+            format!(
+                "{pci}{}; nearest NIC {}",
+                numa.map(|n| format!(", NUMA {n}")).unwrap_or_default(),
+                near.clone().unwrap_or_else(|| "none".into())
+            ),
+            "",
+        );
         r.gpus.push(GpuInfo { pci, numa, nearest_nic: near });
     }
     // ---- GPUDirect
@@ -309,27 +395,59 @@ pub fn run(o: &Opts) -> Report {
     match (&pm, r.gpus.is_empty()) {
         (_, true) => r.add("gpu", "GPUDirect RDMA", Status::Pass, "no NVIDIA GPU on the PCI bus: host memory only", ""),
         (crate::gpu::PeerMem::Loaded(f), false) => r.add("gpu", "peer memory", Status::Pass, format!("loaded ({f})"), ""),
-        (crate::gpu::PeerMem::Absent, false) => r.add("gpu", "peer memory", Status::Warn, "nvidia-peermem not loaded: GPUDirect needs dma-buf instead", "modprobe nvidia-peermem (or rely on dma-buf with a recent driver and rdma-core)"),
+        (crate::gpu::PeerMem::Absent, false) => r.add(
+            "gpu",
+            "peer memory",
+            Status::Warn,
+            "nvidia-peermem not loaded: GPUDirect needs dma-buf instead",
+            "modprobe nvidia-peermem (or rely on dma-buf with a recent driver and rdma-core)",
+        ),
     }
     if !r.gpus.is_empty() {
         let ci = crate::gpu::cuda::info();
         match ci.unusable_reason() {
-            None => r.add("gpu", "CUDA driver", Status::Pass, format!("version {:?}, {} GPU(s), dma-buf {}", ci.driver, ci.devices, if ci.dmabuf_supported { "supported" } else { "not supported" }), ""),
+            None => r.add(
+                "gpu",
+                "CUDA driver",
+                Status::Pass,
+                format!(
+                    "version {:?}, {} GPU(s), dma-buf {}",
+                    ci.driver,
+                    ci.devices,
+                    if ci.dmabuf_supported { "supported" } else { "not supported" }
+                ),
+                "",
+            ),
             Some(w) => r.add("gpu", "CUDA driver", Status::Warn, w, "install the NVIDIA driver in the container image (libcuda.so.1)"),
         }
     }
     // ---- host limits and devices
     host_checks(o, &mut r, !ports.is_empty());
     // ---- TCP path / out-of-band interfaces
-    match crate::transport::tcp::device::select(&crate::transport::tcp::device::candidates(&crate::transport::tcp::sys::interfaces().unwrap_or_default(), cfg.socket_family), &cfg.socket_ifname) {
+    match crate::transport::tcp::device::select(
+        &crate::transport::tcp::device::candidates(&crate::transport::tcp::sys::interfaces().unwrap_or_default(), cfg.socket_family),
+        &cfg.socket_ifname,
+    ) {
         Ok(ifs) => {
             r.tcp_ifs = ifs.iter().map(|f| format!("{} {}", f.name, f.addr.ip())).collect();
             r.add("link", "TCP / out-of-band interfaces", Status::Pass, r.tcp_ifs.join(", "), "");
             if ifs.iter().any(|f| f.name.starts_with("lo")) && ifs.len() == 1 {
-                r.add("link", "TCP interface", Status::Warn, "only loopback: other nodes cannot reach this one", "set NCCL_SOCKET_IFNAME to the cluster interface");
+                r.add(
+                    "link",
+                    "TCP interface",
+                    Status::Warn,
+                    "only loopback: other nodes cannot reach this one",
+                    "set NCCL_SOCKET_IFNAME to the cluster interface",
+                );
             }
         }
-        Err(e) => r.add("link", "TCP / out-of-band interfaces", Status::Fail, e.to_string(), "set NCCL_SOCKET_IFNAME to an interface that exists on every node"),
+        Err(e) => r.add(
+            "link",
+            "TCP / out-of-band interfaces",
+            Status::Fail,
+            e.to_string(),
+            "set NCCL_SOCKET_IFNAME to an interface that exists on every node",
+        ),
     }
     // ---- what the plugin itself selects (the code NCCL runs)
     if o.probe_plugin {
@@ -337,7 +455,14 @@ pub fn run(o: &Opts) -> Report {
             Ok(p) => {
                 let devs: Vec<String> = (0..p.devices() as i32)
                     .filter_map(|d| p.properties(d).ok())
-                    .map(|d| format!("{} ({} Mbps{})", d.name.to_string_lossy(), d.speed_mbps, d.pci_path.map(|x| format!(", {}", x.to_string_lossy())).unwrap_or_default()))
+                    .map(|d| {
+                        format!(
+                            "{} ({} Mbps{})",
+                            d.name.to_string_lossy(),
+                            d.speed_mbps,
+                            d.pci_path.map(|x| format!(", {}", x.to_string_lossy())).unwrap_or_default()
+                        )
+                    })
                     .collect();
                 r.add("plugin", "transport", Status::Pass, format!("{}: {}", p.transport_name(), devs.join(", ")), "");
                 // Per-device GPUDirect decisions, made (and the dma-buf probe run)
@@ -345,10 +470,22 @@ pub fn run(o: &Opts) -> Report {
                 for g in crate::transport::ib::gdr::decisions() {
                     let on = g.decision.ptr_support != crate::transport::PTR_HOST;
                     let status = if on || r.gpus.is_empty() { Status::Pass } else { Status::Warn };
-                    r.add("plugin", format!("{} GPUDirect", g.dev), status, g.describe(), "see the GPUDirect RDMA section (nvidia-peermem, CUDA driver, rdma-core >= 34 for dma-buf)");
+                    r.add(
+                        "plugin",
+                        format!("{} GPUDirect", g.dev),
+                        status,
+                        g.describe(),
+                        "see the GPUDirect RDMA section (nvidia-peermem, CUDA driver, rdma-core >= 34 for dma-buf)",
+                    );
                 }
             }
-            Err(e) => r.add("plugin", "transport", Status::Fail, format!("init fails: {e}"), "fix the cause above; NCCL would fall back to its own network"),
+            Err(e) => r.add(
+                "plugin",
+                "transport",
+                Status::Fail,
+                format!("init fails: {e}"),
+                "fix the cause above; NCCL would fall back to its own network",
+            ),
         }
     }
     // ---- export lines
@@ -379,17 +516,35 @@ fn host_checks(o: &Opts, r: &mut Report, have_rdma: bool) {
                 let names: Vec<String> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
                 let uverbs: Vec<&String> = names.iter().filter(|n| n.starts_with("uverbs")).collect();
                 if uverbs.is_empty() {
-                    r.add("host", "/dev/infiniband", Status::Fail, format!("present but no uverbs* device ({names:?})"), "load ib_uverbs / pass /dev/infiniband/uverbs* into the container");
+                    r.add(
+                        "host",
+                        "/dev/infiniband",
+                        Status::Fail,
+                        format!("present but no uverbs* device ({names:?})"),
+                        "load ib_uverbs / pass /dev/infiniband/uverbs* into the container",
+                    );
                 } else {
                     let denied: Vec<String> = uverbs.iter().filter(|n| !access_rw(&ib.join(n))).map(|n| n.to_string()).collect();
                     if denied.is_empty() {
                         r.add("host", "/dev/infiniband", Status::Pass, format!("{} uverbs device(s), read/write", uverbs.len()), "");
                     } else {
-                        r.add("host", "/dev/infiniband", Status::Fail, format!("no read/write access to {denied:?}"), "run with access to /dev/infiniband (group rdma, or --device /dev/infiniband)");
+                        r.add(
+                            "host",
+                            "/dev/infiniband",
+                            Status::Fail,
+                            format!("no read/write access to {denied:?}"),
+                            "run with access to /dev/infiniband (group rdma, or --device /dev/infiniband)",
+                        );
                     }
                 }
             }
-            Err(_) => r.add("host", "/dev/infiniband", Status::Fail, "missing although RDMA devices exist in sysfs", "docker run --device /dev/infiniband (Kubernetes: an RDMA device plugin)"),
+            Err(_) => r.add(
+                "host",
+                "/dev/infiniband",
+                Status::Fail,
+                "missing although RDMA devices exist in sysfs",
+                "docker run --device /dev/infiniband (Kubernetes: an RDMA device plugin)",
+            ),
         }
     }
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -403,13 +558,25 @@ fn host_checks(o: &Opts, r: &mut Report, have_rdma: bool) {
         r.add("host", "locked memory", Status::Pass, format!("{} KiB, but CAP_IPC_LOCK lifts it", lim.rlim_cur / 1024), "");
     } else {
         let s = if have_rdma { Status::Warn } else { Status::Pass };
-        r.add("host", "locked memory", s, format!("{} KiB: memory registrations beyond it fail", lim.rlim_cur / 1024), "ulimit -l unlimited (docker --ulimit memlock=-1, or grant IPC_LOCK)");
+        r.add(
+            "host",
+            "locked memory",
+            s,
+            format!("{} KiB: memory registrations beyond it fail", lim.rlim_cur / 1024),
+            "ulimit -l unlimited (docker --ulimit memlock=-1, or grant IPC_LOCK)",
+        );
     }
     r.add("host", "CAP_IPC_LOCK", Status::Pass, if ipc_lock { "present" } else { "absent" }, "");
     let ns_self = std::fs::read_link("/proc/self/ns/net").ok();
     let ns_init = std::fs::read_link("/proc/1/ns/net").ok();
     if ns_self.is_some() && ns_init.is_some() && ns_self != ns_init {
-        r.add("host", "network namespace", Status::Pass, "not the init process's namespace: RoCE GIDs must belong to netdevs visible here", "");
+        r.add(
+            "host",
+            "network namespace",
+            Status::Pass,
+            "not the init process's namespace: RoCE GIDs must belong to netdevs visible here",
+            "",
+        );
     }
 }
 
@@ -438,17 +605,21 @@ pub fn render(r: &Report) -> String {
     for c in &r.checks {
         if c.layer != layer {
             layer = c.layer;
-            let _ = writeln!(s, "\n== {}", match layer {
-                "env" => "environment",
-                "rdma" => "RDMA devices and ports",
-                "gid" => "RoCE GID choice (what the plugin will use)",
-                "topo" => "PCI / NUMA topology",
-                "gpu" => "GPUDirect RDMA",
-                "host" => "host limits and device files",
-                "link" => "IP interfaces (TCP transport, out-of-band exchange)",
-                "plugin" => "what librustnet selects (its own init, as NCCL would run it)",
-                other => other,
-            });
+            let _ = writeln!(
+                s,
+                "\n== {}",
+                match layer {
+                    "env" => "environment",
+                    "rdma" => "RDMA devices and ports",
+                    "gid" => "RoCE GID choice (what the plugin will use)",
+                    "topo" => "PCI / NUMA topology",
+                    "gpu" => "GPUDirect RDMA",
+                    "host" => "host limits and device files",
+                    "link" => "IP interfaces (TCP transport, out-of-band exchange)",
+                    "plugin" => "what librustnet selects (its own init, as NCCL would run it)",
+                    other => other,
+                }
+            );
         }
         let tag = match c.status {
             Status::Pass => "PASS",
@@ -468,11 +639,15 @@ pub fn render(r: &Report) -> String {
         }
     }
     let w = r.worst();
-    let _ = writeln!(s, "\nverdict: {}", match w {
-        Status::Pass => "PASS",
-        Status::Warn => "WARN (works; see the fixes above)",
-        Status::Fail => "FAIL (see the fixes above)",
-    });
+    let _ = writeln!(
+        s,
+        "\nverdict: {}",
+        match w {
+            Status::Pass => "PASS",
+            Status::Warn => "WARN (works; see the fixes above)",
+            Status::Fail => "FAIL (see the fixes above)",
+        }
+    );
     s
 }
 
@@ -496,7 +671,16 @@ pub fn render_json(r: &Report) -> String {
     let checks: Vec<String> = r
         .checks
         .iter()
-        .map(|c| format!("{{\"layer\":{},\"what\":{},\"status\":\"{:?}\",\"detail\":{},\"fix\":{}}}", js(c.layer), js(&c.what), c.status, js(&c.detail), js(&c.fix)))
+        .map(|c| {
+            format!(
+                "{{\"layer\":{},\"what\":{},\"status\":\"{:?}\",\"detail\":{},\"fix\":{}}}",
+                js(c.layer),
+                js(&c.what),
+                c.status,
+                js(&c.detail),
+                js(&c.fix)
+            )
+        })
         .collect();
     let ports: Vec<String> = r
         .ports
@@ -520,7 +704,18 @@ pub fn render_json(r: &Report) -> String {
             )
         })
         .collect();
-    let gpus: Vec<String> = r.gpus.iter().map(|g| format!("{{\"pci\":{},\"numa\":{},\"nearest_nic\":{}}}", js(&g.pci), g.numa.map(|n| n.to_string()).unwrap_or("null".into()), g.nearest_nic.as_deref().map(js).unwrap_or("null".into()))).collect();
+    let gpus: Vec<String> = r
+        .gpus
+        .iter()
+        .map(|g| {
+            format!(
+                "{{\"pci\":{},\"numa\":{},\"nearest_nic\":{}}}",
+                js(&g.pci),
+                g.numa.map(|n| n.to_string()).unwrap_or("null".into()),
+                g.nearest_nic.as_deref().map(js).unwrap_or("null".into())
+            )
+        })
+        .collect();
     format!(
         "{{\"verdict\":\"{:?}\",\"checks\":[{}],\"ports\":[{}],\"gpus\":[{}],\"tcp_interfaces\":[{}],\"export_env\":[{}]}}\n",
         r.worst(),

@@ -196,27 +196,67 @@ impl Plugin {
                 Table::V6(t) => {
                     let mut p: ncclNetProperties_v6_t = std::mem::zeroed();
                     ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props { name: cs(p.name).unwrap_or_default(), pci_path: cs(p.pciPath), ptr_support: p.ptrSupport, speed: p.speed, max_recvs: p.maxRecvs, net_device_type: 0, max_p2p_bytes: 0 })
+                    Ok(Props {
+                        name: cs(p.name).unwrap_or_default(),
+                        pci_path: cs(p.pciPath),
+                        ptr_support: p.ptrSupport,
+                        speed: p.speed,
+                        max_recvs: p.maxRecvs,
+                        net_device_type: 0,
+                        max_p2p_bytes: 0,
+                    })
                 }
                 Table::V7(t) => {
                     let mut p: ncclNetProperties_v7_t = std::mem::zeroed();
                     ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props { name: cs(p.name).unwrap_or_default(), pci_path: cs(p.pciPath), ptr_support: p.ptrSupport, speed: p.speed, max_recvs: p.maxRecvs, net_device_type: p.netDeviceType as i32, max_p2p_bytes: 0 })
+                    Ok(Props {
+                        name: cs(p.name).unwrap_or_default(),
+                        pci_path: cs(p.pciPath),
+                        ptr_support: p.ptrSupport,
+                        speed: p.speed,
+                        max_recvs: p.maxRecvs,
+                        net_device_type: p.netDeviceType as i32,
+                        max_p2p_bytes: 0,
+                    })
                 }
                 Table::V8(t) => {
                     let mut p: ncclNetProperties_v8_t = std::mem::zeroed();
                     ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props { name: cs(p.name).unwrap_or_default(), pci_path: cs(p.pciPath), ptr_support: p.ptrSupport, speed: p.speed, max_recvs: p.maxRecvs, net_device_type: p.netDeviceType as i32, max_p2p_bytes: 0 })
+                    Ok(Props {
+                        name: cs(p.name).unwrap_or_default(),
+                        pci_path: cs(p.pciPath),
+                        ptr_support: p.ptrSupport,
+                        speed: p.speed,
+                        max_recvs: p.maxRecvs,
+                        net_device_type: p.netDeviceType as i32,
+                        max_p2p_bytes: 0,
+                    })
                 }
                 Table::V9(t) => {
                     let mut p: ncclNetProperties_v9_t = std::mem::zeroed();
                     ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props { name: cs(p.name).unwrap_or_default(), pci_path: cs(p.pciPath), ptr_support: p.ptrSupport, speed: p.speed, max_recvs: p.maxRecvs, net_device_type: p.netDeviceType as i32, max_p2p_bytes: p.maxP2pBytes })
+                    Ok(Props {
+                        name: cs(p.name).unwrap_or_default(),
+                        pci_path: cs(p.pciPath),
+                        ptr_support: p.ptrSupport,
+                        speed: p.speed,
+                        max_recvs: p.maxRecvs,
+                        net_device_type: p.netDeviceType as i32,
+                        max_p2p_bytes: p.maxP2pBytes,
+                    })
                 }
                 Table::V10(t) => {
                     let mut p: ncclNetProperties_v10_t = std::mem::zeroed();
                     ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props { name: cs(p.name).unwrap_or_default(), pci_path: cs(p.pciPath), ptr_support: p.ptrSupport, speed: p.speed, max_recvs: p.maxRecvs, net_device_type: p.netDeviceType as i32, max_p2p_bytes: p.maxP2pBytes })
+                    Ok(Props {
+                        name: cs(p.name).unwrap_or_default(),
+                        pci_path: cs(p.pciPath),
+                        ptr_support: p.ptrSupport,
+                        speed: p.speed,
+                        max_recvs: p.maxRecvs,
+                        net_device_type: p.netDeviceType as i32,
+                        max_p2p_bytes: p.maxP2pBytes,
+                    })
                 }
             }
         }
@@ -387,7 +427,13 @@ impl Plugin {
 
     /// Connect to `peer_handle` and accept on `listen` together from one
     /// thread (as NCCL may), until both are done or `timeout` passes.
-    pub fn connect_accept(&self, dev: i32, peer_handle: &mut [u8; 128], listen: Ptr, timeout: std::time::Duration) -> Result<(Ptr, Ptr), String> {
+    pub fn connect_accept(
+        &self,
+        dev: i32,
+        peer_handle: &mut [u8; 128],
+        listen: Ptr,
+        timeout: std::time::Duration,
+    ) -> Result<(Ptr, Ptr), String> {
         let t0 = std::time::Instant::now();
         let (mut s, mut r) = (None, None);
         while s.is_none() || r.is_none() {

@@ -59,7 +59,8 @@ impl Plugin {
     fn log_devices(&self) {
         match &self.net {
             Net::Tcp(t) => {
-                let list: Vec<String> = t.interfaces().iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
+                let list: Vec<String> =
+                    t.interfaces().iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
                 let c = t.stream_cfg();
                 tracing::info!("using TCP on {} ({} stream(s) per connection)", list.join(" "), c.nstreams);
             }
@@ -105,9 +106,14 @@ impl Plugin {
     /// NCCL's makeVDevice (ABI v9+): fuse `members` into one device,
     /// appended after the others; verbs only.
     pub fn make_vdevice(&self, members: &[i32]) -> Result<i32> {
-        let m: Vec<usize> = members.iter().map(|&d| usize::try_from(d).map_err(|_| Error::InvalidArg(format!("makeVDevice: device {d} is negative")))).collect::<Result<_>>()?;
+        let m: Vec<usize> = members
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| Error::InvalidArg(format!("makeVDevice: device {d} is negative"))))
+            .collect::<Result<_>>()?;
         match &self.net {
-            Net::Tcp(_) => Err(Error::Usage("makeVDevice: the TCP transport does not fuse devices (it stripes over streams instead)".into())),
+            Net::Tcp(_) => {
+                Err(Error::Usage("makeVDevice: the TCP transport does not fuse devices (it stripes over streams instead)".into()))
+            }
             Net::Ib(n) => Ok(n.make_vdevice(&m)? as i32),
         }
     }
@@ -242,7 +248,8 @@ impl Plugin {
             Net::Ib(n) => {
                 if let Some((members, access)) = ib_members_access(n, comm) {
                     // SAFETY: as below, for each member (fd is still open during this call).
-                    let rails = members.iter().map(|&d| unsafe { n.reg_mr_dmabuf(d, buf, fd, offset, access) }).collect::<Result<Vec<_>>>()?;
+                    let rails =
+                        members.iter().map(|&d| unsafe { n.reg_mr_dmabuf(d, buf, fd, offset, access) }).collect::<Result<Vec<_>>>()?;
                     return Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: None, ib_rails: rails });
                 }
                 let (dev, access) = ib_dev_access(n, comm)?;
@@ -283,14 +290,18 @@ fn ib_dev_access(n: &IbNet, comm: &Comm) -> Result<(usize, ib::Access)> {
     match &comm.body {
         CommBody::Send(s) => match &*s.lock() {
             AnySend::Ib(c) => Ok((c.dev(), ib::Access::LOCAL_READ)),
-            AnySend::Tcp(_) | AnySend::IbMulti(_) => Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into())),
+            AnySend::Tcp(_) | AnySend::IbMulti(_) => {
+                Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into()))
+            }
         },
         CommBody::Recv(r) => match &*r.lock() {
             AnyRecv::Ib(c) => {
                 let d = c.dev();
                 Ok((d, n.recv_access_on(d)))
             }
-            AnyRecv::Tcp(_) | AnyRecv::IbMulti(_) => Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into())),
+            AnyRecv::Tcp(_) | AnyRecv::IbMulti(_) => {
+                Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into()))
+            }
         },
     }
 }

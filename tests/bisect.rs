@@ -279,11 +279,14 @@ struct Summary {
 
 fn summary(out: &str) -> Summary {
     let l = out.lines().find(|l| l.starts_with("RESULT ")).unwrap_or_else(|| panic!("no RESULT line in:\n{out}"));
-    let field = |k: &str| -> String {
-        l.split_whitespace().find_map(|f| f.strip_prefix(&format!("{k}="))).unwrap_or_default().to_string()
-    };
+    let field = |k: &str| -> String { l.split_whitespace().find_map(|f| f.strip_prefix(&format!("{k}="))).unwrap_or_default().to_string() };
     let list = |k: &str| -> Vec<String> { field(k).split(',').filter(|s| !s.is_empty()).map(String::from).collect() };
-    Summary { slow: list("slow"), unreachable: list("unreachable"), undetermined: list("undetermined"), rounds: field("rounds").parse().unwrap() }
+    Summary {
+        slow: list("slow"),
+        unreachable: list("unreachable"),
+        undetermined: list("undetermined"),
+        rounds: field("rounds").parse().unwrap(),
+    }
 }
 
 fn scenario(slow: &[usize], max_rounds: usize) {
@@ -313,7 +316,9 @@ fn scenario(slow: &[usize], max_rounds: usize) {
         .lines()
         .skip(1)
         .enumerate()
-        .flat_map(|(i, l)| l.split(',').skip(1).enumerate().filter_map(move |(j, c)| c.parse::<f64>().ok().map(|v| (i, j, v))).collect::<Vec<_>>())
+        .flat_map(|(i, l)| {
+            l.split(',').skip(1).enumerate().filter_map(move |(j, c)| c.parse::<f64>().ok().map(|v| (i, j, v))).collect::<Vec<_>>()
+        })
         .collect();
     let mut healthy: Vec<f64> = cells.iter().filter(|(i, j, _)| !slow.contains(i) && !slow.contains(j)).map(|c| c.2).collect();
     let shaped: Vec<f64> = cells.iter().filter(|(i, j, _)| slow.contains(i) || slow.contains(j)).map(|c| c.2).collect();
@@ -326,7 +331,11 @@ fn scenario(slow: &[usize], max_rounds: usize) {
     let pic = std::fs::read_to_string(&svg).expect("SVG written");
     assert!(pic.starts_with("<svg") && pic.trim_end().ends_with("</svg>"));
     assert_eq!(pic.matches(" SLOW</text>").count(), slow.len(), "slow hosts marked in the heat map");
-    eprintln!("scenario slow={slow:?}: setup {setup:.1} s, bisect {secs:.1} s, {} rounds, total {:.1} s", s.rounds, t0.elapsed().as_secs_f64());
+    eprintln!(
+        "scenario slow={slow:?}: setup {setup:.1} s, bisect {secs:.1} s, {} rounds, total {:.1} s",
+        s.rounds,
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

@@ -36,7 +36,11 @@ fn run(bin: &PathBuf, mode: &str, env: &[(&str, &str)]) -> String {
     let o = c.output().unwrap();
     let s = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "consumer {mode} failed: {s}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(o.stderr.is_empty() || !String::from_utf8_lossy(&o.stderr).contains("[rustnet"), "logged to stderr despite a logger: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.stderr.is_empty() || !String::from_utf8_lossy(&o.stderr).contains("[rustnet"),
+        "logged to stderr despite a logger: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     s
 }
 

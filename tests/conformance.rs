@@ -75,7 +75,16 @@ struct RecvSlot {
 
 /// Both directions at once: send our plan, receive the peer's plan, verify
 /// every byte, the canary behind it and the reported sizes.
-fn traffic(p: &Plugin, s: Ptr, r: Ptr, my_seed: u64, peer_seed: u64, rounds: usize, max_recvs: usize, max_big: usize) -> Result<u64, String> {
+fn traffic(
+    p: &Plugin,
+    s: Ptr,
+    r: Ptr,
+    my_seed: u64,
+    peer_seed: u64,
+    rounds: usize,
+    max_recvs: usize,
+    max_big: usize,
+) -> Result<u64, String> {
     let send_plan = plan(my_seed, rounds, max_recvs, max_big);
     let recv_plan = plan(peer_seed, rounds, max_recvs, max_big);
     let window = 4usize;
@@ -101,7 +110,8 @@ fn traffic(p: &Plugin, s: Ptr, r: Ptr, my_seed: u64, peer_seed: u64, rounds: usi
             for b in &mut bufs {
                 mhs.push(p.reg_mr(r, b.as_mut_ptr(), b.len()).map_err(|e| e.to_string())?);
             }
-            let spec: Vec<_> = rd.msgs.iter().zip(bufs.iter_mut()).zip(&mhs).map(|((m, b), mh)| (b.as_mut_ptr(), m.cap, m.tag, *mh)).collect();
+            let spec: Vec<_> =
+                rd.msgs.iter().zip(bufs.iter_mut()).zip(&mhs).map(|((m, b), mh)| (b.as_mut_ptr(), m.cap, m.tag, *mh)).collect();
             match p.irecv(r, &spec).map_err(|e| e.to_string())? {
                 Some(req) => {
                     recvs.push(RecvSlot { round: next_recv, req, bufs, mhs });
@@ -165,10 +175,16 @@ fn traffic(p: &Plugin, s: Ptr, r: Ptr, my_seed: u64, peer_seed: u64, rounds: usi
                         return Err(format!("round {} buffer {j}: test reported {} bytes, peer sent {}", rs.round, sizes[j], m.size));
                     }
                     if let Some(off) = check(&rs.bufs[j][..m.size], peer_seed, rs.round, j) {
-                        return Err(format!("round {} buffer {j} (tag {}, {} bytes): data differs at offset {off}", rs.round, m.tag, m.size));
+                        return Err(format!(
+                            "round {} buffer {j} (tag {}, {} bytes): data differs at offset {off}",
+                            rs.round, m.tag, m.size
+                        ));
                     }
                     if let Some(off) = rs.bufs[j][m.size..].iter().position(|&b| b != CANARY) {
-                        return Err(format!("round {} buffer {j}: canary overwritten {off} bytes past the {}-byte message", rs.round, m.size));
+                        return Err(format!(
+                            "round {} buffer {j}: canary overwritten {off} bytes past the {}-byte message",
+                            rs.round, m.size
+                        ));
                     }
                     bytes += m.size as u64;
                 }
@@ -562,7 +578,11 @@ fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(240);
     let mut a = spawn("A", version, "traffic", env);
     let mut b = spawn("B", version, "traffic", env);
-    let cycles = env.iter().find(|(k, _)| *k == "RUSTNET_CONF_CYCLES").and_then(|(_, v)| v.parse().ok()).unwrap_or(env_u64("RUSTNET_CONF_CYCLES", 3));
+    let cycles = env
+        .iter()
+        .find(|(k, _)| *k == "RUSTNET_CONF_CYCLES")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(env_u64("RUSTNET_CONF_CYCLES", 3));
     for _ in 0..cycles {
         swap_handles(&mut a, &mut b, t)?;
         a.expect("CYCLE", t)?;
@@ -710,7 +730,11 @@ fn link_cut_case() -> Result<String, String> {
     if tb > Duration::from_secs(15) || ta > Duration::from_secs(15) {
         return Err(format!("too slow: sender {tb:?}, receiver {ta:?} after the cut (timeout 3 s)"));
     }
-    Ok(format!("sender failed {:.1}s, receiver {:.1}s after the cut (RUSTNET_SOCKET_TIMEOUT=3): {rb}; {ra}", tb.as_secs_f64(), ta.as_secs_f64()))
+    Ok(format!(
+        "sender failed {:.1}s, receiver {:.1}s after the cut (RUSTNET_SOCKET_TIMEOUT=3): {rb}; {ra}",
+        tb.as_secs_f64(),
+        ta.as_secs_f64()
+    ))
 }
 
 /// Traffic over IPv6 only (NCCL_SOCKET_FAMILY=AF_INET6) between two namespaces.

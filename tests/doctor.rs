@@ -46,7 +46,12 @@ fn fixture(tag: &str) -> Tree {
         w(&p.join("rate"), "100 Gb/sec (4X EDR)\n");
         // ConnectX table: fe80 v1, fe80 v2, IPv4 v1, IPv4 v2, then empty slots
         let ip = if dev == "mlx5_0" { "10.0.0.1" } else { "10.0.1.1" };
-        let rows = [("fe80::1", "IB/RoCE v1"), ("fe80::1", "RoCE v2"), (&*format!("::ffff:{ip}"), "IB/RoCE v1"), (&*format!("::ffff:{ip}"), "RoCE v2")];
+        let rows = [
+            ("fe80::1", "IB/RoCE v1"),
+            ("fe80::1", "RoCE v2"),
+            (&*format!("::ffff:{ip}"), "IB/RoCE v1"),
+            (&*format!("::ffff:{ip}"), "RoCE v2"),
+        ];
         for (i, (g, t)) in rows.iter().enumerate() {
             w(&p.join(format!("gids/{i}")), &format!("{}\n", gid_text(g)));
             w(&p.join(format!("gid_attrs/types/{i}")), &format!("{t}\n"));
@@ -109,7 +114,12 @@ fn prefix_pitfall_and_forced_bad_index() {
     let (out, code) = doctor(&t.0, &[], &[("NCCL_IB_HCA", "mlx5_1"), ("NCCL_IB_GID_INDEX", "7")]);
     assert!(out.contains("NCCL_IB_HCA prefix") && out.contains("mlx5_10") && out.contains("NCCL_IB_HCA==mlx5_1"), "{out}");
     assert!(out.contains("excluded by NCCL_IB_HCA"), "{out}");
-    assert!(out.contains("[FAIL] mlx5_10:1 GID: NCCL_IB_GID_INDEX=7: GID index 7 on mlx5_10:1 is empty; usable: 0 fe80::1 RoCE v1 eth4 link-local"), "{out}");
+    assert!(
+        out.contains(
+            "[FAIL] mlx5_10:1 GID: NCCL_IB_GID_INDEX=7: GID index 7 on mlx5_10:1 is empty; usable: 0 fe80::1 RoCE v1 eth4 link-local"
+        ),
+        "{out}"
+    );
     assert_eq!(code, 2);
     let (out, code) = doctor(&t.0, &[], &[("NCCL_SOCKET_FAMILY", "AF_DECnet")]);
     assert!(out.contains("[FAIL] knob values") && out.contains("NCCL_SOCKET_FAMILY"), "{out}");

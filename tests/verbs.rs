@@ -54,8 +54,8 @@ fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
     let hca = format!("={}", devs.join(","));
     let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
     kv.extend_from_slice(extra);
-    let n =
-        IbNet::new(&config(&kv)).unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
+    let n = IbNet::new(&config(&kv))
+        .unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
     let idx = devs
         .iter()
         .map(|d| {
@@ -523,7 +523,8 @@ fn registration_cache_is_refcounted_and_page_aligned() {
     // a sub-range gets its own registration: the rest of a larger one may
     // map pages that were unmapped and mapped again since
     // SAFETY: as above.
-    let m3 = unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(page + 100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
+    let m3 =
+        unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(page + 100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
     assert_ne!(m1.lkey(), m3.lkey());
     assert_eq!(dev.mrs.len(), before + 2);
     drop(m1);
@@ -786,7 +787,8 @@ fn zz_link_down_mid_transfer_fails_both_ends() {
     let smr = reg(&n, idx[0], &mut src, Access::LOCAL_READ);
     let rmr = reg(&n, idx[1], &mut dst, Access::REMOTE_WRITE);
     // the routes the rig put on the veths, to restore after the link comes back
-    let routes: Vec<String> = ip(&["-o", "route", "show", "table", "all"]).lines().filter(|l| l.contains(" dev veth")).map(String::from).collect();
+    let routes: Vec<String> =
+        ip(&["-o", "route", "show", "table", "all"]).lines().filter(|l| l.contains(" dev veth")).map(String::from).collect();
     let mut done = 0;
     let mut down_at: Option<Instant> = None;
     let (mut serr, mut rerr) = (None, None);

@@ -46,8 +46,10 @@ fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
     let hca = format!("={}", uniq.join(","));
     let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
     kv.extend_from_slice(extra);
-    let n = IbNet::new(&config(&kv)).unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
-    let idx = devs.iter().map(|d| n.devices().iter().position(|x| x.dev_name == *d).unwrap_or_else(|| panic!("device {d} not found"))).collect();
+    let n = IbNet::new(&config(&kv))
+        .unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
+    let idx =
+        devs.iter().map(|d| n.devices().iter().position(|x| x.dev_name == *d).unwrap_or_else(|| panic!("device {d} not found"))).collect();
     (n, idx)
 }
 
@@ -81,7 +83,9 @@ impl Pages {
     fn new(len: usize) -> Pages {
         let len = len.div_ceil(4096) * 4096;
         // SAFETY: anonymous private mapping, checked below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
         assert_ne!(p, libc::MAP_FAILED, "mmap {len}");
         Pages { p: p as *mut u8, len }
     }

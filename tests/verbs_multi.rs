@@ -228,7 +228,8 @@ fn stats_dump_prints_one_info_line_per_comm_on_close() {
         rustnet::transport::ib::p2p::set_stats_dump(false);
         q
     });
-    let lines: Vec<String> = log.lock().unwrap().iter().filter(|(l, m)| *l == tracing::Level::INFO && m.starts_with("stats:")).map(|x| x.1.clone()).collect();
+    let lines: Vec<String> =
+        log.lock().unwrap().iter().filter(|(l, m)| *l == tracing::Level::INFO && m.starts_with("stats:")).map(|x| x.1.clone()).collect();
     eprintln!("{lines:#?}");
     assert_eq!(lines.len(), 2, "one line per comm: {lines:?}");
     assert!(lines[0].contains("send comm to") && lines[1].contains("recv comm to"), "{lines:?}");
@@ -247,7 +248,8 @@ use rustnet::transport::ib::vdev::{self, AnyRecv, AnySend, MultiRecv, MultiSend}
 /// the receiver's (member i of one is cabled to member i of the other).
 fn rails() -> (Vec<String>, Vec<String>) {
     let v = std::env::var("RUSTNET_TEST_RAILS").unwrap_or_default();
-    let g: Vec<Vec<String>> = v.split(';').map(|x| x.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()).collect();
+    let g: Vec<Vec<String>> =
+        v.split(';').map(|x| x.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()).collect();
     if g.len() != 2 || g[0].len() < 2 || g[0].len() != g[1].len() {
         panic!(
             "RUSTNET_TEST_RAILS={v:?}: this test needs two RDMA devices per side, e.g. \"rxe0,rxe2;rxe1,rxe3\" \
@@ -311,7 +313,13 @@ fn check_rails(n: &IbNet, s: &MultiSend, r: &MultiRecv, sizes: &[usize], nqps: u
     let name = |d: usize| n.devices()[d].name.clone();
     let (ss, rs) = (s.member_stats(), r.member_stats());
     for ((sd, sq), (rd, rq)) in ss.iter().zip(&rs) {
-        eprintln!("member {} -> {}: send {} | recv {}", name(*sd), name(*rd), rustnet::transport::ib::p2p::format_stats(sq), rustnet::transport::ib::p2p::format_stats(rq));
+        eprintln!(
+            "member {} -> {}: send {} | recv {}",
+            name(*sd),
+            name(*rd),
+            rustnet::transport::ib::p2p::format_stats(sq),
+            rustnet::transport::ib::p2p::format_stats(rq)
+        );
         assert_eq!(sq.len(), nqps, "QPs per member");
         let sb: u64 = sq.iter().map(|q| q.bytes).sum();
         let rb: u64 = rq.iter().map(|q| q.bytes).sum();

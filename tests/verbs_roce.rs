@@ -46,8 +46,10 @@ fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
     let hca = format!("={}", devs.join(","));
     let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
     kv.extend_from_slice(extra);
-    let n = IbNet::new(&config(&kv)).unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds none: {e}"));
-    let idx = devs.iter().map(|d| n.devices().iter().position(|x| x.dev_name == *d).unwrap_or_else(|| panic!("device {d} missing"))).collect();
+    let n =
+        IbNet::new(&config(&kv)).unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds none: {e}"));
+    let idx =
+        devs.iter().map(|d| n.devices().iter().position(|x| x.dev_name == *d).unwrap_or_else(|| panic!("device {d} missing"))).collect();
     (n, idx)
 }
 
@@ -201,7 +203,10 @@ fn root() -> bool {
 }
 
 fn netdev_of(dev: &str) -> String {
-    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0")).expect("netdev of the device").trim().to_string()
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0"))
+        .expect("netdev of the device")
+        .trim()
+        .to_string()
 }
 
 // ---------------------------------------------------------------- GID choice
@@ -247,7 +252,11 @@ fn ipv6_address_is_chosen_for_af_inet6_and_moves_data() {
         let c = gid::last_choice(&d, 1).unwrap();
         eprintln!("{extra:?}: {}", c.reason());
         assert_eq!((a.gid_index as u32, gid::show(&a.gid), a.family), (ix, "fd99::1".to_string(), 6), "{}", c.reason());
-        assert!(c.why.starts_with(if extra[0].0 == "NCCL_IB_ADDR_RANGE" { "IPv6 v2 in range fd99::/16" } else { "IPv6 v2 preferred" }), "{}", c.reason());
+        assert!(
+            c.why.starts_with(if extra[0].0 == "NCCL_IB_ADDR_RANGE" { "IPv6 v2 in range fd99::/16" } else { "IPv6 v2 preferred" }),
+            "{}",
+            c.reason()
+        );
         let (mut s, mut r) = pair_tc(&n, idx[0], idx[0], None);
         transfer(&n, &mut s, &mut r, &[1, 4096, 1 << 20]);
     }
@@ -315,7 +324,13 @@ fn ipv4_address_added_after_startup_is_used_by_the_next_connection() {
     eprintln!("after: {}", c.reason());
     assert_eq!((c.index, gid::show(&c.gid)), (ix, "::ffff:10.199.88.1".to_string()));
     let infos = gid_infos(&log);
-    assert!(infos.len() == 1 && infos[0].contains("GID choice") && infos[0].contains("::ffff:10.199.88.1") && infos[0].contains("in range 10.199.88.0/24"), "{infos:?}");
+    assert!(
+        infos.len() == 1
+            && infos[0].contains("GID choice")
+            && infos[0].contains("::ffff:10.199.88.1")
+            && infos[0].contains("in range 10.199.88.0/24"),
+        "{infos:?}"
+    );
 }
 
 /// One end on IPv6, the other on IPv4: both fail, naming both GIDs.
@@ -351,7 +366,10 @@ fn family_mismatch_fails_both_ends_naming_both_gids() {
     });
     eprintln!("receiver: {rerr}\nsender: {serr}");
     for e in [&rerr, &serr] {
-        assert!(e.contains("RoCE GID mismatch") && e.contains("fd98::1") && e.contains("::ffff:") && e.contains("IPv6") && e.contains("IPv4"), "{e}");
+        assert!(
+            e.contains("RoCE GID mismatch") && e.contains("fd98::1") && e.contains("::ffff:") && e.contains("IPv6") && e.contains("IPv4"),
+            "{e}"
+        );
     }
 }
 

@@ -247,7 +247,14 @@ pub(crate) unsafe fn recv_sizes<T: Copy + TryInto<usize>>(n: c_int, sizes: *cons
     Ok(out)
 }
 
-pub(crate) unsafe fn iflush(comm: VoidPtr, n: c_int, data: *mut VoidPtr, sizes: *mut c_int, _mh: *mut VoidPtr, request: *mut VoidPtr) -> ncclResult_t {
+pub(crate) unsafe fn iflush(
+    comm: VoidPtr,
+    n: c_int,
+    data: *mut VoidPtr,
+    sizes: *mut c_int,
+    _mh: *mut VoidPtr,
+    request: *mut VoidPtr,
+) -> ncclResult_t {
     guard("iflush", || {
         // SAFETY: comm and out-pointer from NCCL.
         let (c, req) = unsafe { (comm_ref(comm, "iflush")?, out(request, "iflush", "request")?) };

@@ -89,7 +89,14 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mh: *mut c_void) -> 
     unsafe { c::dereg_mr(comm, mh) }
 }
 
-pub(crate) unsafe extern "C" fn isend(sc: *mut c_void, data: *mut c_void, size: c_int, tag: c_int, mh: *mut c_void, req: *mut VoidPtr) -> ncclResult_t {
+pub(crate) unsafe extern "C" fn isend(
+    sc: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    mh: *mut c_void,
+    req: *mut VoidPtr,
+) -> ncclResult_t {
     if size < 0 {
         return guard("isend", || Err(crate::error::Error::InvalidArg(format!("isend size {size} is negative"))));
     }

@@ -55,9 +55,10 @@ pub(crate) unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetV
     guard("makeVDevice", || {
         // SAFETY: pointers from NCCL; NULL rejected.
         let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        let n = usize::try_from(p.ndevs).ok().filter(|&n| n <= p.devs.len()).ok_or_else(|| {
-            crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {} (1..={} accepted)", p.ndevs, p.devs.len()))
-        })?;
+        let n = usize::try_from(p.ndevs)
+            .ok()
+            .filter(|&n| n <= p.devs.len())
+            .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {} (1..={} accepted)", p.ndevs, p.devs.len())))?;
         *out_d = crate::plugin::get()?.make_vdevice(&p.devs[..n])?;
         Ok(())
     })
@@ -90,7 +91,14 @@ pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *m
     unsafe { c::accept(lc, rc) }
 }
 
-pub(crate) unsafe extern "C" fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void, req: *mut VoidPtr) -> ncclResult_t {
+pub(crate) unsafe extern "C" fn isend(
+    sc: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mh: *mut c_void,
+    req: *mut VoidPtr,
+) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
     unsafe { c::isend(sc, data, size, tag, mh, req) }
 }

@@ -32,12 +32,14 @@ static INFO: OnceCell<CudaInfo> = OnceCell::new();
 
 /// Probe once per process.
 pub fn info() -> &'static CudaInfo {
-    INFO.get_or_init(|| std::panic::catch_unwind(probe).unwrap_or_else(|_| CudaInfo {
-        driver: Err("the CUDA driver could not be queried (loader panicked)".into()),
-        devices: 0,
-        dmabuf_supported: false,
-        gdr_supported: false,
-    }))
+    INFO.get_or_init(|| {
+        std::panic::catch_unwind(probe).unwrap_or_else(|_| CudaInfo {
+            driver: Err("the CUDA driver could not be queried (loader panicked)".into()),
+            devices: 0,
+            dmabuf_supported: false,
+            gdr_supported: false,
+        })
+    })
 }
 
 fn probe() -> CudaInfo {

@@ -19,7 +19,8 @@ pub enum PeerMem {
 }
 
 /// The files NCCL checks for a peer-memory client, relative to sysfs.
-pub const PEERMEM_FILES: [&str; 3] = ["kernel/mm/memory_peers/nv_mem/version", "kernel/mm/memory_peers/nv_mem_nc/version", "module/nvidia_peermem/version"];
+pub const PEERMEM_FILES: [&str; 3] =
+    ["kernel/mm/memory_peers/nv_mem/version", "kernel/mm/memory_peers/nv_mem_nc/version", "module/nvidia_peermem/version"];
 
 /// Look for nvidia-peermem / nv_peer_mem under `sysfs` (normally `/sys`).
 pub fn detect_peermem(sysfs: &Path) -> PeerMem {
@@ -91,9 +92,7 @@ pub fn decide(cfg: &Config, peermem: &PeerMem, dmabuf: &DmabufProbe, cuda: &cuda
     match (dmabuf, cfg.dmabuf_enable.get(), cuda.dmabuf_supported) {
         (_, 0, _) => why.push("dma-buf off: NCCL_DMABUF_ENABLE=0".into()),
         (DmabufProbe::NoSymbol, _, _) => why.push("dma-buf off: libibverbs lacks ibv_reg_dmabuf_mr (rdma-core < 34)".into()),
-        (DmabufProbe::Refused(e), _, _) => {
-            why.push(format!("dma-buf off: registration probe returned {}", errno_name(*e)))
-        }
+        (DmabufProbe::Refused(e), _, _) => why.push(format!("dma-buf off: registration probe returned {}", errno_name(*e))),
         (DmabufProbe::Supported, _, false) => why.push("dma-buf off: the CUDA driver reports no dma-buf support".into()),
         (DmabufProbe::Supported, _, true) => {
             bits |= PTR_DMABUF;
@@ -184,7 +183,12 @@ mod tests {
 
     #[test]
     fn no_gpu_means_host_only_with_reason() {
-        let none = cuda::CudaInfo { driver: Err("no CUDA driver (libcuda.so.1 not found)".into()), devices: 0, dmabuf_supported: false, gdr_supported: false };
+        let none = cuda::CudaInfo {
+            driver: Err("no CUDA driver (libcuda.so.1 not found)".into()),
+            devices: 0,
+            dmabuf_supported: false,
+            gdr_supported: false,
+        };
         let d = decide(&cfg(&[]), &PeerMem::Loaded("x".into()), &DmabufProbe::Supported, &none);
         assert_eq!(d.ptr_support, PTR_HOST);
         assert!(d.reason.contains("libcuda.so.1 not found"), "{}", d.reason);

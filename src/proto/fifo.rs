@@ -337,7 +337,10 @@ impl SendFifo {
         let g = self.cur.as_ref().expect("match_send without a loaded slot");
         let i = (0..g.n).find(|&i| g.reqs[i].is_none() && g.elems[i].tag == tag).ok_or_else(|| {
             let want: Vec<i32> = (0..g.n).filter(|&i| g.reqs[i].is_none()).map(|i| g.elems[i].tag).collect();
-            Mismatch { code: FailCode::NoTag, what: format!("send with tag {tag} but the peer's receive #{} waits for tags {want:?}", g.seq) }
+            Mismatch {
+                code: FailCode::NoTag,
+                what: format!("send with tag {tag} but the peer's receive #{} waits for tags {want:?}", g.seq),
+            }
         })?;
         if size > g.elems[i].cap as usize {
             return Err(Mismatch {

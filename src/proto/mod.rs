@@ -1,7 +1,7 @@
 //! The sans-IO core: handle and wire formats, request pools, matching rules.
 //! Nothing here makes a system call or reads a clock.
+pub mod fifo;
 pub mod handle;
+pub mod ib_meta;
 pub mod pool;
 pub mod wire;
-pub mod fifo;
-pub mod ib_meta;

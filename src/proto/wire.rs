@@ -99,10 +99,7 @@ impl MsgHeader {
         if magic != HDR_MAGIC {
             return Err(format!("bad message header magic {magic:#010x}"));
         }
-        Ok(MsgHeader {
-            tag: i32::from_le_bytes(b[4..8].try_into().unwrap()),
-            size: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-        })
+        Ok(MsgHeader { tag: i32::from_le_bytes(b[4..8].try_into().unwrap()), size: u64::from_le_bytes(b[8..16].try_into().unwrap()) })
     }
 }
 
@@ -145,10 +142,7 @@ pub fn match_recv(specs: &[RecvSpec], tag: i32, size: u64) -> Result<usize, Stri
         format!("message with tag {tag} arrived but the posted receive waits for tags {want:?}")
     })?;
     if size > specs[i].cap as u64 {
-        return Err(format!(
-            "message of {size} bytes (tag {tag}) is larger than the posted receive buffer of {} bytes",
-            specs[i].cap
-        ));
+        return Err(format!("message of {size} bytes (tag {tag}) is larger than the posted receive buffer of {} bytes", specs[i].cap));
     }
     Ok(i)
 }

@@ -135,7 +135,14 @@ fn serve(o: Opts) -> Result<(), String> {
     let agent = Arc::new(Agent { p, dev: o.dev, hello });
     let lst = TcpListener::bind(&o.listen).map_err(|e| format!("bind {}: {e}", o.listen))?;
     let addr = lst.local_addr().map_err(|e| e.to_string())?;
-    eprintln!("rustnet agent: plugin {} (ABI v{}), device {} = {} ({} Mbps); control on {addr}", o.plugin.display(), o.abi, o.dev, props.name, props.speed);
+    eprintln!(
+        "rustnet agent: plugin {} (ABI v{}), device {} = {} ({} Mbps); control on {addr}",
+        o.plugin.display(),
+        o.abi,
+        o.dev,
+        props.name,
+        props.speed
+    );
     println!("LISTENING {addr}");
     std::io::stdout().flush().ok();
     let busy = Arc::new(AtomicBool::new(false));
@@ -270,7 +277,13 @@ fn parse_run(f: &[&str]) -> Result<Run, String> {
     let mut peer = [0u8; 128];
     peer.copy_from_slice(&h);
     let num = |i: usize| f[i].parse::<u64>().map_err(|_| format!("bad number {:?}", f[i]));
-    let run = Run { peer, window: Duration::from_millis(num(2)?), size: num(3)? as usize, inflight: num(4)? as usize, timeout: Duration::from_millis(num(5)?) };
+    let run = Run {
+        peer,
+        window: Duration::from_millis(num(2)?),
+        size: num(3)? as usize,
+        inflight: num(4)? as usize,
+        timeout: Duration::from_millis(num(5)?),
+    };
     if run.size == 0 || run.size > 1 << 30 || run.inflight == 0 || run.inflight > 32 {
         return Err("message size 1..1G and inflight 1..32 required".into());
     }

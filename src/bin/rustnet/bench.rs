@@ -605,12 +605,29 @@ fn client(o: &Opts) -> Result<(), String> {
     let f = |s: &Stat| if s.v.is_empty() { "-".to_string() } else { format!("{:.2} [{:.2}-{:.2}]", s.med(), s.min(), s.max()) };
     let ratio = |a: &Stat, b: &Stat| if b.v.is_empty() { "-".to_string() } else { format!("{:.0}%", 100.0 * a.med() / b.med()) };
     println!("\nbandwidth, GB/s: median [min-max] over {} repeats", o.reps);
-    println!("{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}", "size", "plugin one-way", "raw TCP one-way", "ratio", "plugin bidir", "raw TCP bidir", "ratio");
+    println!(
+        "{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}",
+        "size", "plugin one-way", "raw TCP one-way", "ratio", "plugin bidir", "raw TCP bidir", "ratio"
+    );
     for (size, ow, bi, row, rbi) in &rows {
-        println!("{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}", human(*size), f(ow), f(row), ratio(ow, row), f(bi), f(rbi), ratio(bi, rbi));
+        println!(
+            "{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}",
+            human(*size),
+            f(ow),
+            f(row),
+            ratio(ow, row),
+            f(bi),
+            f(rbi),
+            ratio(bi, rbi)
+        );
     }
     println!("\n8-byte half round trip, us: median [min-max] over {} x {} round trips", o.reps, o.lat_iters);
-    println!("  plugin {:>22}   raw TCP {:>22}   ratio {}", f(&lat), f(&rlat), if rlat.v.is_empty() { "-".into() } else { format!("{:.2}x", lat.med() / rlat.med()) });
+    println!(
+        "  plugin {:>22}   raw TCP {:>22}   ratio {}",
+        f(&lat),
+        f(&rlat),
+        if rlat.v.is_empty() { "-".into() } else { format!("{:.2}x", lat.med() / rlat.med()) }
+    );
     if let Some(path) = &o.csv {
         let mut w = String::from("test,size,transport,median,min,max,unit\n");
         for (size, ow, bi, row, rbi) in &rows {

@@ -222,8 +222,15 @@ fn run(o: &Opts) -> Result<bool, String> {
     );
     // Connect to every agent at once, each bounded by the timeout.
     let t0 = Instant::now();
-    let hellos: Vec<Result<(Agent, String), String>> =
-        std::thread::scope(|sc| o.hosts.iter().map(|h| sc.spawn(|| Agent::connect(h, o.timeout))).collect::<Vec<_>>().into_iter().map(|j| j.join().unwrap_or_else(|_| Err("panicked".into()))).collect());
+    let hellos: Vec<Result<(Agent, String), String>> = std::thread::scope(|sc| {
+        o.hosts
+            .iter()
+            .map(|h| sc.spawn(|| Agent::connect(h, o.timeout)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
     let mut b = Bisect::new(n, o.frac).confirm(o.confirm);
     let mut agents: Vec<Option<Agent>> = Vec::with_capacity(n);
     let mut why: Vec<Option<String>> = vec![None; n];
@@ -231,7 +238,14 @@ fn run(o: &Opts) -> Result<bool, String> {
         match h {
             Ok((a, hello)) => {
                 let f: Vec<&str> = hello.split_whitespace().collect();
-                println!("  [{i}] {:24} agent on {}, device {} ({} Mbps), ABI v{}", o.hosts[i], f.get(1).unwrap_or(&"?"), f.get(2).unwrap_or(&"?"), f.get(3).unwrap_or(&"?"), f.get(4).unwrap_or(&"?"));
+                println!(
+                    "  [{i}] {:24} agent on {}, device {} ({} Mbps), ABI v{}",
+                    o.hosts[i],
+                    f.get(1).unwrap_or(&"?"),
+                    f.get(2).unwrap_or(&"?"),
+                    f.get(3).unwrap_or(&"?"),
+                    f.get(4).unwrap_or(&"?")
+                );
                 agents.push(Some(a));
             }
             Err(e) => {
@@ -278,7 +292,14 @@ fn run(o: &Opts) -> Result<bool, String> {
 
 /// One round: LISTEN on every host in it, then RUN on both ends of every
 /// pair at once, then collect; all bounded by absolute deadlines.
-fn measure_round(o: &Opts, agents: &mut [Option<Agent>], b: &mut Bisect, why: &mut [Option<String>], plan: &[(usize, usize)], round: usize) -> Vec<PairResult> {
+fn measure_round(
+    o: &Opts,
+    agents: &mut [Option<Agent>],
+    b: &mut Bisect,
+    why: &mut [Option<String>],
+    plan: &[(usize, usize)],
+    round: usize,
+) -> Vec<PairResult> {
     let mut lost = |i: usize, e: String, agents: &mut [Option<Agent>], b: &mut Bisect| {
         println!("  [{i}] {} UNREACHABLE: {e}", o.hosts[i]);
         why[i] = Some(e);
@@ -426,7 +447,12 @@ fn finish(o: &Opts, b: &Bisect, why: &[Option<String>], rounds: usize, max_round
     if rep.hosts.iter().all(|h| h.verdict == Verdict::Ok) {
         println!("no slow host: every host is within {:.0}% of the median", b.frac() * 100.0);
     }
-    println!("RESULT slow={} unreachable={} undetermined={} rounds={rounds}", names(Verdict::Slow), names(Verdict::Unreachable), names(Verdict::Undetermined));
+    println!(
+        "RESULT slow={} unreachable={} undetermined={} rounds={rounds}",
+        names(Verdict::Slow),
+        names(Verdict::Unreachable),
+        names(Verdict::Undetermined)
+    );
     if let Some(p) = &o.csv {
         std::fs::write(p, csv(&o.hosts, &m)).map_err(|e| format!("write {}: {e}", p.display()))?;
         println!("pair matrix CSV written to {}", p.display());
@@ -555,7 +581,11 @@ pub fn svg(hosts: &[String], m: &Matrix, rep: &Report, frac: f64, title: &str) -
         let slow = rep.hosts.get(j).map(|h| h.verdict) == Some(Verdict::Slow);
         if cs >= 14.0 || j % ((14.0 / cs).ceil() as usize) == 0 || slow {
             let style = if slow { " fill=\"#c00000\" font-weight=\"bold\"" } else { "" };
-            s += &format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\"{style}>{j}</text>\n", left + cs * (j as f64 + 0.5), top - 6.0);
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\"{style}>{j}</text>\n",
+                left + cs * (j as f64 + 0.5),
+                top - 6.0
+            );
         }
     }
     for i in 0..n {
@@ -589,7 +619,11 @@ pub fn svg(hosts: &[String], m: &Matrix, rep: &Report, frac: f64, title: &str) -
             s += &format!("<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{cs:.1}\" height=\"{cs:.1}\" fill=\"{fill}\" stroke=\"white\" stroke-width=\"1\"/>\n");
             if text_in_cells && !label.is_empty() {
                 let c = if label == "x" { "white" } else { "black" };
-                s += &format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\" fill=\"{c}\">{label}</text>\n", x + cs / 2.0, y + cs / 2.0 + 3.5);
+                s += &format!(
+                    "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\" fill=\"{c}\">{label}</text>\n",
+                    x + cs / 2.0,
+                    y + cs / 2.0 + 3.5
+                );
             }
         }
     }
@@ -600,7 +634,12 @@ pub fn svg(hosts: &[String], m: &Matrix, rep: &Report, frac: f64, title: &str) -
     let steps = 40;
     for k in 0..steps {
         let r = k as f64 / (steps - 1) as f64;
-        s += &format!("<rect x=\"{:.1}\" y=\"{ly:.1}\" width=\"{:.1}\" height=\"14\" fill=\"{}\"/>\n", lx + lw * k as f64 / steps as f64, lw / steps as f64 + 0.5, color(r));
+        s += &format!(
+            "<rect x=\"{:.1}\" y=\"{ly:.1}\" width=\"{:.1}\" height=\"14\" fill=\"{}\"/>\n",
+            lx + lw * k as f64 / steps as f64,
+            lw / steps as f64 + 0.5,
+            color(r)
+        );
     }
     for (r, name) in [(0.0, "0".to_string()), (frac, format!("{:.0}% (threshold)", frac * 100.0)), (1.0, "median".to_string())] {
         let x = lx + lw * r;

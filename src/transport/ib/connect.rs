@@ -280,7 +280,15 @@ impl Setup {
 }
 
 /// Bring `qps` to RTS toward `remote`.
-pub(super) fn connect_qps(dev: &IbDev, local: &LocalAddr, qps: Vec<Qp<Init>>, remote: &Meta, tc: u8, sl: u8, cc: &ConnCfg) -> Result<Vec<Qp<Rts>>> {
+pub(super) fn connect_qps(
+    dev: &IbDev,
+    local: &LocalAddr,
+    qps: Vec<Qp<Init>>,
+    remote: &Meta,
+    tc: u8,
+    sl: u8,
+    cc: &ConnCfg,
+) -> Result<Vec<Qp<Rts>>> {
     if remote.qpns.len() != qps.len() {
         return Err(Error::Usage(format!(
             "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",

@@ -224,13 +224,23 @@ mod tests {
     #[test]
     fn no_cuda_driver_says_so_and_force_flush_still_flushes() {
         let on = sysfs(true, "nocuda");
-        let none =
-            CudaInfo { driver: Err("no CUDA driver (libcuda.so.1 not found)".into()), devices: 0, dmabuf_supported: false, gdr_supported: false };
+        let none = CudaInfo {
+            driver: Err("no CUDA driver (libcuda.so.1 not found)".into()),
+            devices: 0,
+            dmabuf_supported: false,
+            gdr_supported: false,
+        };
         let g = decide_with(&cfg(&[("RUSTNET_FORCE_FLUSH", "1")]), "fake_nocuda0", || DmabufProbe::Supported, &on, &none);
         assert_eq!(g.decision.ptr_support, PTR_HOST);
         assert_eq!(g.decision.reason, "GDR off: no CUDA driver (libcuda.so.1 not found)");
         assert!(g.forced && g.flush() && !g.decision.flush);
-        let g = decide_with(&cfg(&[("RUSTNET_FORCE_FLUSH", "1"), ("NCCL_GDR_FLUSH_DISABLE", "1")]), "fake_nocuda0", || unreachable!(), &on, &none);
+        let g = decide_with(
+            &cfg(&[("RUSTNET_FORCE_FLUSH", "1"), ("NCCL_GDR_FLUSH_DISABLE", "1")]),
+            "fake_nocuda0",
+            || unreachable!(),
+            &on,
+            &none,
+        );
         assert!(!g.flush());
     }
 

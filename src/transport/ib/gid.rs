@@ -327,7 +327,10 @@ pub fn choose(t: &dyn GidTable, label: &str, p: &Prefs) -> Result<GidChoice> {
                 version,
                 ndev: ndev.clone(),
                 why: format!("only link-local GIDs, which do not route; skipped {skipped}"),
-                concern: Some(format!("assign an IP address to {} so a routable RoCE v2 GID appears", ndev.as_deref().unwrap_or("the port's netdev"))),
+                concern: Some(format!(
+                    "assign an IP address to {} so a routable RoCE v2 GID appears",
+                    ndev.as_deref().unwrap_or("the port's netdev")
+                )),
             });
         }
         return Err(Error::Usage(format!(
@@ -352,7 +355,9 @@ pub fn choose(t: &dyn GidTable, label: &str, p: &Prefs) -> Result<GidChoice> {
         ));
     } else if score.2 {
         why += &format!(" (no RoCE v{want_ver} GID)");
-        concern.get_or_insert_with(|| format!("set NCCL_IB_ROCE_VERSION_NUM the same on every rank; v{want_ver} GIDs need a configured address"));
+        concern.get_or_insert_with(|| {
+            format!("set NCCL_IB_ROCE_VERSION_NUM the same on every rank; v{want_ver} GIDs need a configured address")
+        });
     }
     if score.0 {
         let nd = ndev.as_deref().unwrap_or("?");
@@ -369,7 +374,8 @@ pub fn choose(t: &dyn GidTable, label: &str, p: &Prefs) -> Result<GidChoice> {
 
 fn forced(t: &dyn GidTable, label: &str, p: &Prefs, ix: u32) -> Result<GidChoice> {
     let limit = t.len().min(256);
-    let bad = |what: String| Error::Usage(format!("NCCL_IB_GID_INDEX={ix}: GID index {ix} on {label} {what}; usable: {}", usable_list(t, limit)));
+    let bad =
+        |what: String| Error::Usage(format!("NCCL_IB_GID_INDEX={ix}: GID index {ix} on {label} {what}; usable: {}", usable_list(t, limit)));
     if ix >= t.len() {
         return Err(bad(format!("is beyond the table ({} entries)", t.len())));
     }
@@ -631,11 +637,24 @@ mod tests {
 
     #[test]
     fn connectx_table_with_v1_v2_pairs() {
-        let t = tree("cx", 16, &[(0, "fe80::1", V1, "eth2"), (1, "fe80::1", V2, "eth2"), (2, "::ffff:10.0.0.1", V1, "eth2"), (3, "::ffff:10.0.0.1", V2, "eth2")], &[("eth2", "up")]);
+        let t = tree(
+            "cx",
+            16,
+            &[
+                (0, "fe80::1", V1, "eth2"),
+                (1, "fe80::1", V2, "eth2"),
+                (2, "::ffff:10.0.0.1", V1, "eth2"),
+                (3, "::ffff:10.0.0.1", V2, "eth2"),
+            ],
+            &[("eth2", "up")],
+        );
         let s = Inject::new(&t, 16);
         let c = choose(&s, "mlx5_0:1", &prefs()).unwrap();
         assert_eq!(c.index, 3);
-        assert_eq!(c.reason(), "mlx5_0:1 GID 3 ::ffff:10.0.0.1 RoCE v2 on eth2: IPv4 v2 preferred; skipped 2 link-local, 1 of the other RoCE version");
+        assert_eq!(
+            c.reason(),
+            "mlx5_0:1 GID 3 ::ffff:10.0.0.1 RoCE v2 on eth2: IPv4 v2 preferred; skipped 2 link-local, 1 of the other RoCE version"
+        );
         assert!(c.concern.is_none());
         // stops at the first entry nothing can beat
         assert_eq!(s.reads.get(), 4);
@@ -646,7 +665,12 @@ mod tests {
     #[test]
     fn einval_holes_are_skipped_and_zero_slots_cost_one_read() {
         // rxe: 1024 slots, entry 0 link-local, a hole, IPv4 at 2, zeros after
-        let t = tree("holes", 1024, &[(0, "fe80::5054:ff:fe12:3456", V2, "veth0"), (1, "::ffff:10.1.0.1", V2, "veth0"), (2, "::ffff:10.199.0.1", V2, "veth0")], &[("veth0", "up")]);
+        let t = tree(
+            "holes",
+            1024,
+            &[(0, "fe80::5054:ff:fe12:3456", V2, "veth0"), (1, "::ffff:10.1.0.1", V2, "veth0"), (2, "::ffff:10.199.0.1", V2, "veth0")],
+            &[("veth0", "up")],
+        );
         let mut s = Inject::new(&t, 1024);
         s.einval_gid.insert(1);
         let c = choose(&s, "rxe0:1", &prefs()).unwrap();
@@ -677,7 +701,12 @@ mod tests {
         let t = tree(
             "ips",
             32,
-            &[(0, "fe80::1", V2, "veth0"), (1, "::ffff:10.199.0.1", V2, "veth0"), (2, "::ffff:10.199.5.1", V2, "veth0"), (3, "fd99::1", V2, "veth0")],
+            &[
+                (0, "fe80::1", V2, "veth0"),
+                (1, "::ffff:10.199.0.1", V2, "veth0"),
+                (2, "::ffff:10.199.5.1", V2, "veth0"),
+                (3, "fd99::1", V2, "veth0"),
+            ],
             &[("veth0", "up")],
         );
         let s = Inject::new(&t, 32);
@@ -685,7 +714,10 @@ mod tests {
         let r = |c: &str| crate::config::KnobValue::parse_knob(c).unwrap();
         let c = choose(&s, "rxe0:1", &Prefs { range: r("10.199.5.0/24"), ..prefs() }).unwrap();
         assert_eq!(c.index, 2);
-        assert_eq!(c.reason(), "rxe0:1 GID 2 ::ffff:10.199.5.1 RoCE v2 on veth0: IPv4 v2 in range 10.199.5.0/24; skipped 1 link-local, 1 out of range");
+        assert_eq!(
+            c.reason(),
+            "rxe0:1 GID 2 ::ffff:10.199.5.1 RoCE v2 on veth0: IPv4 v2 in range 10.199.5.0/24; skipped 1 link-local, 1 out of range"
+        );
         // an IPv6 range wins over the (default) IPv4 family
         let c = choose(&s, "rxe0:1", &Prefs { range: r("fd99::/16"), ..prefs() }).unwrap();
         assert_eq!(c.index, 3);
@@ -694,7 +726,10 @@ mod tests {
         assert_eq!(choose(&s, "rxe0:1", &Prefs { family: Some(Family::V6), ..prefs() }).unwrap().index, 3);
         // a range nothing is in: a clear error listing what exists
         let e = choose(&s, "rxe0:1", &Prefs { range: r("192.168.0.0/16"), ..prefs() }).unwrap_err().to_string();
-        assert!(e.contains("NCCL_IB_ADDR_RANGE=192.168.0.0/16") && e.contains("usable: ") && e.contains("1 ::ffff:10.199.0.1 RoCE v2 veth0"), "{e}");
+        assert!(
+            e.contains("NCCL_IB_ADDR_RANGE=192.168.0.0/16") && e.contains("usable: ") && e.contains("1 ::ffff:10.199.0.1 RoCE v2 veth0"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -723,7 +758,12 @@ mod tests {
         assert!(c.reason().contains("on eth2.7: IPv4 v2 in range 10.7.0.0/16"), "{}", c.reason());
         // the base netdev down: the VLAN upper on an up netdev wins (its
         // operstate would follow in life; here it stands for any up netdev)
-        let t2 = tree("vlan-down", 16, &[(3, "::ffff:10.0.0.1", V2, "eth2"), (7, "::ffff:10.7.0.1", V2, "eth2.7")], &[("eth2", "down"), ("eth2.7", "up")]);
+        let t2 = tree(
+            "vlan-down",
+            16,
+            &[(3, "::ffff:10.0.0.1", V2, "eth2"), (7, "::ffff:10.7.0.1", V2, "eth2.7")],
+            &[("eth2", "down"), ("eth2.7", "up")],
+        );
         let c = choose(&Inject::new(&t2, 16), "mlx5_0:1", &prefs()).unwrap();
         assert_eq!(c.index, 7);
         assert!(c.why.contains("1 on a down or foreign netdev"), "{}", c.why);
@@ -731,7 +771,8 @@ mod tests {
 
     #[test]
     fn ipv6_only() {
-        let t = tree("v6", 16, &[(0, "fe80::2", V2, "eth0"), (1, "fd00:1::2", V2, "eth0"), (2, "2001:db8::2", V2, "eth0")], &[("eth0", "up")]);
+        let t =
+            tree("v6", 16, &[(0, "fe80::2", V2, "eth0"), (1, "fd00:1::2", V2, "eth0"), (2, "2001:db8::2", V2, "eth0")], &[("eth0", "up")]);
         let s = Inject::new(&t, 16);
         // the default IPv4 preference falls back to IPv6 (NCCL would take the
         // link-local entry 0) and says so
@@ -753,7 +794,12 @@ mod tests {
         let t = tree(
             "ctr",
             16,
-            &[(0, "fe80::1", V2, "eth0"), (1, "::ffff:10.0.0.1", V2, "eth0"), (2, "::ffff:10.0.0.2", V2, "ens1f0v3"), (3, "::ffff:10.0.0.3", V2, "eth1")],
+            &[
+                (0, "fe80::1", V2, "eth0"),
+                (1, "::ffff:10.0.0.1", V2, "eth0"),
+                (2, "::ffff:10.0.0.2", V2, "ens1f0v3"),
+                (3, "::ffff:10.0.0.3", V2, "eth1"),
+            ],
             &[("eth1", "up")],
         );
         let mut s = Inject::new(&t, 16);
@@ -771,7 +817,12 @@ mod tests {
 
     #[test]
     fn netdev_down() {
-        let t = tree("down", 16, &[(1, "::ffff:10.0.0.1", V2, "eth0"), (2, "::ffff:10.0.1.1", V2, "eth1")], &[("eth0", "down"), ("eth1", "up")]);
+        let t = tree(
+            "down",
+            16,
+            &[(1, "::ffff:10.0.0.1", V2, "eth0"), (2, "::ffff:10.0.1.1", V2, "eth1")],
+            &[("eth0", "down"), ("eth1", "up")],
+        );
         let c = choose(&Inject::new(&t, 16), "mlx5_0:1", &prefs()).unwrap();
         assert_eq!(c.index, 2);
         let t = tree("down2", 16, &[(1, "::ffff:10.0.0.1", V2, "eth0")], &[("eth0", "lowerlayerdown")]);
@@ -781,7 +832,12 @@ mod tests {
 
     #[test]
     fn forced_index_is_validated() {
-        let t = tree("forced", 16, &[(0, "fe80::1", V2, "veth0"), (1, "::ffff:10.199.0.1", V2, "veth0"), (3, "::ffff:10.199.0.9", V2, "veth0")], &[("veth0", "up")]);
+        let t = tree(
+            "forced",
+            16,
+            &[(0, "fe80::1", V2, "veth0"), (1, "::ffff:10.199.0.1", V2, "veth0"), (3, "::ffff:10.199.0.9", V2, "veth0")],
+            &[("veth0", "up")],
+        );
         let mut s = Inject::new(&t, 16);
         s.einval_gid.insert(3);
         let c = choose(&s, "rxe0:1", &Prefs { forced: Some(1), ..prefs() }).unwrap();
@@ -830,7 +886,15 @@ mod tests {
 
     #[test]
     fn remembered_per_port() {
-        let c = GidChoice { label: "unit-test-dev:1".into(), index: 1, gid: g("::ffff:10.0.0.1"), version: Some(2), ndev: None, why: "x".into(), concern: None };
+        let c = GidChoice {
+            label: "unit-test-dev:1".into(),
+            index: 1,
+            gid: g("::ffff:10.0.0.1"),
+            version: Some(2),
+            ndev: None,
+            why: "x".into(),
+            concern: None,
+        };
         remember(&c);
         assert_eq!(last_choice("unit-test-dev", 1).unwrap().index, 1);
         let c2 = GidChoice { index: 2, ..c };

@@ -167,7 +167,13 @@ impl IbNet {
 
     /// Connect from NCCL's device `dev` (plain or merged) to the listener
     /// whose handle is `raw` (`h` decoded from it).
-    pub fn connect_any(&self, dev: usize, raw: &[u8; crate::proto::handle::HANDLE_SIZE], h: &Handle, tc: Option<i32>) -> Result<vdev::Connecting> {
+    pub fn connect_any(
+        &self,
+        dev: usize,
+        raw: &[u8; crate::proto::handle::HANDLE_SIZE],
+        h: &Handle,
+        tc: Option<i32>,
+    ) -> Result<vdev::Connecting> {
         let m = self.members(dev)?;
         let peer = vdev::decode_handles(h, raw);
         let devs: Vec<_> = m.iter().map(|&p| (self.devs[p].clone(), self.dev_cc[p].clone(), self.numa[p])).collect();
@@ -220,7 +226,13 @@ impl IbNet {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                format!("[{i}]{}:{}/{} ({} Mbps)", d.dev_name, d.port, if d.link_layer == device::LINK_ETH { "RoCE" } else { "IB" }, d.speed_mbps)
+                format!(
+                    "[{i}]{}:{}/{} ({} Mbps)",
+                    d.dev_name,
+                    d.port,
+                    if d.link_layer == device::LINK_ETH { "RoCE" } else { "IB" },
+                    d.speed_mbps
+                )
             })
             .collect();
         let oob: SocketAddr = self.oob.addr;

@@ -20,7 +20,8 @@ use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
 use crate::proto::fifo::{
-    self, Cts, FailCode, Group, Imm, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES, SLOT_BYTES,
+    self, Cts, FailCode, Group, Imm, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES,
+    SLOT_BYTES,
 };
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
 use crate::proto::pool::{Pool, ReqId};
@@ -256,13 +257,18 @@ fn check_buf(what: &str, buf: RawBuf, mr: Option<&IbMr>, dev: &IbDev, access: Ac
         return Err(Error::Usage(format!("{what} of {} bytes at {:p} without a memory handle (regMr first)", buf.len, buf.ptr)));
     };
     if m.dev != dev.index {
-        return Err(Error::Usage(format!("{what}: memory handle registered on device {} used on device {} ({})", m.dev, dev.index, dev.name)));
+        return Err(Error::Usage(format!(
+            "{what}: memory handle registered on device {} used on device {} ({})",
+            m.dev, dev.index, dev.name
+        )));
     }
     if !m.covers(buf.ptr, buf.len) {
         return Err(Error::Usage(format!("{what}: {:p}+{} is outside its memory handle {m:?}", buf.ptr, buf.len)));
     }
     if !m.access().covers(access) {
-        return Err(Error::Usage(format!("{what}: memory handle {m:?} lacks the access this operation needs (registered for the other direction?)")));
+        return Err(Error::Usage(format!(
+            "{what}: memory handle {m:?} lacks the access this operation needs (registered for the other direction?)"
+        )));
     }
     Ok(m.lkey())
 }
@@ -1091,7 +1097,10 @@ impl RecvComm {
         let Some(f) = &self.flush else { return Ok(None) };
         let Some(b) = bufs.iter().rev().find(|b| b.len > 0) else { return Ok(None) };
         let rkey = self.link.dev.mrs.find_rkey(b.ptr, 1, Access::REMOTE_READ).ok_or_else(|| {
-            Error::Usage(format!("iflush: {:p} is not in a receive registration that allows the flush read (regMr on this recv comm first)", b.ptr))
+            Error::Usage(format!(
+                "iflush: {:p} is not in a receive registration that allows the flush read (regMr on this recv comm first)",
+                b.ptr
+            ))
         })?;
         let req = RecvReq {
             flush: true,

@@ -109,7 +109,15 @@ impl MrCache {
     /// # Safety
     /// The memory behind the dma-buf must stay allocated until the returned
     /// handle is dropped (NCCL's contract: the buffer outlives deregMr).
-    pub unsafe fn register_dmabuf(self: &Arc<Self>, dev: usize, ptr: *mut u8, len: usize, fd: i32, offset: u64, access: Access) -> Result<IbMr> {
+    pub unsafe fn register_dmabuf(
+        self: &Arc<Self>,
+        dev: usize,
+        ptr: *mut u8,
+        len: usize,
+        fd: i32,
+        offset: u64,
+        access: Access,
+    ) -> Result<IbMr> {
         if len == 0 {
             return Ok(IbMr { cache: self.clone(), mr: None, dev });
         }

@@ -35,7 +35,11 @@ pub fn pci_path(sysfs: &Path, dev: &str) -> Option<String> {
 /// `0000:3b:00.1`: domain:bus:device.function.
 pub fn is_bus_id(s: &str) -> bool {
     let b = s.as_bytes();
-    b.len() == 12 && b[4] == b':' && b[7] == b':' && b[10] == b'.' && s.chars().enumerate().all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && s.chars().enumerate().all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
 }
 
 /// The PCI path with the function digit set to 0: the ports and PCI

@@ -75,8 +75,11 @@ impl MergeSpec {
             "" | "0" => Ok(MergeSpec::Off),
             "1" => Ok(MergeSpec::ByNic),
             g => {
-                let groups: Vec<Vec<String>> =
-                    g.split(';').filter(|x| !x.trim().is_empty()).map(|x| x.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect()).collect();
+                let groups: Vec<Vec<String>> = g
+                    .split(';')
+                    .filter(|x| !x.trim().is_empty())
+                    .map(|x| x.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect())
+                    .collect();
                 if groups.is_empty() || groups.iter().any(|x| x.len() < 2 || x.len() > MAX_MEMBERS) {
                     return Err(format!("RUSTNET_IB_MERGE_NICS={s:?}: groups need 2..{MAX_MEMBERS} device names (\"a,b;c,d\")"));
                 }
@@ -99,7 +102,11 @@ pub fn check_members(devs: &[Arc<IbDev>], members: &[usize]) -> Result<()> {
             return Err(Error::InvalidArg(format!("device {m} listed twice in a merged device")));
         }
         if devs[m].link_layer != devs[members[0]].link_layer {
-            return Err(Error::Usage(format!("cannot merge {} and {}: link layers differ", devs[members[0]].describe(), devs[m].describe())));
+            return Err(Error::Usage(format!(
+                "cannot merge {} and {}: link layers differ",
+                devs[members[0]].describe(),
+                devs[m].describe()
+            )));
         }
     }
     Ok(())
@@ -145,7 +152,10 @@ pub fn plan(devs: &[Arc<IbDev>], spec: &MergeSpec) -> Result<Vec<Vec<usize>>> {
                 let mut idx = Vec::new();
                 for n in g {
                     let i = devs.iter().position(|d| &d.name == n || &d.dev_name == n).ok_or_else(|| {
-                        Error::Usage(format!("RUSTNET_IB_MERGE_NICS names {n}, which is not a usable device ({})", devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")))
+                        Error::Usage(format!(
+                            "RUSTNET_IB_MERGE_NICS names {n}, which is not a usable device ({})",
+                            devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+                        ))
                     })?;
                     idx.push(i);
                 }
@@ -589,7 +599,8 @@ mod tests {
 
     #[test]
     fn member_handles_ride_in_one_nccl_handle() {
-        let h = |port: u16, nonce: u64| Handle { kind: HandleKind::Ib, addr: format!("10.199.0.1:{port}").parse().unwrap(), nonce, stage: 0 };
+        let h =
+            |port: u16, nonce: u64| Handle { kind: HandleKind::Ib, addr: format!("10.199.0.1:{port}").parse().unwrap(), nonce, stage: 0 };
         let hs = vec![h(4000, 1), h(4001, 0xdead_beef_0000_0001), h(4002, 3), h(4003, u64::MAX)];
         let mut b = [0u8; HANDLE_SIZE];
         Handles(hs.clone()).encode(&mut b);

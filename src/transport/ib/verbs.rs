@@ -514,8 +514,12 @@ impl Pd {
         let p = unsafe { (lib.reg_mr)(self.0.ptr, addr as *mut c_void, len, access.0 as c_int) };
         if p.is_null() {
             let e = Errno::last();
-            let hint = if e.0 == libc::ENOMEM || e.0 == libc::EPERM { " (locked-memory limit too low? try `ulimit -l unlimited`)" } else { "" };
-            return Err(Error::sys(format!("ibv_reg_mr({:p}, {len} bytes, access {:#x}) on {}{hint}", addr, access.0, self.0.ctx.name()), e));
+            let hint =
+                if e.0 == libc::ENOMEM || e.0 == libc::EPERM { " (locked-memory limit too low? try `ulimit -l unlimited`)" } else { "" };
+            return Err(Error::sys(
+                format!("ibv_reg_mr({:p}, {len} bytes, access {:#x}) on {}{hint}", addr, access.0, self.0.ctx.name()),
+                e,
+            ));
         }
         // SAFETY: p is a fresh MR.
         let (lkey, rkey) = unsafe { ((*p).lkey, (*p).rkey) };
@@ -561,7 +565,11 @@ impl Pd {
         let p = unsafe { f(self.0.ptr, offset, len, iova, fd, access.0 as c_int) };
         if p.is_null() {
             return Err(Error::sys(
-                format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes, iova {iova:#x}, access {:#x}) on {}", access.0, self.0.ctx.name()),
+                format!(
+                    "ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes, iova {iova:#x}, access {:#x}) on {}",
+                    access.0,
+                    self.0.ctx.name()
+                ),
                 Errno::last(),
             ));
         }
@@ -875,7 +883,10 @@ impl<S> Qp<S> {
         // SAFETY: live QP, valid attr; mask names the fields we set.
         let r = unsafe { (self.inner._pd.0.ctx.0.lib.modify_qp)(self.inner.ptr, attr, mask as c_int) };
         if r != 0 {
-            return Err(Error::sys(format!("ibv_modify_qp(QP {:#x} -> {what})", self.inner.qpn), Errno(if r > 0 { r } else { Errno::last().0 })));
+            return Err(Error::sys(
+                format!("ibv_modify_qp(QP {:#x} -> {what})", self.inner.qpn),
+                Errno(if r > 0 { r } else { Errno::last().0 }),
+            ));
         }
         Ok(())
     }
@@ -1009,7 +1020,11 @@ impl Qp<Rtr> {
             ..Default::default()
         };
         use ibv_qp_attr_mask::*;
-        self.modify(&mut a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC, "RTS")?;
+        self.modify(
+            &mut a,
+            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+            "RTS",
+        )?;
         Ok(self.into_state())
     }
 }

@@ -86,13 +86,8 @@ pub fn select(cands: &[NetIf], filter: &NameList) -> Result<Vec<NetIf>> {
         return Ok(got);
     }
     let other = |n: &str| !(n.starts_with("docker") || n.starts_with("lo") || n.starts_with("virbr") || n.starts_with("ib"));
-    let classes: [&dyn Fn(&str) -> bool; 5] = [
-        &|n| n.starts_with("ib"),
-        &other,
-        &|n| n.starts_with("docker"),
-        &|n| n.starts_with("lo"),
-        &|n| n.starts_with("virbr"),
-    ];
+    let classes: [&dyn Fn(&str) -> bool; 5] =
+        [&|n| n.starts_with("ib"), &other, &|n| n.starts_with("docker"), &|n| n.starts_with("lo"), &|n| n.starts_with("virbr")];
     for class in classes {
         let got = pick(class);
         if !got.is_empty() {

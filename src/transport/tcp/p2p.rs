@@ -312,10 +312,9 @@ impl RecvComm {
                 Ok(Step::Progress)
             }
             Ok(Io::Again) => Ok(Step::Blocked),
-            Ok(Io::Eof) if self.streams[0].q.is_empty() && self.stage_hi == 0 => Err(peer_error(
-                &peer,
-                "closed the connection while receives were posted (peer process exited or closed its send comm)",
-            )),
+            Ok(Io::Eof) if self.streams[0].q.is_empty() && self.stage_hi == 0 => {
+                Err(peer_error(&peer, "closed the connection while receives were posted (peer process exited or closed its send comm)"))
+            }
             Ok(Io::Eof) => Err(peer_error(&peer, "closed the connection in the middle of a message")),
             Err(e) => Err(io_error(&peer, "receive", e)),
         }

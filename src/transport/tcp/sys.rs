@@ -61,12 +61,7 @@ pub unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
             libc::AF_INET6 => {
                 let sin6 = &*(sa as *const libc::sockaddr_in6);
                 let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                Some(SocketAddr::V6(SocketAddrV6::new(
-                    ip,
-                    u16::from_be(sin6.sin6_port),
-                    sin6.sin6_flowinfo,
-                    sin6.sin6_scope_id,
-                )))
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), sin6.sin6_flowinfo, sin6.sin6_scope_id)))
             }
             _ => None,
         }
@@ -124,9 +119,7 @@ impl Socket {
         s.setopt(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1 as libc::c_int, "SO_REUSEADDR")?;
         let (ss, len) = to_sockaddr(&addr);
         // SAFETY: ss/len describe a valid address for this socket's family.
-        cvt(unsafe { libc::bind(s.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }, || {
-            format!("bind({addr})")
-        })?;
+        cvt(unsafe { libc::bind(s.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }, || format!("bind({addr})"))?;
         // SAFETY: plain listen(2) on our socket.
         cvt(unsafe { libc::listen(s.as_raw_fd(), 4096) }, || format!("listen({addr})"))?;
         let local = s.local_addr()?;
@@ -204,11 +197,10 @@ impl Socket {
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         // SAFETY: valid out-pointers.
-        cvt(unsafe { libc::getsockname(self.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len) }, || {
-            "getsockname".into()
-        })?;
+        cvt(unsafe { libc::getsockname(self.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len) }, || "getsockname".into())?;
         // SAFETY: the kernel filled a valid address.
-        unsafe { from_sockaddr(&ss as *const _ as *const libc::sockaddr) }.ok_or_else(|| Error::Internal("getsockname: unknown family".into()))
+        unsafe { from_sockaddr(&ss as *const _ as *const libc::sockaddr) }
+            .ok_or_else(|| Error::Internal("getsockname: unknown family".into()))
     }
 
     /// Options for a data stream: no Nagle, dead-peer detection after
