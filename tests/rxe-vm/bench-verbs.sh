@@ -15,7 +15,7 @@ if [ "${1:-}" != --in-vm ]; then
   cd "$ROOT" || exit 2
   cargo build --release --quiet || exit $?
   mkdir -p out
-  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
+  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
@@ -52,7 +52,7 @@ for r in $(seq "$REPS"); do
   sp=$!
   waitport 18600 || { echo "bench server did not start"; cat /tmp/bsrv.log; exit 1; }
   NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "$BIN" bench --peer "$S_IP:18600" --no-raw \
-    --sizes 64K,256K,1M --reps 1 --bytes 24M --lat-iters 1000 --csv /tmp/b.csv > /tmp/bcli.log 2>&1
+    --sizes 64K,256K,1M --reps 1 --bytes 96M --lat-iters 1000 --inflight ${INFLIGHT:-8} --csv /tmp/b.csv > /tmp/bcli.log 2>&1
   wait $sp
   while IFS=, read -r t size tr med _; do
     case $t in

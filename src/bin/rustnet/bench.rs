@@ -315,12 +315,14 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64
             reap(&mut sq)?;
             std::thread::yield_now();
         }
+        // Answer first, then re-post the freed receive: with receives posted
+        // two deep the re-post is off the round trip, as in NCCL's steady state.
+        if !initiator {
+            send(&mut sq, &mut sb)?;
+        }
         if posted < iters {
             rq.push_back((post(k, &mut rb)?, k));
             posted += 1;
-        }
-        if !initiator {
-            send(&mut sq, &mut sb)?;
         }
         let _ = i;
         reap(&mut sq)?;
