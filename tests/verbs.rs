@@ -11,10 +11,13 @@
 //!
 //! Run them one at a time (`--test-threads=1`): rxe loses completions with
 //! concurrent QPs on one device in some kernels.
+#[path = "common/ib.rs"]
+mod ib;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ib::{captured, device, device2, net, one_by_one, pair, reg, until, Buf, DEADLINE};
 use rustnet::config::Config;
 use rustnet::error::Error;
 use rustnet::plugin::{select_net, Net};
@@ -22,170 +25,9 @@ use rustnet::proto::pool::ReqId;
 use rustnet::transport::ib::{connect, Access, IbMr, IbNet, RecvComm, SendComm};
 use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_HOST};
 
-const DEADLINE: Duration = Duration::from_secs(60);
-
-fn device() -> Option<String> {
-    match std::env::var("RUSTNET_TEST_DEVICE") {
-        Ok(d) if !d.trim().is_empty() => Some(d.trim().to_string()),
-        _ => {
-            panic!("RUSTNET_TEST_DEVICE is not set: this test needs an RDMA device (tests/rxe-vm/verbs-suite.sh runs it on soft-RoCE)")
-        }
-    }
-}
-
-fn device2() -> Option<(String, String)> {
-    let d = device()?;
-    match std::env::var("RUSTNET_TEST_DEVICE2") {
-        Ok(d2) if !d2.trim().is_empty() => Some((d, d2.trim().to_string())),
-        _ => {
-            panic!("RUSTNET_TEST_DEVICE2 is not set: this test needs two RDMA devices (tests/rxe-vm/verbs-suite.sh sets rxe1)")
-        }
-    }
-}
-
-/// The environment's knobs plus `extra` (which wins).
-fn config(extra: &[(&str, &str)]) -> Config {
-    let m: HashMap<String, String> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Config::from_lookup(&|k| m.get(k).cloned().or_else(|| std::env::var(k).ok())).expect("config")
-}
-
-/// An IbNet over exactly `devs`; panics (fails the test) when one is missing.
-fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
-    let hca = format!("={}", devs.join(","));
-    let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
-    kv.extend_from_slice(extra);
-    let n = IbNet::new(&config(&kv))
-        .unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
-    let idx = devs
-        .iter()
-        .map(|d| {
-            n.devices()
-                .iter()
-                .position(|x| x.dev_name == *d)
-                .unwrap_or_else(|| panic!("device {d} not among {:?}", n.devices().iter().map(|x| x.name.clone()).collect::<Vec<_>>()))
-        })
-        .collect();
-    (n, idx)
-}
-
-fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < DEADLINE, "timed out after {DEADLINE:?} waiting for {what}");
-        std::hint::spin_loop();
-    }
-}
-
-fn pair(n: &IbNet, sdev: usize, rdev: usize) -> (SendComm, RecvComm) {
-    let (mut l, h) = n.listen(rdev).expect("listen");
-    let mut c = n.connect(sdev, &h, None).expect("connect start");
-    // connect finishes without accept being called
-    until("connect", || c.progress().expect("connect").then_some(()));
-    let s = c.into_send_comm().expect("send comm");
-    let r = until("accept", || l.accept().expect("accept"));
-    (s, r)
-}
-
-/// Page-aligned host buffer.
-struct Buf {
-    v: Vec<u64>,
-    len: usize,
-}
-
-impl Buf {
-    fn new(len: usize) -> Buf {
-        Buf { v: vec![0u64; len.div_ceil(8) + 1], len }
-    }
-    fn raw(&mut self) -> RawBuf {
-        RawBuf { ptr: self.v.as_mut_ptr() as *mut u8, len: self.len }
-    }
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the Vec holds at least len bytes; u8 has no alignment needs.
-        unsafe { std::slice::from_raw_parts(self.v.as_ptr() as *const u8, self.len) }
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts_mut(self.v.as_mut_ptr() as *mut u8, self.len) }
-    }
-    fn fill(&mut self, seed: u8) {
-        for (i, b) in self.bytes_mut().iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-        }
-    }
-}
-
-fn reg(n: &IbNet, dev: usize, b: &mut Buf, access: Access) -> IbMr {
-    // SAFETY: the buffer outlives the registration in every test.
-    unsafe { n.reg_mr(dev, b.raw(), MemKind::Host, access).expect("reg_mr") }
-}
-
-/// Send `sizes` one at a time (each with its own receive) and check bytes and sizes.
-fn one_by_one(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
-    let (sd, rd) = (s.dev(), r.dev());
-    for (k, &size) in sizes.iter().enumerate() {
-        let mut src = Buf::new(size);
-        src.fill(k as u8);
-        let mut dst = Buf::new(size + 64);
-        dst.bytes_mut().fill(0xee);
-        let smr = reg(n, sd, &mut src, Access::LOCAL_READ);
-        let rmr = reg(n, rd, &mut dst, Access::REMOTE_WRITE);
-        let rb = [RecvBuf { buf: dst.raw(), tag: 7 }];
-        // SAFETY: buffers and registrations live until the requests complete below.
-        let rid = unsafe { r.irecv(&rb, &[Some(&rmr)]) }.expect("irecv").expect("irecv slot");
-        let mut rdone = None;
-        // SAFETY: as above.
-        let sid = until("isend to be accepted", || {
-            if rdone.is_none() {
-                rdone = r.test(rid).expect("recv test");
-            }
-            unsafe { s.isend(src.raw(), 7, Some(&smr)) }.expect("isend")
-        });
-        let sc = until("send completion", || s.test(sid).expect("send test"));
-        assert_eq!(sc.sizes[0], size);
-        let rc = match rdone {
-            Some(c) => c,
-            None => until("receive completion", || r.test(rid).expect("recv test")),
-        };
-        assert_eq!((rc.n, rc.sizes[0]), (1, size), "reported size of message {k}");
-        assert!(dst.bytes()[..size] == src.bytes()[..], "payload of message {k} ({size} bytes) differs");
-        assert!(dst.bytes()[size..].iter().all(|&b| b == 0xee), "message {k} wrote past its {size} bytes");
-    }
-}
-
 const SIZES: [usize; 10] = [0, 1, 8, 127, 4095, 4096, 65536, 65537, 1 << 20, (4 << 20) + 3];
 
 // ---------------------------------------------------------------- host behaviour
-
-struct Capture(Arc<Mutex<Vec<(tracing::Level, String)>>>);
-
-struct Msg(String);
-impl tracing::field::Visit for Msg {
-    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-        if f.name() == "message" {
-            self.0 = format!("{v:?}");
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut m = Msg(String::new());
-        e.record(&mut m);
-        self.0.lock().unwrap().push((*e.metadata().level(), m.0));
-    }
-}
-
-fn captured<T>(f: impl FnOnce() -> T) -> (T, Vec<(tracing::Level, String)>) {
-    use tracing_subscriber::prelude::*;
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let sub = tracing_subscriber::registry().with(Capture(log.clone()));
-    let out = tracing::subscriber::with_default(sub, f);
-    let v = log.lock().unwrap().clone();
-    (out, v)
-}
 
 /// Without an RDMA device (our build hosts: `ibv_get_device_list` fails with
 /// ENOSYS) `auto` is TCP with exactly one INFO line and `ib` is an init error
@@ -238,7 +80,7 @@ fn host_without_rdma_falls_back_to_tcp_and_ib_fails_with_reason() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let dev = &n.devices()[idx[0]];
     let p = n.props(idx[0]).unwrap();
@@ -256,7 +98,7 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn gid_index_knob_is_honoured_and_an_empty_index_is_an_error() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let auto = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("auto GID");
     let want = auto.gid_index.to_string();
@@ -289,7 +131,7 @@ fn gid_index_knob_is_honoured_and_an_empty_index_is_an_error() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn loopback_on_one_device_all_sizes() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     one_by_one(&n, &mut s, &mut r, &SIZES);
@@ -298,7 +140,7 @@ fn loopback_on_one_device_all_sizes() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn across_two_devices_all_sizes() {
-    let Some((d1, d2)) = device2() else { return };
+    let (d1, d2) = device2();
     let (n, idx) = net(&[&d1, &d2], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[1]);
     one_by_one(&n, &mut s, &mut r, &SIZES);
@@ -356,7 +198,7 @@ fn grouped(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, rounds: usize) {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn grouped_receives_match_tags_and_report_exact_sizes() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     grouped(&n, &mut s, &mut r, 16);
@@ -418,7 +260,7 @@ fn many_in_flight(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, rounds: usize, 
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn thirty_two_requests_in_flight_wrap_the_fifo() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     many_in_flight(&n, &mut s, &mut r, 5, 32);
@@ -427,7 +269,7 @@ fn thirty_two_requests_in_flight_wrap_the_fifo() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn two_qps_rotating_and_split() {
-    let Some(d) = device() else { return };
+    let d = device();
     for split in ["0", "1"] {
         let (n, idx) = net(&[&d], &[("NCCL_IB_QPS_PER_CONNECTION", "2"), ("NCCL_IB_SPLIT_DATA_ON_QPS", split)]);
         let (mut s, mut r) = pair(&n, idx[0], idx[0]);
@@ -442,7 +284,7 @@ fn two_qps_rotating_and_split() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn without_inline_sends() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[("NCCL_IB_USE_INLINE", "0")]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     one_by_one(&n, &mut s, &mut r, &SIZES[..7]);
@@ -452,7 +294,7 @@ fn without_inline_sends() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn oversized_send_fails_both_ends_with_usage_errors() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     let mut src = Buf::new(200);
@@ -482,7 +324,7 @@ fn oversized_send_fails_both_ends_with_usage_errors() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn flush_is_a_no_op_for_host_memory_unless_forced() {
-    let Some(d) = device() else { return };
+    let d = device();
     for forced in [false, true] {
         let (n, idx) = net(&[&d], &[("RUSTNET_FORCE_FLUSH", if forced { "1" } else { "0" })]);
         let (mut s, mut r) = pair(&n, idx[0], idx[0]);
@@ -507,7 +349,7 @@ fn flush_is_a_no_op_for_host_memory_unless_forced() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn registration_cache_is_refcounted_and_page_aligned() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let dev = &n.devices()[idx[0]];
     let before = dev.mrs.len();
@@ -556,7 +398,7 @@ fn unhex128(h: &str) -> [u8; 128] {
 #[ignore = "helper process for the peer-death tests"]
 fn peer_process() {
     let Ok(role) = std::env::var("RUSTNET_TEST_PEER_ROLE") else { return };
-    let d = device().expect("peer needs RUSTNET_TEST_DEVICE");
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let mut buf = Buf::new(1 << 20);
     buf.fill(1);
@@ -615,7 +457,7 @@ fn spawn_peer(role: &str, handle: Option<&rustnet::proto::handle::Handle>) -> st
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn sender_killed_mid_transfer_fails_pending_receive() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[]);
     let (mut l, h) = n.listen(idx[0]).unwrap();
     let mut child = spawn_peer("sender", Some(&h));
@@ -657,7 +499,7 @@ fn sender_killed_mid_transfer_fails_pending_receive() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn receiver_killed_mid_transfer_fails_sender() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "2")]);
     let mut child = spawn_peer("receiver", None);
     let line = until("the peer's handle", || {
@@ -712,7 +554,7 @@ fn receiver_killed_mid_transfer_fails_sender() {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn completion_error_names_status_qp_and_peer() {
-    let Some(d) = device() else { return };
+    let d = device();
     let (n, idx) = net(&[&d], &[("NCCL_IB_TIMEOUT", "12"), ("NCCL_IB_RETRY_CNT", "1")]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     one_by_one(&n, &mut s, &mut r, &[8]);
@@ -773,7 +615,7 @@ fn port_active(dev: &str) -> bool {
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn zz_link_down_mid_transfer_fails_both_ends() {
-    let Some((d1, d2)) = device2() else { return };
+    let (d1, d2) = device2();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIPPED: needs root to take the link down");

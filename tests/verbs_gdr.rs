@@ -13,65 +13,13 @@
 //! They read `RUSTNET_TEST_DEVICE` (and `RUSTNET_TEST_DEVICE2` when set) like
 //! tests/verbs.rs; under `--include-ignored` a missing device is a failure.
 //! The TCP test at the end runs everywhere.
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+#[path = "common/ib.rs"]
+mod ib;
 
-use rustnet::config::Config;
+use ib::{config, device, device2_or_first, net, pair, until};
 use rustnet::gpu::DmabufProbe;
 use rustnet::transport::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
 use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_DMABUF, PTR_HOST};
-
-const DEADLINE: Duration = Duration::from_secs(60);
-
-fn device() -> String {
-    match std::env::var("RUSTNET_TEST_DEVICE") {
-        Ok(d) if !d.trim().is_empty() => d.trim().to_string(),
-        _ => panic!("RUSTNET_TEST_DEVICE is not set: this test needs an RDMA device (run it in tests/rxe-vm/)"),
-    }
-}
-
-/// The second device if there is one, else the first again (loopback on one device).
-fn device2() -> String {
-    std::env::var("RUSTNET_TEST_DEVICE2").ok().filter(|d| !d.trim().is_empty()).map(|d| d.trim().to_string()).unwrap_or_else(device)
-}
-
-fn config(extra: &[(&str, &str)]) -> Config {
-    let m: HashMap<String, String> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Config::from_lookup(&|k| m.get(k).cloned().or_else(|| std::env::var(k).ok())).expect("config")
-}
-
-fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
-    let mut uniq: Vec<&str> = devs.to_vec();
-    uniq.dedup();
-    let hca = format!("={}", uniq.join(","));
-    let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
-    kv.extend_from_slice(extra);
-    let n = IbNet::new(&config(&kv))
-        .unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds no such device: {e}"));
-    let idx =
-        devs.iter().map(|d| n.devices().iter().position(|x| x.dev_name == *d).unwrap_or_else(|| panic!("device {d} not found"))).collect();
-    (n, idx)
-}
-
-fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < DEADLINE, "timed out after {DEADLINE:?} waiting for {what}");
-        std::hint::spin_loop();
-    }
-}
-
-fn pair(n: &IbNet, sdev: usize, rdev: usize) -> (SendComm, RecvComm) {
-    let (mut l, h) = n.listen(rdev).expect("listen");
-    let mut c = n.connect(sdev, &h, None).expect("connect start");
-    until("connect", || c.progress().expect("connect").then_some(()));
-    let s = c.into_send_comm().expect("send comm");
-    let r = until("accept", || l.accept().expect("accept"));
-    (s, r)
-}
 
 /// Page-aligned host memory (mmap), so registrations cover exactly it.
 struct Pages {
@@ -373,7 +321,7 @@ fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, src: &Pages, dst: &Pa
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn iflush_forced_over_device_completes_and_keeps_data() {
-    let (d1, d2) = (device(), device2());
+    let (d1, d2) = (device(), device2_or_first());
     let (n, idx) = net(&[&d1, &d2], &[("RUSTNET_FORCE_FLUSH", "1")]);
     let p = n.props(idx[1]).unwrap();
     assert!(p.force_flush, "forceFlush reported under RUSTNET_FORCE_FLUSH=1");

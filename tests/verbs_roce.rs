@@ -9,93 +9,16 @@
 //! `--include-ignored` and `RUSTNET_TEST_DEVICE=rxe0 RUSTNET_TEST_DEVICE2=rxe1`.
 //! Run that way without `RUSTNET_TEST_DEVICE`, they fail: they never pass
 //! without a device. They change the VM's addresses and put them back.
-use std::collections::HashMap;
+#[path = "common/ib.rs"]
+mod ib;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rustnet::config::Config;
-use rustnet::transport::ib::{connect, gid, Access, IbMr, IbNet, RecvComm, SendComm};
-use rustnet::transport::{MemKind, RawBuf, RecvBuf};
-
-const DEADLINE: Duration = Duration::from_secs(60);
-const NEEDS: &str = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)";
-
-fn device() -> String {
-    match std::env::var("RUSTNET_TEST_DEVICE") {
-        Ok(d) if !d.trim().is_empty() => d.trim().to_string(),
-        _ => panic!("RUSTNET_TEST_DEVICE is not set: these tests {NEEDS}"),
-    }
-}
-
-fn device2() -> (String, String) {
-    let d = device();
-    match std::env::var("RUSTNET_TEST_DEVICE2") {
-        Ok(d2) if !d2.trim().is_empty() => (d, d2.trim().to_string()),
-        _ => panic!("RUSTNET_TEST_DEVICE2 is not set: this test needs two RDMA devices on a veth pair"),
-    }
-}
-
-fn config(extra: &[(&str, &str)]) -> Config {
-    let m: HashMap<String, String> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Config::from_lookup(&|k| m.get(k).cloned().or_else(|| std::env::var(k).ok())).expect("config")
-}
-
-fn net(devs: &[&str], extra: &[(&str, &str)]) -> (IbNet, Vec<usize>) {
-    let hca = format!("={}", devs.join(","));
-    let mut kv: Vec<(&str, &str)> = vec![("NCCL_IB_HCA", hca.as_str()), ("RUSTNET_TRANSPORT", "ib")];
-    kv.extend_from_slice(extra);
-    let n =
-        IbNet::new(&config(&kv)).unwrap_or_else(|e| panic!("RUSTNET_TEST_DEVICE names {devs:?}, but the verbs transport finds none: {e}"));
-    let idx =
-        devs.iter().map(|d| n.devices().iter().position(|x| x.dev_name == *d).unwrap_or_else(|| panic!("device {d} missing"))).collect();
-    (n, idx)
-}
-
-fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < DEADLINE, "timed out after {DEADLINE:?} waiting for {what}");
-        std::hint::spin_loop();
-    }
-}
-
-fn pair_tc(n: &IbNet, sdev: usize, rdev: usize, comm_tc: Option<i32>) -> (SendComm, RecvComm) {
-    let (mut l, h) = n.listen(rdev).expect("listen");
-    let mut c = n.connect(sdev, &h, comm_tc).expect("connect start");
-    until("connect", || c.progress().expect("connect").then_some(()));
-    let s = c.into_send_comm().expect("send comm");
-    let r = until("accept", || l.accept().expect("accept"));
-    (s, r)
-}
-
-struct Buf(Vec<u64>, usize);
-
-impl Buf {
-    fn new(len: usize) -> Buf {
-        Buf(vec![0u64; len.div_ceil(8) + 1], len)
-    }
-    fn raw(&mut self) -> RawBuf {
-        RawBuf { ptr: self.0.as_mut_ptr() as *mut u8, len: self.1 }
-    }
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the Vec holds at least len bytes.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.1) }
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut u8, self.1) }
-    }
-}
-
-fn reg(n: &IbNet, dev: usize, b: &mut Buf, access: Access) -> IbMr {
-    // SAFETY: the buffer outlives the registration in every test.
-    unsafe { n.reg_mr(dev, b.raw(), MemKind::Host, access).expect("reg_mr") }
-}
+use ib::{captured, device, device2, net, pair_tc, reg, until, Buf};
+use rustnet::transport::ib::{connect, gid, Access, IbNet, RecvComm, SendComm};
+use rustnet::transport::RecvBuf;
 
 /// Move `sizes` one by one and check every byte.
 fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
@@ -130,31 +53,6 @@ fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
 }
 
 // ---------------------------------------------------------------- logs
-
-struct Capture(Arc<Mutex<Vec<(tracing::Level, String)>>>);
-struct Msg(String);
-impl tracing::field::Visit for Msg {
-    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-        if f.name() == "message" {
-            self.0 = format!("{v:?}");
-        }
-    }
-}
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut m = Msg(String::new());
-        e.record(&mut m);
-        self.0.lock().unwrap().push((*e.metadata().level(), m.0));
-    }
-}
-fn captured<T>(f: impl FnOnce() -> T) -> (T, Vec<(tracing::Level, String)>) {
-    use tracing_subscriber::prelude::*;
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let sub = tracing_subscriber::registry().with(Capture(log.clone()));
-    let out = tracing::subscriber::with_default(sub, f);
-    let v = log.lock().unwrap().clone();
-    (out, v)
-}
 
 fn gid_infos(log: &[(tracing::Level, String)]) -> Vec<String> {
     log.iter().filter(|(l, m)| *l == tracing::Level::INFO && m.starts_with("GID choice")).map(|(_, m)| m.clone()).collect()
