@@ -148,9 +148,46 @@ struct Net {
     s: Ptr,
     r: Ptr,
     l: Ptr,
+    /// Registered buffers kept across measurements (ib_write_bw registers once,
+    /// before timing; so do we), keyed by (comm, count, size).
+    cache: std::cell::RefCell<Vec<Bufs>>,
 }
 
 impl Net {
+    /// Registered buffers for `comm`: from the cache, or allocated and registered now.
+    fn take_bufs(&self, comm: Ptr, n: usize, size: usize) -> Result<Bufs, String> {
+        let mut c = self.cache.borrow_mut();
+        if let Some(i) = c.iter().position(|b| b.comm == comm && b.bufs.len() == n && b.size == size) {
+            return Ok(c.swap_remove(i));
+        }
+        drop(c);
+        Bufs::new(self, comm, n, size)
+    }
+
+    /// Give buffers back for the next measurement.
+    fn put_bufs(&self, b: Bufs) {
+        self.cache.borrow_mut().push(b);
+    }
+
+    /// Register what the next measurements of `size` need (outside timing),
+    /// and drop registrations of other sizes.
+    fn prepare(&self, size: usize, w: usize) -> Result<(), String> {
+        let old: Vec<Bufs> = {
+            let mut c = self.cache.borrow_mut();
+            let (keep, old): (Vec<Bufs>, Vec<Bufs>) = c.drain(..).partition(|b| b.size == size || b.size == 1);
+            *c = keep;
+            old
+        };
+        for b in old {
+            b.deregister(self);
+        }
+        for (comm, n, sz) in [(self.s, w, size), (self.r, w, size), (self.s, 1, 1), (self.r, 1, 1), (self.s, 1, size), (self.r, 1, size)] {
+            let b = self.take_bufs(comm, n, sz)?;
+            self.put_bufs(b);
+        }
+        Ok(())
+    }
+
     fn open(o: &Opts, ctl: &mut Ctl) -> Result<Net, String> {
         let p = Plugin::open(&o.plugin, o.abi)?;
         p.init().map_err(|e| format!("{e} (see the WARN above)"))?;
@@ -164,7 +201,7 @@ impl Net {
         let mut ph = [0u8; 128];
         ph.copy_from_slice(&peer);
         let (s, r) = p.connect_accept(o.dev, &mut ph, l, Duration::from_secs(60))?;
-        Ok(Net { p, s, r, l })
+        Ok(Net { p, s, r, l, cache: std::cell::RefCell::new(Vec::new()) })
     }
 
     fn props_line(&self, dev: i32) -> String {
@@ -177,6 +214,9 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        for b in std::mem::take(&mut *self.cache.borrow_mut()) {
+            b.deregister(self);
+        }
         let _ = self.p.close_send(self.s);
         let _ = self.p.close_recv(self.r);
         let _ = self.p.close_listen(self.l);
@@ -187,6 +227,7 @@ struct Bufs {
     bufs: Vec<Vec<u8>>,
     mhs: Vec<Ptr>,
     comm: Ptr,
+    size: usize,
 }
 
 impl Bufs {
@@ -196,9 +237,13 @@ impl Bufs {
         for b in &mut bufs {
             mhs.push(net.p.reg_mr(comm, b.as_mut_ptr(), b.len()).map_err(|e| e.to_string())?);
         }
-        Ok(Bufs { bufs, mhs, comm })
+        Ok(Bufs { bufs, mhs, comm, size })
     }
+    /// Back to the connection's cache (still registered).
     fn release(self, net: &Net) {
+        net.put_bufs(self);
+    }
+    fn deregister(self, net: &Net) {
         for m in self.mhs {
             let _ = net.p.dereg_mr(self.comm, m);
         }
@@ -208,8 +253,8 @@ impl Bufs {
 /// Move `count` messages of `size` each way that `send`/`recv` say, with
 /// `w` requests in flight per direction. Single thread, like NCCL's proxy.
 fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<(), String> {
-    let mut sb = Bufs::new(net, net.s, w.min(send.max(1)), size)?;
-    let mut rb = Bufs::new(net, net.r, w.min(recv.max(1)), size)?;
+    let mut sb = net.take_bufs(net.s, w.min(send.max(1)), size)?;
+    let mut rb = net.take_bufs(net.r, w.min(recv.max(1)), size)?;
     let e = |x: driver::NcclErr| x.to_string();
     let (mut posted_s, mut done_s, mut posted_r, mut done_r) = (0, 0, 0, 0);
     let mut sq: Vec<Option<Ptr>> = vec![None; sb.bufs.len()];
@@ -268,8 +313,8 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
 /// receives are posted, so none is left behind for the next measurement.
 fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64, String> {
     const AHEAD: usize = 2;
-    let mut sb = Bufs::new(net, net.s, 1, size)?;
-    let mut rb = Bufs::new(net, net.r, AHEAD, size)?;
+    let mut sb = net.take_bufs(net.s, 1, size)?;
+    let mut rb = net.take_bufs(net.r, AHEAD, size)?;
     let e = |x: driver::NcclErr| x.to_string();
     let mut posted = 0usize;
     let mut rq: std::collections::VecDeque<(Ptr, usize)> = std::collections::VecDeque::new();
@@ -424,6 +469,7 @@ fn server(o: &Opts) -> Result<(), String> {
         let f: Vec<&str> = cmd.split_whitespace().collect();
         let num = |i: usize| f.get(i).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
         let res = match f.first().copied() {
+            Some("PREP") => net.prepare(num(1), num(2)),
             Some("OW") => pump(&net, 0, num(2), num(1), num(3)).and_then(|_| pump(&net, 1, 0, 1, 1)),
             Some("BI") => pump(&net, num(2), num(2), num(1), num(3)).and_then(|_| pump(&net, 1, 1, 1, 1)),
             Some("PP") => pingpong(&net, num(1), num(2), false).map(|_| ()),
@@ -540,6 +586,10 @@ fn client(o: &Opts) -> Result<(), String> {
     for (k, &size) in o.sizes.iter().enumerate() {
         let count = (o.bytes / size).clamp(8, 200_000);
         let (mut ow, mut bi, mut row, mut rbi) = (Stat::default(), Stat::default(), Stat::default(), Stat::default());
+        // register both ends' buffers before any timing starts
+        run_cmd(&mut ctl, &format!("PREP {size} {}", o.inflight))?;
+        net.prepare(size, o.inflight)?;
+        wait_ok(&mut ctl)?;
         for _ in 0..o.reps {
             // plugin one-way: we send, the server receives then acks
             let t = Instant::now();
@@ -585,6 +635,9 @@ fn client(o: &Opts) -> Result<(), String> {
     // latency
     let mut lat = Stat::default();
     let mut rlat = Stat::default();
+    run_cmd(&mut ctl, "PREP 8 2")?;
+    net.prepare(8, 2)?;
+    wait_ok(&mut ctl)?;
     for _ in 0..o.reps {
         run_cmd(&mut ctl, &format!("PP 8 {}", o.lat_iters))?;
         let dt = pingpong(&net, 8, o.lat_iters, true)?;
