@@ -62,6 +62,23 @@ if [ "${1:-}" = --in-vm ]; then
     echo "=== smoke"
     if bash "$HERE/smoke.sh"; then results+=("PASS smoke"); else results+=("FAIL smoke"); fails=$((fails + 1)); fi
   fi
+  # rustnet doctor, live: must see rxe0/rxe1, their GID tables, the IPv4 RoCE
+  # v2 choice with its reason, and the plugin's own init choosing verbs.
+  if [ -x "${VERBS_RUSTNET:-}" ] && [ -z "${VERBS_TEST_ARGS:-}" ] && { [ $# = 0 ] || [[ " $* " == *conformance* ]]; }; then
+    echo "=== doctor (live): RUSTNET_TRANSPORT=ib rustnet doctor --json"
+    djson=$("$VERBS_RUSTNET" doctor --json 2>/tmp/doctor.err)
+    dmiss=()
+    for want in '"dev":"rxe0"' '"dev":"rxe1"' '"gid_index":1' '::ffff:10.199.0.1 RoCE v2' '"detail":"ib: '; do
+      [[ $djson == *"$want"* ]] || dmiss+=("$want")
+    done
+    if [ ${#dmiss[@]} = 0 ]; then
+      "$VERBS_RUSTNET" doctor 2>/dev/null | grep -E 'GID [0-9]+:|transport:' | sed 's/^/  /'
+      results+=("PASS doctor (live)")
+    else
+      echo "doctor output lacks: ${dmiss[*]}"; echo "$djson" | head -c 3000; echo; cat /tmp/doctor.err
+      results+=("FAIL doctor (live)"); fails=$((fails + 1))
+    fi
+  fi
   # The conformance suite runs up to four times: both peers on rxe0 (one
   # device to itself); the traffic and peer-death cases rxe0 -> rxe1 across
   # the veth; the traffic cases with 4 QPs split; and (two pairs booted) the
@@ -181,7 +198,7 @@ sysroot=$(rustc --print sysroot 2>/dev/null) && lib_dirs+=":$sysroot/lib"
 guest_cmd=$(printf '%q ' env \
   "VERBS_SMOKE=${VERBS_SMOKE:-auto}" "VERBS_TEST_ARGS=${VERBS_TEST_ARGS:-}" \
   "VERBS_TEST_TIMEOUT=${VERBS_TEST_TIMEOUT:-600}" "VERBS_ENV=${VERBS_ENV:-}" \
-  "VERBS_LIB_DIRS=$lib_dirs" bash "$HERE/verbs-suite.sh" --in-vm "${selected[@]}")
+  "VERBS_LIB_DIRS=$lib_dirs" "VERBS_RUSTNET=$target_dir/release/rustnet" bash "$HERE/verbs-suite.sh" --in-vm "${selected[@]}")
 "$HERE/run.sh" "$guest_cmd"
 rc=$?
 [ $rc = 125 ] && msg "the VM died or timed out (exit 125)"
