@@ -3,8 +3,8 @@
 # (idempotent; quiet when everything is there). Needs root or sudo for apt.
 #   libclang-dev : bindgen generates the NCCL ABI bindings from nccl-headers/
 #   libibverbs-dev, librdmacm-dev, pkg-config : verbs types at build time
-#   iproute2 : the namespace tests (link cut, IPv6 pair, bisect) need ip and tc
 #     (the built plugin does NOT link them: libibverbs is dlopen'ed at run time)
+#   iproute2 : the namespace tests (link cut, IPv6 pair, bisect) need ip and tc
 set -eu
 PKGS="libclang-dev clang pkg-config libibverbs-dev librdmacm-dev gcc make python3 binutils iproute2"
 missing=""
