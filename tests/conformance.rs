@@ -289,6 +289,73 @@ fn peer_main(role: String) {
                 }
             }
         }
+        "cross_round_tags" => {
+            // Shared-comm pattern (PXN): two grouped receives of tags [1, 2];
+            // the sender's tag-1 message of round 1 comes before round 0's
+            // tag-2 message. Per tag, messages land in posting order.
+            let (s, r, l) = peer.connect_pair();
+            let mut out = String::new();
+            if role == "A" {
+                let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 64]).collect();
+                let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(r, b.as_mut_ptr(), 64).unwrap()).collect();
+                let mut reqs = Vec::new();
+                for round in 0..2 {
+                    let (b0, b1) = bufs.split_at_mut(2 * round + 1);
+                    let spec = [(b0[2 * round].as_mut_ptr(), 64, 1, mhs[2 * round]), (b1[0].as_mut_ptr(), 64, 2, mhs[2 * round + 1])];
+                    reqs.push(loop {
+                        if let Some(q) = peer.p.irecv(r, &spec).unwrap() {
+                            break q;
+                        }
+                    });
+                }
+                for q in reqs {
+                    let mut sz = [0i32; 8];
+                    let t0 = Instant::now();
+                    while !peer.p.test(q, &mut sz).unwrap() {
+                        assert!(t0.elapsed() < Duration::from_secs(30), "cross-round receive never completed");
+                    }
+                    out += &format!("[{},{}]", sz[0], sz[1]);
+                }
+                for (i, b) in bufs.iter().enumerate() {
+                    out += &format!(" b{i}={}", b[0]);
+                }
+                for mh in mhs {
+                    peer.p.dereg_mr(r, mh).unwrap();
+                }
+            } else {
+                // (round, tag, size, fill byte) in the order the sender tries them
+                let plan = [(1usize, 1i32, 11usize, 0x11u8), (1, 1, 12, 0x12), (0, 2, 21, 0x21), (1, 2, 22, 0x22)];
+                let mut bufs: Vec<Vec<u8>> = plan.iter().map(|p| vec![p.3; p.2]).collect();
+                let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap()).collect();
+                let mut pending: Vec<usize> = (0..plan.len()).collect();
+                let mut reqs = Vec::new();
+                let t0 = Instant::now();
+                while !pending.is_empty() {
+                    // like NCCL's proxy: each send is tried on its own; "not yet" moves on
+                    pending.retain(|&k| match peer.p.isend(s, bufs[k].as_mut_ptr(), plan[k].2, plan[k].1, mhs[k]).unwrap() {
+                        Some(q) => {
+                            reqs.push(q);
+                            false
+                        }
+                        None => true,
+                    });
+                    reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
+                    assert!(t0.elapsed() < Duration::from_secs(30), "sends never started: {pending:?}");
+                }
+                while !reqs.is_empty() {
+                    reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
+                }
+                for mh in mhs {
+                    peer.p.dereg_mr(s, mh).unwrap();
+                }
+            }
+            peer.say("CYCLE");
+            peer.hear("GO");
+            peer.p.close_send(s).unwrap();
+            peer.p.close_recv(r).unwrap();
+            peer.p.close_listen(l).unwrap();
+            peer.say(&format!("DONE {out}"));
+        }
         "cut_sender" => {
             // B sends until the link is cut under it; reports the error.
             let (s, _r, _l) = peer.connect_pair();
@@ -764,6 +831,26 @@ fn ipv6_case() -> Result<String, String> {
     Ok(format!("IPv6 handle, {ra}"))
 }
 
+/// Grouped receives with tags, sends arriving across rounds (PXN shared comms).
+fn cross_round_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 9, "cross_round_tags", &[]);
+    let mut b = spawn("B", 9, "cross_round_tags", &[]);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("CYCLE", t)?;
+    b.expect("CYCLE", t)?;
+    a.send("GO");
+    b.send("GO");
+    let r = finish(a)?;
+    finish(b)?;
+    // round 0 = first tag-1 message (11 bytes, 0x11) + the tag-2 message of round 0 (21, 0x21)
+    let want = "[11,21][12,22] b0=17 b1=33 b2=18 b3=34";
+    if r.trim() != want {
+        return Err(format!("expected {want:?}, got {r:?}"));
+    }
+    Ok(r)
+}
+
 fn garbage_warned(stderr: &str) -> bool {
     stderr.contains("rejected connection from")
 }
@@ -871,6 +958,7 @@ fn main() {
         "traffic_v8_tcp_4_streams".into(),
         Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
     ));
+    cases.push(("grouped_tags_across_rounds".into(), Box::new(cross_round_case)));
     cases.push(("peer_killed_mid_transfer".into(), Box::new(killed_peer_case)));
     cases.push(("garbage_on_listen_port".into(), Box::new(garbage_case)));
     cases.push(("invalid_env_values".into(), Box::new(bad_env_case)));

@@ -515,6 +515,16 @@ impl SendComm {
         }
         let i = match self.fifo.match_send(tag, buf.len) {
             Ok(i) => i,
+            // As NCCL's IB transport does: a tag the head receive has no free
+            // buffer for is "not yet", not an error (with shared comms the
+            // next step of one rank can arrive before another rank's send
+            // completes the current group).
+            Err(m) if m.code == FailCode::NoTag => {
+                self.poll();
+                self.link.idle_tick(self.reqs.len());
+                self.link.check()?;
+                return Ok(None);
+            }
             Err(m) => {
                 // Tell the receiver (its request fails too), then fail here.
                 let g = self.fifo.advance().unwrap();

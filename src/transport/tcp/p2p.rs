@@ -355,15 +355,38 @@ impl RecvComm {
             }
             return Ok(Step::Progress);
         }
-        let Some(&head) = self.order.front() else { return Ok(Step::Blocked) };
+        if self.order.is_empty() {
+            return Ok(Step::Blocked);
+        }
         if self.stage_hi - self.stage_lo < HDR_LEN {
             return self.refill();
         }
         let hdr: [u8; HDR_LEN] = self.stage[self.stage_lo..self.stage_lo + HDR_LEN].try_into().unwrap();
-        self.stage_lo += HDR_LEN;
         let h = MsgHeader::decode(&hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w })?;
-        let r = self.reqs.get_mut(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
+        // The message lands in the first posted receive that still has a
+        // free buffer with its tag: per tag, sends and receives match in
+        // posting order (with shared comms one rank's next step may arrive
+        // before another rank's send completes the current group, as NCCL's
+        // IB transport allows by answering "not yet").
+        let target = self
+            .order
+            .iter()
+            .copied()
+            .find(|&id| self.reqs.get(id).is_ok_and(|r| r.specs[..r.n].iter().any(|s| !s.matched && s.tag == h.tag)));
+        let Some(id) = target else {
+            if self.reqs.len() == self.reqs.capacity() {
+                // every receive slot is taken and none wants this tag: no
+                // receive NCCL can still post would take it
+                let head = *self.order.front().unwrap();
+                let r = self.reqs.get(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
+                let e = wire::match_recv(&r.specs[..r.n], h.tag, h.size).err().unwrap_or_default();
+                return Err(Error::Usage(format!("{e} (and no other posted receive takes tag {})", h.tag)));
+            }
+            return Ok(Step::Blocked);
+        };
+        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
         let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
+        self.stage_lo += HDR_LEN;
         let size = h.size as usize;
         r.specs[i].matched = true;
         r.sizes[i] = size;
@@ -373,11 +396,11 @@ impl RecvComm {
         for (s, off, len) in wire::chunks(size, nstreams, self.min_chunk) {
             // SAFETY: off + len <= size <= the posted capacity (checked by match_recv).
             let ptr = unsafe { base.add(off) };
-            self.streams[s].q.push_back(Expect { req: head, ptr, len, got: 0 });
+            self.streams[s].q.push_back(Expect { req: id, ptr, len, got: 0 });
             r.pieces_left += 1;
         }
         if r.unmatched == 0 {
-            self.order.pop_front();
+            self.order.retain(|&o| o != id);
         }
         Ok(Step::Progress)
     }
