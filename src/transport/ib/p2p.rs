@@ -757,6 +757,10 @@ impl Drop for RecvComm {
     }
 }
 
+/// Request slots of a receive comm: receives are held to `RECV_POOL -
+/// MAX_REQUESTS`, leaving MAX_REQUESTS for flushes (at most one per receive).
+pub const RECV_POOL: usize = 3 * MAX_REQUESTS;
+
 /// The receiving end of a verbs connection.
 pub struct RecvComm {
     link: Link,
@@ -795,7 +799,10 @@ impl RecvComm {
             local,
             remote_fifo: (remote.addr, remote.rkey),
             next_seq: 0,
-            reqs: Pool::new(MAX_REQUESTS),
+            // receives may hold 2 x MAX_REQUESTS entries (posted plus
+            // completed-but-untested); the rest is kept for flushes, so a
+            // flush never finds the pool full (NULL would mean "flushed")
+            reqs: Pool::new(RECV_POOL),
             by_slot: [None; FIFO_DEPTH],
             budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
             deferred: VecDeque::with_capacity(FIFO_DEPTH),
@@ -901,6 +908,9 @@ impl RecvComm {
             if self.by_slot[slot].is_some() || !self.budgets[first].has_room() {
                 return Ok(None);
             }
+        }
+        if self.reqs.len() >= RECV_POOL - MAX_REQUESTS {
+            return Ok(None);
         }
         let Some(id) =
             self.reqs.alloc(RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], done: false })
@@ -1123,7 +1133,10 @@ impl RecvComm {
             sizes: [0; MAX_RECVS],
             done: false,
         };
-        let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
+        // never Ok(None) here: to NCCL that would mean "nothing to flush"
+        let Some(id) = self.reqs.alloc(req) else {
+            return Err(Error::Internal(format!("iflush: all {RECV_POOL} request slots of the receive comm are in use")));
+        };
         let wr_id = FLUSH_FLAG | (id.gen as u64) << 8 | id.slot as u64;
         // SAFETY: the scratch word is registered with local write and lives
         // in this comm after the flush QP (field order); the source is NCCL's

@@ -30,7 +30,7 @@ use crate::proto::fifo;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::{Pool, ReqId};
 use crate::registry::intern;
-use crate::transport::{Completion, DeviceProps, RawBuf, RecvBuf, MAX_RECVS, MAX_REQUESTS};
+use crate::transport::{Completion, DeviceProps, RawBuf, RecvBuf, MAX_RECVS};
 
 /// Most members of one merged device (NCCL_NET_MAX_DEVS_PER_NIC in v9..v11).
 pub const MAX_MEMBERS: usize = 4;
@@ -324,7 +324,7 @@ impl Listen {
                     return Ok(None);
                 }
                 let rails = rails.iter_mut().map(|(_, g, _)| g.take().unwrap()).collect();
-                Ok(Some(AnyRecv::Multi(MultiRecv { rails, vdev: *vdev, reqs: Pool::new(MAX_REQUESTS) })))
+                Ok(Some(AnyRecv::Multi(MultiRecv { rails, vdev: *vdev, reqs: Pool::new(super::p2p::RECV_POOL) })))
             }
         }
     }
@@ -575,7 +575,11 @@ impl MultiRecv {
         if ids.iter().all(Option::is_none) {
             return Ok(None);
         }
-        Ok(self.reqs.alloc(MReq { ids, sizes: [[0; MAX_RECVS]; MAX_MEMBERS], n: 0, flush: true }))
+        // never Ok(None) once members flush: to NCCL that would mean "nothing to flush"
+        self.reqs
+            .alloc(MReq { ids, sizes: [[0; MAX_RECVS]; MAX_MEMBERS], n: 0, flush: true })
+            .map(Some)
+            .ok_or_else(|| Error::Internal("iflush: every request slot of the merged receive comm is in use".into()))
     }
 }
 
