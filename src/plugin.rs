@@ -157,7 +157,7 @@ impl Plugin {
                 }
             }
         } else {
-            CONNECTING.lock().as_mut().and_then(|m| m.remove(&h.stage)).ok_or_else(|| {
+            CONNECTING.lock().as_mut().and_then(|m| m.remove(&h.stage)).map(|(st, _)| st).ok_or_else(|| {
                 Error::InvalidArg(format!(
                     "connect handle carries progress token {:#x} that this process never issued (handle reused or corrupted)",
                     h.stage
@@ -181,7 +181,15 @@ impl Plugin {
             }
             Ok(false) => {
                 let token = tcp::connect::random_u64();
-                CONNECTING.lock().get_or_insert_with(HashMap::new).insert(token, st);
+                let mut g = CONNECTING.lock();
+                let m = g.get_or_insert_with(HashMap::new);
+                // NCCL calls connect again and again until it is done, and
+                // each call re-files the attempt; one left alone for this
+                // long was abandoned (e.g. the communicator was aborted):
+                // free its sockets and queue pairs.
+                let now = std::time::Instant::now();
+                m.retain(|_, (_, t)| now.duration_since(*t) < ABANDONED_CONNECT);
+                m.insert(token, (st, now));
                 Handle::set_stage(handle, token);
                 Ok(None)
             }
@@ -334,7 +342,10 @@ fn auto_reason(e: &Error) -> String {
 }
 
 /// Outgoing connections in progress, by the token stored in NCCL's handle.
-static CONNECTING: Mutex<Option<HashMap<u64, Connecting>>> = Mutex::new(None);
+static CONNECTING: Mutex<Option<HashMap<u64, (Connecting, std::time::Instant)>>> = Mutex::new(None);
+
+/// An in-progress connect not retried for this long is dropped.
+const ABANDONED_CONNECT: std::time::Duration = std::time::Duration::from_secs(120);
 
 enum Connecting {
     Tcp(TcpConnecting),
