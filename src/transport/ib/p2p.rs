@@ -173,6 +173,16 @@ impl Link {
         }
     }
 
+    /// Record a failure but leave the QPs running, so a "fail" immediate
+    /// just posted still reaches the peer and tells it why (a send comm's
+    /// QPs only let the peer write into our FIFO, which lives until drop).
+    fn fail_soft(&mut self, e: Error) {
+        if self.failed.is_none() {
+            tracing::warn!("{}: comm failed: {e}", self.dev.name);
+            self.failed = Some(e);
+        }
+    }
+
     /// Fail now if an earlier failure or an async event says so.
     fn check(&mut self) -> Result<()> {
         if self.failed.is_none() {
@@ -526,11 +536,12 @@ impl SendComm {
                 return Ok(None);
             }
             Err(m) => {
-                // Tell the receiver (its request fails too), then fail here.
+                // Tell the receiver (its request fails too), then fail here
+                // without stopping the QPs, so that message goes out.
                 let g = self.fifo.advance().unwrap();
                 let _ = self.post_group(&g, Some(m.code));
                 let e = Error::Usage(format!("peer {}: {}", self.link.peer_name(), m.what));
-                self.link.fail(e.clone());
+                self.link.fail_soft(e.clone());
                 return Err(e);
             }
         };
