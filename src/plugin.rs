@@ -500,12 +500,26 @@ impl Comm {
     }
 
     /// Flush received data to the GPU; `Ok(None)`: nothing to flush.
-    pub fn iflush(&self, bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+    pub fn iflush(&self, bufs: &[RawBuf], mrs: &[Option<&MemHandle>]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("iflush on a send comm".into())) };
+        const N: usize = crate::transport::MAX_RECVS;
         match &mut *r.lock() {
             AnyRecv::Tcp(_) => Ok(None),
-            AnyRecv::Ib(c) => c.iflush(bufs),
-            AnyRecv::IbMulti(c) => c.iflush(bufs),
+            AnyRecv::Ib(c) => {
+                let mut ibm: [Option<&ib::IbMr>; N] = [None; N];
+                for (o, m) in ibm.iter_mut().zip(mrs) {
+                    *o = m.and_then(|m| m.ib.as_ref());
+                }
+                c.iflush(bufs, &ibm[..mrs.len().min(N)])
+            }
+            AnyRecv::IbMulti(c) => {
+                let mut per = [[None; vdev::MAX_MEMBERS]; N];
+                for (p, m) in per.iter_mut().zip(mrs) {
+                    *p = rail_mrs(*m);
+                }
+                let refs: [&[Option<&ib::IbMr>]; N] = std::array::from_fn(|j| &per[j][..]);
+                c.iflush(bufs, &refs[..mrs.len().min(N)])
+            }
         }
     }
 

@@ -332,7 +332,8 @@ fn flush_is_a_no_op_for_host_memory_unless_forced() {
         let mut dst = Buf::new(4096);
         let rmr = reg(&n, idx[0], &mut dst, n.recv_access());
         let bufs = [RawBuf { ptr: dst.raw().ptr, len: 0 }, RawBuf { ptr: dst.raw().ptr, len: 100 }];
-        match r.iflush(&bufs).expect("iflush") {
+        // with NCCL's mhandle for the buffer (no registration lookup)
+        match r.iflush(&bufs, &[None, Some(&rmr)]).expect("iflush") {
             None => assert!(!forced, "a forced flush must post a read"),
             Some(id) => {
                 assert!(forced, "host memory needs no flush unless forced");
@@ -341,7 +342,7 @@ fn flush_is_a_no_op_for_host_memory_unless_forced() {
             }
         }
         // nothing to flush when every buffer is empty
-        assert!(r.iflush(&bufs[..1]).unwrap().is_none());
+        assert!(r.iflush(&bufs[..1], &[]).unwrap().is_none());
         drop(rmr);
     }
 }

@@ -252,7 +252,7 @@ pub(crate) unsafe fn iflush(
     n: c_int,
     data: *mut VoidPtr,
     sizes: *mut c_int,
-    _mh: *mut VoidPtr,
+    mhandles: *mut VoidPtr,
     request: *mut VoidPtr,
 ) -> ncclResult_t {
     guard("iflush", || {
@@ -261,13 +261,19 @@ pub(crate) unsafe fn iflush(
         *req = std::ptr::null_mut();
         let n = (n.max(0) as usize).min(MAX_RECVS);
         let mut bufs = [RawBuf::EMPTY; MAX_RECVS];
+        let mut mrs: [Option<&MemHandle>; MAX_RECVS] = [None; MAX_RECVS];
         if !data.is_null() && !sizes.is_null() {
             for (i, b) in bufs.iter_mut().enumerate().take(n) {
-                // SAFETY: NCCL passes n entries.
-                unsafe { *b = RawBuf { ptr: *data.add(i) as *mut u8, len: (*sizes.add(i)).max(0) as usize } };
+                // SAFETY: NCCL passes n entries (and n mhandles from regMr when non-NULL).
+                unsafe {
+                    *b = RawBuf { ptr: *data.add(i) as *mut u8, len: (*sizes.add(i)).max(0) as usize };
+                    if !mhandles.is_null() {
+                        mrs[i] = mr_ref(*mhandles.add(i));
+                    }
+                }
             }
         }
-        if let Some(id) = c.iflush(&bufs[..n])? {
+        if let Some(id) = c.iflush(&bufs[..n], &mrs[..n])? {
             *req = encode_req(c, id);
         }
         Ok(())

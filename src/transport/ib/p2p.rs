@@ -1123,11 +1123,14 @@ impl RecvComm {
     /// Flush received data: `Ok(None)` (nothing to do) for host memory
     /// unless flushes are forced; then one RDMA READ of the last non-empty
     /// buffer through the loopback QP, completed by `test`.
-    pub fn iflush(&mut self, bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+    pub fn iflush(&mut self, bufs: &[RawBuf], mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
         self.link.check()?;
         let Some(f) = &self.flush else { return Ok(None) };
-        let Some(b) = bufs.iter().rev().find(|b| b.len > 0) else { return Ok(None) };
-        let rkey = self.link.dev.mrs.find_rkey(b.ptr, 1, Access::REMOTE_READ).ok_or_else(|| {
+        let Some((i, b)) = bufs.iter().enumerate().rev().find(|(_, b)| b.len > 0) else { return Ok(None) };
+        // NCCL's own handle for that buffer when it allows the read (no
+        // shared lock on the data path); else look the registration up.
+        let given = mrs.get(i).copied().flatten().filter(|m| m.covers(b.ptr, 1) && m.access().covers(Access::REMOTE_READ));
+        let rkey = given.map(IbMr::rkey).or_else(|| self.link.dev.mrs.find_rkey(b.ptr, 1, Access::REMOTE_READ)).ok_or_else(|| {
             Error::Usage(format!(
                 "iflush: {:p} is not in a receive registration that allows the flush read (regMr on this recv comm first)",
                 b.ptr

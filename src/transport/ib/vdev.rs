@@ -567,10 +567,15 @@ impl MultiRecv {
     }
 
     /// Flush on every member that needs it; `Ok(None)` when none does.
-    pub fn iflush(&mut self, bufs: &[RawBuf]) -> Result<Option<ReqId>> {
+    pub fn iflush(&mut self, bufs: &[RawBuf], mrs: &[&[Option<&IbMr>]]) -> Result<Option<ReqId>> {
         let mut ids = [None; MAX_MEMBERS];
         for (i, r) in self.rails.iter_mut().enumerate() {
-            ids[i] = r.iflush(bufs)?;
+            // member i's registration of each buffer
+            let mut m: [Option<&IbMr>; MAX_RECVS] = [None; MAX_RECVS];
+            for (o, per) in m.iter_mut().zip(mrs) {
+                *o = per.get(i).copied().flatten();
+            }
+            ids[i] = r.iflush(bufs, &m[..bufs.len().min(MAX_RECVS)])?;
         }
         if ids.iter().all(Option::is_none) {
             return Ok(None);
