@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
 
-use crate::ctl::Ctl;
+use crate::ctl::{parse_size, Ctl};
 
 const HELP: &str = "\
 rustnet bench: bandwidth and latency through librustnet, beside raw TCP
@@ -45,17 +45,6 @@ struct Opts {
     abi: u32,
     raw: bool,
     dev: i32,
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (n, m) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    n.parse::<usize>().ok().map(|v| v * m)
 }
 
 fn human(n: usize) -> String {

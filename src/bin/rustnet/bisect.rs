@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rustnet::bisect::{default_max_rounds, Bisect, PairResult, Report, Verdict};
 
-use crate::ctl::Ctl;
+use crate::ctl::{parse_size, Ctl};
 
 const HELP: &str = "\
 rustnet bisect: find the slow host(s) among hosts running `rustnet agent`
@@ -53,17 +53,6 @@ struct Opts {
     csv: Option<PathBuf>,
     svg: Option<PathBuf>,
     shutdown: bool,
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (n, m) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    n.parse::<usize>().ok().map(|v| v * m)
 }
 
 fn parse(args: Vec<String>) -> Result<Opts, String> {
