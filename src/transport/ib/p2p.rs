@@ -173,6 +173,12 @@ impl Link {
         }
     }
 
+    /// Fail the link and return the error it now reports (the first one).
+    fn fail_with(&mut self, e: Error) -> Error {
+        self.fail(e.clone());
+        self.failed.clone().unwrap_or(e)
+    }
+
     /// Record a failure but leave the QPs running, so a "fail" immediate
     /// just posted still reaches the peer and tells it why (a send comm's
     /// QPs only let the peer write into our FIFO, which lives until drop).
@@ -447,38 +453,46 @@ impl SendComm {
     /// device (vdev.rs) cuts each message over its members by these.
     pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
         self.link.check()?;
+        if !self.head_ready()? {
+            return Ok(None);
+        }
+        // a tag the slot lacks: the isend that follows reports it
+        Ok(Some(self.fifo.match_send(tag, 0).map(|i| self.fifo.current().map_or(0, |g| g.elems[i].cap as usize)).unwrap_or(0)))
+    }
+
+    /// Bring the head FIFO slot to where a send can match it: the connection
+    /// handshake finished, the slot's previous lap completed, and the
+    /// receiver's CTS for it arrived. `Ok(false)`: not yet (NCCL retries).
+    fn head_ready(&mut self) -> Result<bool> {
         if self.hs.is_some() {
             if let Err(e) = self.progress_handshake() {
-                self.link.fail(e);
-                return Err(self.link.failed.clone().unwrap());
+                return Err(self.link.fail_with(e));
             }
             if self.hs.is_some() {
                 self.link.idle_tick(self.reqs.len());
-                return Ok(None);
+                return Ok(false);
             }
         }
+        // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
+        // completion (the receiver saw the data before our ACK came back).
         let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
         if self.inflight[head_slot].active {
             self.poll();
             if self.inflight[head_slot].active {
-                return Ok(None);
+                self.link.check()?;
+                return Ok(false);
             }
         }
         match self.load_head() {
-            Ok(true) => {}
+            Ok(true) => Ok(true),
             Ok(false) => {
                 self.poll();
                 self.link.idle_tick(self.reqs.len());
                 self.link.check()?;
-                return Ok(None);
+                Ok(false)
             }
-            Err(e) => {
-                self.link.fail(e);
-                return Err(self.link.failed.clone().unwrap());
-            }
+            Err(e) => Err(self.link.fail_with(e)),
         }
-        // a tag the slot lacks: the isend that follows reports it
-        Ok(Some(self.fifo.match_send(tag, 0).map(|i| self.fifo.current().unwrap().elems[i].cap as usize).unwrap_or(0)))
     }
 
     /// Queue a send; `Ok(None)` until the receiver posted the matching
@@ -490,38 +504,8 @@ impl SendComm {
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>) -> Result<Option<ReqId>> {
         self.link.check()?;
         let lkey = check_buf("isend", buf, mr, &self.link.dev, Access::LOCAL_READ)?;
-        if self.hs.is_some() {
-            if let Err(e) = self.progress_handshake() {
-                self.link.fail(e);
-                return Err(self.link.failed.clone().unwrap());
-            }
-            if self.hs.is_some() {
-                self.link.idle_tick(self.reqs.len());
-                return Ok(None);
-            }
-        }
-        // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
-        // completion (the receiver saw the data before our ACK came back).
-        let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
-        if self.inflight[head_slot].active {
-            self.poll();
-            if self.inflight[head_slot].active {
-                self.link.check()?;
-                return Ok(None);
-            }
-        }
-        match self.load_head() {
-            Ok(true) => {}
-            Ok(false) => {
-                self.poll();
-                self.link.idle_tick(self.reqs.len());
-                self.link.check()?;
-                return Ok(None);
-            }
-            Err(e) => {
-                self.link.fail(e);
-                return Err(self.link.failed.clone().unwrap());
-            }
+        if !self.head_ready()? {
+            return Ok(None);
         }
         let i = match self.fifo.match_send(tag, buf.len) {
             Ok(i) => i,
@@ -906,8 +890,7 @@ impl RecvComm {
         }
         if self.ready.is_some() {
             if let Err(e) = self.progress_ready() {
-                self.link.fail(e);
-                return Err(self.link.failed.clone().unwrap());
+                return Err(self.link.fail_with(e));
             }
         }
         let seq = self.next_seq;
