@@ -192,72 +192,28 @@ impl Plugin {
         // SAFETY: zeroed props structs are valid; the plugin fills them.
         unsafe {
             let cs = |p: *mut std::ffi::c_char| (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned());
+            // one arm per version: the struct type, and the two fields older versions lack
+            macro_rules! props {
+                ($t:expr, $ty:ty, |$p:ident| $ndt:expr, $p2p:expr) => {{
+                    let mut $p: $ty = std::mem::zeroed();
+                    ck("getProperties", $t.getProperties.unwrap()(dev, &mut $p))?;
+                    Ok(Props {
+                        name: cs($p.name).unwrap_or_default(),
+                        pci_path: cs($p.pciPath),
+                        ptr_support: $p.ptrSupport,
+                        speed: $p.speed,
+                        max_recvs: $p.maxRecvs,
+                        net_device_type: $ndt,
+                        max_p2p_bytes: $p2p,
+                    })
+                }};
+            }
             match self.table {
-                Table::V6(t) => {
-                    let mut p: ncclNetProperties_v6_t = std::mem::zeroed();
-                    ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props {
-                        name: cs(p.name).unwrap_or_default(),
-                        pci_path: cs(p.pciPath),
-                        ptr_support: p.ptrSupport,
-                        speed: p.speed,
-                        max_recvs: p.maxRecvs,
-                        net_device_type: 0,
-                        max_p2p_bytes: 0,
-                    })
-                }
-                Table::V7(t) => {
-                    let mut p: ncclNetProperties_v7_t = std::mem::zeroed();
-                    ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props {
-                        name: cs(p.name).unwrap_or_default(),
-                        pci_path: cs(p.pciPath),
-                        ptr_support: p.ptrSupport,
-                        speed: p.speed,
-                        max_recvs: p.maxRecvs,
-                        net_device_type: p.netDeviceType as i32,
-                        max_p2p_bytes: 0,
-                    })
-                }
-                Table::V8(t) => {
-                    let mut p: ncclNetProperties_v8_t = std::mem::zeroed();
-                    ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props {
-                        name: cs(p.name).unwrap_or_default(),
-                        pci_path: cs(p.pciPath),
-                        ptr_support: p.ptrSupport,
-                        speed: p.speed,
-                        max_recvs: p.maxRecvs,
-                        net_device_type: p.netDeviceType as i32,
-                        max_p2p_bytes: 0,
-                    })
-                }
-                Table::V9(t) => {
-                    let mut p: ncclNetProperties_v9_t = std::mem::zeroed();
-                    ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props {
-                        name: cs(p.name).unwrap_or_default(),
-                        pci_path: cs(p.pciPath),
-                        ptr_support: p.ptrSupport,
-                        speed: p.speed,
-                        max_recvs: p.maxRecvs,
-                        net_device_type: p.netDeviceType as i32,
-                        max_p2p_bytes: p.maxP2pBytes,
-                    })
-                }
-                Table::V10(t) => {
-                    let mut p: ncclNetProperties_v10_t = std::mem::zeroed();
-                    ck("getProperties", t.getProperties.unwrap()(dev, &mut p))?;
-                    Ok(Props {
-                        name: cs(p.name).unwrap_or_default(),
-                        pci_path: cs(p.pciPath),
-                        ptr_support: p.ptrSupport,
-                        speed: p.speed,
-                        max_recvs: p.maxRecvs,
-                        net_device_type: p.netDeviceType as i32,
-                        max_p2p_bytes: p.maxP2pBytes,
-                    })
-                }
+                Table::V6(t) => props!(t, ncclNetProperties_v6_t, |p| 0, 0),
+                Table::V7(t) => props!(t, ncclNetProperties_v7_t, |p| p.netDeviceType as i32, 0),
+                Table::V8(t) => props!(t, ncclNetProperties_v8_t, |p| p.netDeviceType as i32, 0),
+                Table::V9(t) => props!(t, ncclNetProperties_v9_t, |p| p.netDeviceType as i32, p.maxP2pBytes),
+                Table::V10(t) => props!(t, ncclNetProperties_v10_t, |p| p.netDeviceType as i32, p.maxP2pBytes),
             }
         }
     }
