@@ -498,9 +498,8 @@ pub fn run(o: &Opts) -> Report {
             r.export_env.push(format!("export NCCL_IB_GID_INDEX={}", idx.iter().next().unwrap()));
         }
     }
-    if let Some(first) = r.tcp_ifs.first() {
+    if !r.tcp_ifs.is_empty() {
         let names: Vec<&str> = r.tcp_ifs.iter().map(|s| s.split(' ').next().unwrap_or("")).collect();
-        let _ = first;
         r.export_env.push(format!("export NCCL_SOCKET_IFNAME=={}", names.join(",")));
     }
     r.export_env.push("export NCCL_NET_PLUGIN=rustnet".into());

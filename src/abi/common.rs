@@ -1,6 +1,6 @@
 //! Version-neutral slot bodies. Each exported version (v6..v10) converts its
 //! own argument types and calls these.
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int};
 
 use super::{guard, nonnull, out, VoidPtr};
 use crate::abi::sys::ncclResult_t;
@@ -329,6 +329,3 @@ pub(crate) unsafe fn close_listen(comm: VoidPtr) -> ncclResult_t {
         Ok(())
     })
 }
-
-/// `void*` stand-in for slots we leave NULL in C.
-pub(crate) type _Unused = c_void;

@@ -331,7 +331,7 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64
         Ok(())
     };
     let t0 = Instant::now();
-    for i in 0..iters {
+    for _ in 0..iters {
         let send = |sq: &mut std::collections::VecDeque<Ptr>, sb: &mut Bufs| -> Result<(), String> {
             loop {
                 if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
@@ -358,7 +358,6 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64
             rq.push_back((post(k, &mut rb)?, k));
             posted += 1;
         }
-        let _ = i;
         reap(&mut sq)?;
     }
     let dt = t0.elapsed().as_secs_f64();
