@@ -34,11 +34,11 @@ sys.path.insert(0, HERE)
 WORKER_SCRIPT = os.path.abspath(__file__)
 
 from ncclharness import PLUGIN_NET_NAME  # noqa: E402
-from ncclharness.envs import expected_net_name, hostid_for_rank, prepare_plugin_dir  # noqa: E402
+from ncclharness.envs import expected_net_name, prepare_plugin_dir  # noqa: E402
 from ncclharness.launch import run_group, tail  # noqa: E402
 from ncclharness.losses import NET_ATOL, NET_RTOL, REF_ATOL, REF_RTOL, compare_losses  # noqa: E402
 from ncclharness.nccllog import ProcessLog, check_network  # noqa: E402
-from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available  # noqa: E402
+from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available, worker_setup  # noqa: E402
 
 IN, HIDDEN, OUT_CLASSES = 256, 1024, 10
 
@@ -94,19 +94,7 @@ def param_digest(model):
 # ------------------------------------------------------------------ worker
 
 def worker_main(args):
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    outdir = os.path.dirname(os.path.abspath(args.result))
-    if args.one_gpu:
-        # torchrun on one GPU: what the built-in launcher sets per rank.
-        os.environ["NCCL_HOSTID"] = hostid_for_rank(rank)
-        os.environ.setdefault("RUSTNET_HARNESS_DEVICE", "0")
-    os.environ.setdefault("NCCL_DEBUG", "INFO")
-    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    if "NCCL_DEBUG_FILE" not in os.environ:
-        os.makedirs(os.path.join(outdir, "logs"), exist_ok=True)
-        os.environ["NCCL_DEBUG_FILE"] = os.path.join(outdir, "logs", f"ddp-{args.net}-rank{rank}.%h.%p.nccl.log")
+    rank, world, local, outdir = worker_setup(args.result, args.one_gpu, f"ddp-{args.net}")
     torch = import_torch()
     import datetime
     import torch.distributed as dist

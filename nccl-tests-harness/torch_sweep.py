@@ -35,9 +35,9 @@ WORKER_SCRIPT = os.path.abspath(__file__)
 
 from ncclharness import BUILTIN_NET_NAME, PLUGIN_NET_NAME  # noqa: E402
 from ncclharness.collectives import COLLECTIVES, parse_collectives  # noqa: E402
-from ncclharness.envs import expected_net_name, hostid_for_rank, prepare_plugin_dir  # noqa: E402
+from ncclharness.envs import expected_net_name, prepare_plugin_dir  # noqa: E402
 from ncclharness.nccllog import ProcessLog, check_network  # noqa: E402
-from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available  # noqa: E402
+from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available, worker_setup  # noqa: E402
 from ncclharness.report import write_report  # noqa: E402
 from ncclharness.sizes import format_size, parse_size, size_sweep  # noqa: E402
 from ncclharness.sweep import SweepOptions, run_sweep  # noqa: E402
@@ -175,20 +175,7 @@ class TorchOps:
 
 
 def worker_main(args):
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    outdir = os.path.dirname(os.path.abspath(args.result))
-    if args.one_gpu:
-        # torchrun on one GPU: what the built-in launcher sets per rank.
-        os.environ["NCCL_HOSTID"] = hostid_for_rank(rank)
-        os.environ.setdefault("RUSTNET_HARNESS_DEVICE", "0")
-    # Under torchrun nobody set these: make NCCL log to a file we can read back.
-    os.environ.setdefault("NCCL_DEBUG", "INFO")
-    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    if "NCCL_DEBUG_FILE" not in os.environ:
-        os.makedirs(os.path.join(outdir, "logs"), exist_ok=True)
-        os.environ["NCCL_DEBUG_FILE"] = os.path.join(outdir, "logs", f"torch-{args.net}-rank{rank}.%h.%p.nccl.log")
+    rank, world, local, outdir = worker_setup(args.result, args.one_gpu, f"torch-{args.net}")
     torch, dist = import_torch()
     if not torch.cuda.is_available():
         print("error: torch sees no CUDA device", file=sys.stderr)

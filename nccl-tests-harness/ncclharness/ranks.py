@@ -124,3 +124,24 @@ def own_log_summary(plugin_name="rustnet"):
     if not text:
         return []
     return [p.to_dict() for p in parse_nccl_log(text, plugin_name).values()]
+
+
+def worker_setup(result_path, one_gpu, log_prefix):
+    """Per-rank set-up shared by the torch workers: rank facts from the
+    launcher's environment, the one-GPU NCCL_HOSTID trick, and NCCL's log
+    into a file we read back (under torchrun nobody else sets it).
+    Returns (rank, world, local_rank, outdir)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    outdir = os.path.dirname(os.path.abspath(result_path))
+    if one_gpu:
+        # torchrun on one GPU: what the built-in launcher sets per rank.
+        os.environ["NCCL_HOSTID"] = hostid_for_rank(rank)
+        os.environ.setdefault("RUSTNET_HARNESS_DEVICE", "0")
+    os.environ.setdefault("NCCL_DEBUG", "INFO")
+    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    if "NCCL_DEBUG_FILE" not in os.environ:
+        os.makedirs(os.path.join(outdir, "logs"), exist_ok=True)
+        os.environ["NCCL_DEBUG_FILE"] = os.path.join(outdir, "logs", f"{log_prefix}-rank{rank}.%h.%p.nccl.log")
+    return rank, world, local, outdir
