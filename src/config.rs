@@ -384,6 +384,8 @@ knobs! {
     ib_merge_nics: String = "RUSTNET_IB_MERGE_NICS", default "0", accepts "0, 1, or groups of device names a,b;c,d";
     /// Use inline sends for the receiver's small control writes where the device allows.
     ib_use_inline: Int<0, 1> = "NCCL_IB_USE_INLINE", default "1", accepts "0 or 1";
+    /// Verbs messages up to this many bytes skip the receiver's clear-to-send: the sender writes them into a ring of 32 slots the receiver registered at connect time (one RDMA write on the critical path instead of two), and the receiver copies them out. 0 turns it off. Both ends must enable it (the smaller limit is used); it is off on devices that offer GPUDirect (a CPU copy cannot reach GPU memory) and on merged devices. Ring memory per connection: about 32 x (the limit + 64 bytes) on each end (133 KiB at the default).
+    ib_eager: Int<0, 65536> = "RUSTNET_IB_EAGER", default "4096", accepts "bytes 0..65536 (0 = off)";
     /// GPU memory over verbs: `auto` offers it when peer memory or dma-buf works (and says why not otherwise); `off` reports host memory only.
     gdr: GdrChoice = "RUSTNET_GDR", default "auto", accepts "auto or off";
     /// NCCL's switch for dma-buf registration; 0 keeps NCCL_PTR_DMABUF off.

@@ -320,12 +320,19 @@ impl Plugin {
 
     /// `irecv` of `bufs` (ptr, capacity, tag, mhandle); `None` = call again.
     pub fn irecv(&self, comm: Ptr, bufs: &[(*mut u8, usize, i32, Ptr)]) -> R<Option<Ptr>> {
+        // fixed arrays, as NCCL's proxy: no allocation per receive (a test
+        // harness that allocates distorts latency under emulation)
+        const N: usize = crate::transport::MAX_RECVS;
+        let k = bufs.len().min(N);
         let n = bufs.len() as c_int;
-        let mut data: Vec<*mut c_void> = bufs.iter().map(|b| b.0 as *mut c_void).collect();
-        let mut isz: Vec<c_int> = bufs.iter().map(|b| b.1 as c_int).collect();
-        let mut usz: Vec<usize> = bufs.iter().map(|b| b.1).collect();
-        let mut tags: Vec<c_int> = bufs.iter().map(|b| b.2).collect();
-        let mut mh: Vec<*mut c_void> = bufs.iter().map(|b| b.3).collect();
+        let mut data: [*mut c_void; N] = [std::ptr::null_mut(); N];
+        let mut isz = [0 as c_int; N];
+        let mut usz = [0usize; N];
+        let mut tags = [0 as c_int; N];
+        let mut mh: [*mut c_void; N] = [std::ptr::null_mut(); N];
+        for (i, b) in bufs[..k].iter().enumerate() {
+            (data[i], isz[i], usz[i], tags[i], mh[i]) = (b.0 as *mut c_void, b.1 as c_int, b.1, b.2, b.3);
+        }
         let mut r: Ptr = std::ptr::null_mut();
         let (d, t2, m) = (data.as_mut_ptr(), tags.as_mut_ptr(), mh.as_mut_ptr());
         // SAFETY: arrays of n entries; buffers kept valid by the caller until completion.

@@ -331,13 +331,24 @@ fn peer_main(role: String) {
                 let mut reqs = Vec::new();
                 let t0 = Instant::now();
                 while !pending.is_empty() {
-                    // like NCCL's proxy: each send is tried on its own; "not yet" moves on
-                    pending.retain(|&k| match peer.p.isend(s, bufs[k].as_mut_ptr(), plan[k].2, plan[k].1, mhs[k]).unwrap() {
-                        Some(q) => {
-                            reqs.push(q);
-                            false
+                    // like NCCL's proxy: each tag (rank) posts its steps in
+                    // order, and the tags are tried on their own; "not yet"
+                    // moves on to the next tag
+                    let mut blocked: Vec<i32> = Vec::new();
+                    pending.retain(|&k| {
+                        if blocked.contains(&plan[k].1) {
+                            return true; // an earlier step of this tag is not posted yet
                         }
-                        None => true,
+                        match peer.p.isend(s, bufs[k].as_mut_ptr(), plan[k].2, plan[k].1, mhs[k]).unwrap() {
+                            Some(q) => {
+                                reqs.push(q);
+                                false
+                            }
+                            None => {
+                                blocked.push(plan[k].1);
+                                true
+                            }
+                        }
                     });
                     reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
                     assert!(t0.elapsed() < Duration::from_secs(30), "sends never started: {pending:?}");

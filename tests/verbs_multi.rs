@@ -56,7 +56,8 @@ fn striping_counters_show_every_qp_used_with_1_2_4_qps_both_modes() {
         for split in [false, true] {
             let q = nqps.to_string();
             let sp = if split { "1" } else { "0" };
-            let n = ib_net(&[&d], &[("NCCL_IB_QPS_PER_CONNECTION", &q), ("NCCL_IB_SPLIT_DATA_ON_QPS", sp)]);
+            // the rendezvous path's striping (small messages would go eager on QP 0)
+            let n = ib_net(&[&d], &[("NCCL_IB_QPS_PER_CONNECTION", &q), ("NCCL_IB_SPLIT_DATA_ON_QPS", sp), ("RUSTNET_IB_EAGER", "0")]);
             let i = index_of(&n, &d);
             let (mut s, mut r) = pair(&n, i, i);
             one_by_one(&n, &mut s, &mut r, &SIZES);
@@ -95,7 +96,7 @@ fn stats_dump_prints_one_info_line_per_comm_on_close() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let sub = tracing_subscriber::registry().with(Capture(log.clone()));
     let (sq, rq) = tracing::subscriber::with_default(sub, || {
-        let n = ib_net(&[&d], &[("NCCL_IB_QPS_PER_CONNECTION", "2"), ("RUSTNET_STATS", "1")]);
+        let n = ib_net(&[&d], &[("NCCL_IB_QPS_PER_CONNECTION", "2"), ("RUSTNET_STATS", "1"), ("RUSTNET_IB_EAGER", "0")]);
         let i = index_of(&n, &d);
         let (mut s, mut r) = pair(&n, i, i);
         one_by_one(&n, &mut s, &mut r, &SIZES[..4]);

@@ -5,27 +5,34 @@
 //! no system calls here: `transport::ib::p2p` feeds bytes and completions in.
 //!
 //! How a message moves:
-//! 1. `irecv` (receiver) posts one empty receive WR on each QP ("lane") the
-//!    message will use, then RDMA-writes one [`Cts`] element per buffer into
+//! 1. `irecv` (receiver) RDMA-writes one [`Cts`] element per buffer into
 //!    slot `seq % FIFO_DEPTH` of the sender's FIFO. Each element ends with a
 //!    marker word `seq + 1`, so a stale or half-written slot is never taken
-//!    for a fresh one.
+//!    for a fresh one. The FIFO is element-major: the first elements of all
+//!    slots are contiguous, so the CTS of consecutive single-buffer receives
+//!    go out as one small write.
 //! 2. `isend` (sender) returns "not yet" until the head slot is valid, then
 //!    matches its tag to an element ([`SendFifo::match_send`]). When every
 //!    element of the slot has its send, the writes of [`plan_lane`] go out:
 //!    data by RDMA WRITE, and on each lane one last WRITE_WITH_IMM, signaled.
-//! 3. The receiver learns the sizes from the immediate ([`Imm::Size`] for a
-//!    single receive) or from its sizes slot, written just before the
-//!    immediate of lane 0 ([`Imm::Group`]).
+//! 3. The receiver learns which receive completed (its FIFO slot) and the
+//!    sizes from the immediate ([`ImmKind::Size`] for a single receive) or
+//!    from its sizes slot, written just before the immediate of lane 0
+//!    ([`ImmKind::Sizes`]).
+//!
+//! Small messages may skip steps 1-2: see [`super::eager`]; a CTS element an
+//! eager message already filled is skipped by the sender.
 use crate::proto::pool::ReqId;
 use crate::transport::{MAX_RECVS, MAX_REQUESTS};
 
 /// CTS slots in the sender's FIFO (one per receive request in flight).
 pub const FIFO_DEPTH: usize = MAX_REQUESTS;
-/// Bytes per CTS element (one cache line: written and read whole).
-pub const ELEM_BYTES: usize = 64;
-/// Bytes per FIFO slot (up to MAX_RECVS elements).
+/// Bytes per CTS element (half a cache line, marker last).
+pub const ELEM_BYTES: usize = 32;
+/// Bytes of one slot's elements (up to MAX_RECVS of them, not contiguous).
 pub const SLOT_BYTES: usize = ELEM_BYTES * MAX_RECVS;
+/// Bytes of the elements `i` of all slots (one row of the FIFO).
+pub const ROW_BYTES: usize = ELEM_BYTES * FIFO_DEPTH;
 /// Bytes of the whole FIFO.
 pub const FIFO_BYTES: usize = SLOT_BYTES * FIFO_DEPTH;
 /// Offset of the marker word inside an element.
@@ -40,14 +47,15 @@ pub const CHUNK_ALIGN: usize = 128;
 /// Most WRs one lane posts for one slot: a write per buffer plus the final one.
 pub const MAX_LANE_WRS: usize = MAX_RECVS + 1;
 
-/// Offset of slot `seq` in the FIFO.
+/// Offset of slot `seq`'s first element in the FIFO (element-major layout:
+/// slots `a..b` of one lap have their first elements at `slot_offset(a)..slot_offset(b)`).
 pub fn slot_offset(seq: u64) -> usize {
-    (seq % FIFO_DEPTH as u64) as usize * SLOT_BYTES
+    (seq % FIFO_DEPTH as u64) as usize * ELEM_BYTES
 }
 
 /// Offset of element `i` of slot `seq` in the FIFO.
 pub fn elem_offset(seq: u64, i: usize) -> usize {
-    slot_offset(seq) + i * ELEM_BYTES
+    i * ROW_BYTES + slot_offset(seq)
 }
 
 /// Offset of slot `seq` in the receiver's sizes area.
@@ -98,6 +106,7 @@ impl Cts {
         b[16..20].copy_from_slice(&self.tag.to_le_bytes());
         b[20] = self.n;
         b[21] = self.i;
+        // 22..24 unused
         b[MARKER_OFFSET..].copy_from_slice(&marker(seq).to_le_bytes());
         b
     }
@@ -123,10 +132,16 @@ impl Cts {
     }
 }
 
-/// Largest size a single-receive immediate carries.
-pub const IMM_MAX_SIZE: u32 = 1 << 30;
-const IMM_GROUP: u32 = 0x8000_0000;
-const IMM_FAIL: u32 = 0xC000_0000;
+/// Largest size a single-receive immediate carries (larger ones go
+/// through the sizes slot).
+pub const IMM_MAX_SIZE: u32 = (1 << 25) - 1;
+const KIND_SIZE: u32 = 0;
+const KIND_SIZES: u32 = 1 << 30;
+const KIND_FAIL: u32 = 3 << 30;
+const SLOT_SHIFT: u32 = 25;
+const _: () = assert!(FIFO_DEPTH == 32, "the immediate has 5 bits for the FIFO slot");
+/// In a sizes slot: this buffer was filled by an eager message.
+pub const EAGER_SIZE: u32 = u32::MAX;
 
 /// Why a sender gave up on a slot (told to the receiver in the immediate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,74 +154,102 @@ pub enum FailCode {
     Other,
 }
 
-/// The 32-bit immediate of the last write on a lane.
+/// What the immediate of a lane's last write says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Imm {
-    /// Single receive: the exact size.
+pub enum ImmKind {
+    /// Single receive: the exact size (at most [`IMM_MAX_SIZE`]).
     Size(u32),
-    /// Grouped receive of n buffers: sizes are in the sizes slot.
-    Group(u8),
+    /// The n sizes are in the sizes slot.
+    Sizes(u8),
     /// The sender failed this slot.
     Fail(FailCode),
 }
 
+/// The 32-bit immediate of the last write on a lane: which receive (FIFO
+/// slot) it completes, and how to learn the sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Imm {
+    /// `seq % FIFO_DEPTH` of the receive.
+    pub slot: u8,
+    /// The rest.
+    pub kind: ImmKind,
+}
+
 impl Imm {
+    /// For receive `seq`.
+    pub fn new(seq: u64, kind: ImmKind) -> Imm {
+        Imm { slot: (seq % FIFO_DEPTH as u64) as u8, kind }
+    }
+
     /// To the wire.
     pub fn encode(self) -> u32 {
-        match self {
-            Imm::Size(s) => {
+        let slot = (self.slot as u32) << SLOT_SHIFT;
+        match self.kind {
+            ImmKind::Size(s) => {
                 debug_assert!(s <= IMM_MAX_SIZE);
-                s
+                KIND_SIZE | slot | s
             }
-            Imm::Group(n) => IMM_GROUP | n as u32,
-            Imm::Fail(FailCode::TooLarge) => IMM_FAIL | 1,
-            Imm::Fail(FailCode::NoTag) => IMM_FAIL | 2,
-            Imm::Fail(FailCode::Other) => IMM_FAIL | 3,
+            ImmKind::Sizes(n) => KIND_SIZES | slot | n as u32,
+            ImmKind::Fail(FailCode::TooLarge) => KIND_FAIL | slot | 1,
+            ImmKind::Fail(FailCode::NoTag) => KIND_FAIL | slot | 2,
+            ImmKind::Fail(FailCode::Other) => KIND_FAIL | slot | 3,
         }
     }
 
     /// From the wire; `Err` for values no sender produces.
     pub fn decode(v: u32) -> Result<Imm, String> {
-        if v <= IMM_MAX_SIZE {
-            return Ok(Imm::Size(v));
-        }
-        match v & 0xC000_0000 {
-            IMM_FAIL => Ok(Imm::Fail(match v & 0xff {
+        let slot = ((v >> SLOT_SHIFT) & 0x1f) as u8;
+        let low = v & ((1 << SLOT_SHIFT) - 1);
+        let kind = match v & (3 << 30) {
+            KIND_SIZE => ImmKind::Size(low),
+            KIND_SIZES if (1..=MAX_RECVS as u32).contains(&low) => ImmKind::Sizes(low as u8),
+            KIND_FAIL => ImmKind::Fail(match low {
                 1 => FailCode::TooLarge,
                 2 => FailCode::NoTag,
                 _ => FailCode::Other,
-            })),
-            IMM_GROUP if (2..=MAX_RECVS as u32).contains(&(v & 0xff)) && v & 0x3fff_ff00 == 0 => Ok(Imm::Group((v & 0xff) as u8)),
-            _ => Err(format!("immediate {v:#010x} is not a librustnet value")),
-        }
+            }),
+            _ => return Err(format!("immediate {v:#010x} is not a librustnet value")),
+        };
+        Ok(Imm { slot, kind })
     }
 }
 
-/// The receiver's view of a finished lane, turned into sizes.
-pub fn sizes_from_imm(imm: Imm, caps: &[usize], sizes_slot: impl FnOnce() -> [u32; MAX_RECVS]) -> Result<[usize; MAX_RECVS], String> {
+/// The receiver's view of a finished rendezvous, turned into sizes: `None`
+/// for a buffer the sender says it filled eagerly (its message comes through
+/// the eager ring).
+pub fn sizes_from_imm(
+    imm: ImmKind,
+    caps: &[usize],
+    sizes_slot: impl FnOnce() -> [u32; MAX_RECVS],
+) -> Result<[Option<usize>; MAX_RECVS], String> {
     let n = caps.len();
-    let mut out = [0usize; MAX_RECVS];
+    let mut out = [None; MAX_RECVS];
     match imm {
-        Imm::Size(s) if n == 1 => {
+        ImmKind::Size(s) if n == 1 => {
             if s as usize > caps[0] {
                 return Err(format!("peer wrote {s} bytes into a {}-byte receive buffer", caps[0]));
             }
-            out[0] = s as usize;
+            out[0] = Some(s as usize);
         }
-        Imm::Group(g) if g as usize == n && n > 1 => {
+        ImmKind::Sizes(g) if g as usize == n => {
             let s = sizes_slot();
             for i in 0..n {
+                if s[i] == EAGER_SIZE {
+                    continue;
+                }
                 if s[i] as usize > caps[i] {
                     return Err(format!("peer reports {} bytes for buffer {i} of {} bytes", s[i], caps[i]));
                 }
-                out[i] = s[i] as usize;
+                out[i] = Some(s[i] as usize);
             }
         }
-        Imm::Fail(FailCode::TooLarge) => {
+        ImmKind::Fail(FailCode::TooLarge) => {
             return Err("the matching send is larger than the posted receive buffer (sender reported a size mismatch)".into())
         }
-        Imm::Fail(FailCode::NoTag) => return Err("the peer sent a tag this receive did not post (sender reported a tag mismatch)".into()),
-        Imm::Fail(FailCode::Other) => return Err("the sender failed this message".into()),
+        ImmKind::Fail(FailCode::NoTag) => {
+            return Err("the peer sent a tag this receive did not post (sender reported a tag mismatch)".into())
+        }
+        ImmKind::Fail(FailCode::Other) => return Err("the sender failed this message".into()),
         other => return Err(format!("completion {other:?} does not fit a receive of {n} buffer(s)")),
     }
     Ok(out)
@@ -281,6 +324,8 @@ pub struct Group {
     pub lkey: [u32; MAX_RECVS],
     /// Send request per element once matched.
     pub reqs: [Option<ReqId>; MAX_RECVS],
+    /// Elements already filled by eager messages (bit i = element i).
+    pub eager: u8,
     matched: usize,
 }
 
@@ -288,6 +333,30 @@ impl Group {
     /// Every element has its send.
     pub fn complete(&self) -> bool {
         self.matched == self.n
+    }
+
+    /// Element `i` was filled by an eager message.
+    pub fn is_eager(&self, i: usize) -> bool {
+        self.eager & (1 << i) != 0
+    }
+
+    /// The immediate this group's lanes end with.
+    pub fn imm(&self) -> Imm {
+        let kind = if self.n == 1 && self.eager == 0 && self.sizes[0] <= IMM_MAX_SIZE {
+            ImmKind::Size(self.sizes[0])
+        } else {
+            ImmKind::Sizes(self.n as u8)
+        };
+        Imm::new(self.seq, kind)
+    }
+
+    /// What the sizes slot must say (eager elements marked [`EAGER_SIZE`]).
+    pub fn wire_sizes(&self) -> [u32; MAX_RECVS] {
+        let mut s = [0u32; MAX_RECVS];
+        for (i, v) in s.iter_mut().enumerate().take(self.n) {
+            *v = if self.is_eager(i) { EAGER_SIZE } else { self.sizes[i] };
+        }
+        s
     }
 }
 
@@ -314,8 +383,9 @@ impl SendFifo {
         self.cur.as_ref()
     }
 
-    /// Take the head slot's elements (all valid, `elems[0].n` of them).
-    pub fn load(&mut self, elems: &[Cts]) {
+    /// Take the head slot's elements (all valid, `elems[0].n` of them);
+    /// `eager`: the elements eager messages already filled.
+    pub fn load(&mut self, elems: &[Cts], eager: u8) {
         debug_assert!(self.cur.is_none() && !elems.is_empty() && elems.len() == elems[0].n as usize);
         let mut g = Group {
             seq: self.head,
@@ -325,7 +395,8 @@ impl SendFifo {
             src: [0; MAX_RECVS],
             lkey: [0; MAX_RECVS],
             reqs: [None; MAX_RECVS],
-            matched: 0,
+            eager,
+            matched: eager.count_ones() as usize,
         };
         g.elems[..elems.len()].copy_from_slice(elems);
         self.cur = Some(g);
@@ -335,8 +406,9 @@ impl SendFifo {
     /// with that tag (NCCL's rule). Nothing is recorded.
     pub fn match_send(&self, tag: i32, size: usize) -> Result<usize, Mismatch> {
         let g = self.cur.as_ref().expect("match_send without a loaded slot");
-        let i = (0..g.n).find(|&i| g.reqs[i].is_none() && g.elems[i].tag == tag).ok_or_else(|| {
-            let want: Vec<i32> = (0..g.n).filter(|&i| g.reqs[i].is_none()).map(|i| g.elems[i].tag).collect();
+        let free = |i: usize| g.reqs[i].is_none() && !g.is_eager(i);
+        let i = (0..g.n).find(|&i| free(i) && g.elems[i].tag == tag).ok_or_else(|| {
+            let want: Vec<i32> = (0..g.n).filter(|&i| free(i)).map(|i| g.elems[i].tag).collect();
             Mismatch {
                 code: FailCode::NoTag,
                 what: format!("send with tag {tag} but the peer's receive #{} waits for tags {want:?}", g.seq),
@@ -405,29 +477,30 @@ pub struct PlannedWr {
 }
 
 /// The writes lane `lane` (of `nlanes`) posts for a complete group, in
-/// order; the last carries the immediate. `fail` replaces the data by a
-/// single empty write carrying [`Imm::Fail`].
+/// order; the last carries the immediate. Elements filled eagerly carry no
+/// data. `fail` replaces the data by a single empty write carrying a fail code.
 pub fn plan_lane(g: &Group, lane: usize, nlanes: usize, fail: Option<FailCode>, out: &mut [PlannedWr; MAX_LANE_WRS]) -> usize {
     if let Some(code) = fail {
-        out[0] = PlannedWr { kind: WrKind::Empty, imm: Some(Imm::Fail(code).encode()) };
+        out[0] = PlannedWr { kind: WrKind::Empty, imm: Some(Imm::new(g.seq, ImmKind::Fail(code)).encode()) };
         return 1;
     }
     let mut k = 0;
-    for e in 0..g.n {
+    for e in (0..g.n).filter(|&e| !g.is_eager(e)) {
         let (off, len) = chunk(g.sizes[e] as usize, lane, nlanes);
         if len > 0 {
             out[k] = PlannedWr { kind: WrKind::Data { elem: e, off, len }, imm: None };
             k += 1;
         }
     }
-    let imm = if g.n == 1 { Imm::Size(g.sizes[0]) } else { Imm::Group(g.n as u8) }.encode();
-    if g.n > 1 && lane == 0 {
-        out[k] = PlannedWr { kind: WrKind::Sizes, imm: Some(imm) };
+    let imm = g.imm();
+    let word = imm.encode();
+    if matches!(imm.kind, ImmKind::Sizes(_)) && lane == 0 {
+        out[k] = PlannedWr { kind: WrKind::Sizes, imm: Some(word) };
         k += 1;
     } else if g.n == 1 && k > 0 {
-        out[k - 1].imm = Some(imm);
+        out[k - 1].imm = Some(word);
     } else {
-        out[k] = PlannedWr { kind: WrKind::Empty, imm: Some(imm) };
+        out[k] = PlannedWr { kind: WrKind::Empty, imm: Some(word) };
         k += 1;
     }
     k
@@ -464,6 +537,11 @@ impl SqBudget {
         self.outstanding() < self.depth
     }
 
+    /// WRs that can still be posted.
+    pub fn room(&self) -> usize {
+        (self.depth - self.outstanding()) as usize
+    }
+
     /// Account one WR; returns `Some(count)` when it must be signaled,
     /// `count` being the value to pass to [`SqBudget::retire`] when its
     /// completion arrives (encode it in the wr_id).
@@ -497,8 +575,10 @@ mod tests {
 
     #[test]
     fn layout_constants() {
-        assert_eq!(FIFO_BYTES, 16384);
-        assert_eq!(elem_offset(33, 2), SLOT_BYTES + 128);
+        assert_eq!(FIFO_BYTES, 8192);
+        assert_eq!(elem_offset(33, 0), 32);
+        assert_eq!(elem_offset(33, 2), 2 * ROW_BYTES + 32);
+        assert_eq!(slot_offset(5) - slot_offset(4), ELEM_BYTES, "first elements are contiguous");
         assert_eq!(sizes_offset(31), 31 * 32);
         assert_eq!(sizes_offset(32), 0);
     }
@@ -519,31 +599,35 @@ mod tests {
 
     #[test]
     fn imm_roundtrip() {
-        for v in [
-            Imm::Size(0),
-            Imm::Size(1),
-            Imm::Size(IMM_MAX_SIZE),
-            Imm::Group(2),
-            Imm::Group(8),
-            Imm::Fail(FailCode::TooLarge),
-            Imm::Fail(FailCode::NoTag),
+        for (seq, k) in [
+            (0, ImmKind::Size(0)),
+            (31, ImmKind::Size(1)),
+            (32, ImmKind::Size(IMM_MAX_SIZE)),
+            (5, ImmKind::Sizes(1)),
+            (7, ImmKind::Sizes(8)),
+            (63, ImmKind::Fail(FailCode::TooLarge)),
+            (1, ImmKind::Fail(FailCode::NoTag)),
         ] {
+            let v = Imm::new(seq, k);
+            assert_eq!(v.slot as u64, seq % 32);
             assert_eq!(Imm::decode(v.encode()).unwrap(), v);
         }
-        assert!(Imm::decode(IMM_MAX_SIZE + 1).is_err());
         assert!(Imm::decode(0x8000_0001).is_err());
-        assert!(Imm::decode(0x8000_0009).is_err());
+        assert!(Imm::decode(KIND_SIZES | 9).is_err());
+        assert!(Imm::decode(KIND_SIZES).is_err());
     }
 
     #[test]
     fn sizes_from_completions() {
-        assert_eq!(sizes_from_imm(Imm::Size(10), &[10], || unreachable!()).unwrap()[0], 10);
-        assert!(sizes_from_imm(Imm::Size(11), &[10], || unreachable!()).unwrap_err().contains("10-byte"));
-        let s = sizes_from_imm(Imm::Group(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 0]))).unwrap();
-        assert_eq!(&s[..2], &[3, 0]);
-        assert!(sizes_from_imm(Imm::Group(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 9]))).is_err());
-        assert!(sizes_from_imm(Imm::Group(3), &[8, 8], || unreachable!()).is_err());
-        assert!(sizes_from_imm(Imm::Fail(FailCode::TooLarge), &[8], || unreachable!()).unwrap_err().contains("larger"));
+        assert_eq!(sizes_from_imm(ImmKind::Size(10), &[10], || unreachable!()).unwrap()[0], Some(10));
+        assert!(sizes_from_imm(ImmKind::Size(11), &[10], || unreachable!()).unwrap_err().contains("10-byte"));
+        let s = sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 0]))).unwrap();
+        assert_eq!(&s[..2], &[Some(3), Some(0)]);
+        let s = sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[EAGER_SIZE, 4]))).unwrap();
+        assert_eq!(&s[..2], &[None, Some(4)]);
+        assert!(sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 9]))).is_err());
+        assert!(sizes_from_imm(ImmKind::Sizes(3), &[8, 8], || unreachable!()).is_err());
+        assert!(sizes_from_imm(ImmKind::Fail(FailCode::TooLarge), &[8], || unreachable!()).unwrap_err().contains("larger"));
     }
 
     #[test]
@@ -574,7 +658,7 @@ mod tests {
     fn sender_matches_grouped_receive_by_tag() {
         let mut f = SendFifo::new();
         assert!(f.current().is_none());
-        f.load(&[cts(1, 100, 3, 0), cts(2, 100, 3, 1), cts(1, 10, 3, 2)]);
+        f.load(&[cts(1, 100, 3, 0), cts(2, 100, 3, 1), cts(1, 10, 3, 2)], 0);
         // tag 2 first, then the two tag-1 buffers in order
         let i = f.match_send(2, 50).unwrap();
         assert_eq!(i, 1);
@@ -599,7 +683,7 @@ mod tests {
         let n = sizes.len() as u8;
         let mut f = SendFifo::new();
         let elems: Vec<Cts> = (0..n).map(|i| cts(i as i32, 1 << 30, n, i)).collect();
-        f.load(&elems);
+        f.load(&elems, 0);
         for (i, &s) in sizes.iter().enumerate() {
             f.record(i, s as usize, 0, 0, rid(i as u8));
         }
@@ -613,13 +697,28 @@ mod tests {
         let n = plan_lane(&group(&[4096]), 0, 1, None, &mut out);
         assert_eq!(n, 1);
         assert_eq!(out[0], PlannedWr { kind: WrKind::Data { elem: 0, off: 0, len: 4096 }, imm: Some(4096) });
+        // a single message too large for the immediate: sizes slot
+        let n = plan_lane(&group(&[IMM_MAX_SIZE + 1]), 0, 1, None, &mut out);
+        assert_eq!(n, 2);
+        assert_eq!(out[1], PlannedWr { kind: WrKind::Sizes, imm: Some(Imm::new(0, ImmKind::Sizes(1)).encode()) });
         // zero bytes: one empty write with size 0
         let n = plan_lane(&group(&[0]), 0, 1, None, &mut out);
         assert_eq!(&out[..n], &[PlannedWr { kind: WrKind::Empty, imm: Some(0) }]);
+        // an element filled eagerly carries no data and the sizes slot marks it
+        let mut f = SendFifo::new();
+        f.load(&[cts(1, 100, 2, 0), cts(2, 100, 2, 1)], 0b01);
+        assert_eq!(f.match_send(1, 1).unwrap_err().code, FailCode::NoTag);
+        assert!(f.record(1, 30, 0, 0, rid(1)));
+        let g = f.advance().unwrap();
+        assert_eq!(&g.wire_sizes()[..2], &[EAGER_SIZE, 30]);
+        let n = plan_lane(&g, 0, 1, None, &mut out);
+        assert_eq!(n, 2);
+        assert_eq!(out[0].kind, WrKind::Data { elem: 1, off: 0, len: 30 });
+        assert_eq!(out[1], PlannedWr { kind: WrKind::Sizes, imm: Some(Imm::new(0, ImmKind::Sizes(2)).encode()) });
         // grouped: data writes then the sizes write with the group immediate
         let n = plan_lane(&group(&[10, 0, 20]), 0, 1, None, &mut out);
         assert_eq!(n, 3);
-        assert_eq!(out[2], PlannedWr { kind: WrKind::Sizes, imm: Some(Imm::Group(3).encode()) });
+        assert_eq!(out[2], PlannedWr { kind: WrKind::Sizes, imm: Some(Imm::new(0, ImmKind::Sizes(3)).encode()) });
         // split over two lanes: a small message leaves lane 1 with just the immediate
         let n = plan_lane(&group(&[100]), 1, 2, None, &mut out);
         assert_eq!(&out[..n], &[PlannedWr { kind: WrKind::Empty, imm: Some(100) }]);
@@ -630,7 +729,7 @@ mod tests {
         assert_eq!(out[2].kind, WrKind::Empty);
         // failure: one empty write with the fail code
         let n = plan_lane(&group(&[1]), 0, 1, Some(FailCode::TooLarge), &mut out);
-        assert_eq!(&out[..n], &[PlannedWr { kind: WrKind::Empty, imm: Some(Imm::Fail(FailCode::TooLarge).encode()) }]);
+        assert_eq!(&out[..n], &[PlannedWr { kind: WrKind::Empty, imm: Some(Imm::new(0, ImmKind::Fail(FailCode::TooLarge)).encode()) }]);
         // every plan: exactly one immediate, last
         for sizes in [&[1u32][..], &[0, 0], &[5, 6, 7, 8, 9, 10, 11, 12]] {
             for nl in 1..=3 {

@@ -25,7 +25,7 @@ pub const HANDLE_SIZE: usize = 128;
 /// Handle magic: "RUSTNETH".
 pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"RUSTNETH");
 /// Wire protocol version; both sides must agree exactly.
-pub const PROTO_VERSION: u16 = 1;
+pub const PROTO_VERSION: u16 = 2;
 
 /// Which transport a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

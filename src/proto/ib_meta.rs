@@ -24,13 +24,17 @@
 //!  52 -       u32
 //!  56 name    [u8; 32]  device name, for messages
 //!  88 qpn     [u32; MAX_QPS]
+//! 600 eager   u32  sender: the eager limit it offers; receiver: the one both use (0 = off)
+//! 604 ring_rkey u32  receiver: rkey of its eager ring
+//! 608 ring    u64  receiver: address of its eager ring (mailbox first)
 //! ```
 use crate::proto::handle::PROTO_VERSION;
 
 /// Most QPs per connection (NCCL_IB_QPS_PER_CONNECTION's upper bound).
 pub const MAX_QPS: usize = 128;
 /// Bytes of [`Meta`] on the wire.
-pub const META_LEN: usize = 88 + 4 * MAX_QPS;
+pub const META_LEN: usize = EAGER_OFF + 16;
+const EAGER_OFF: usize = 88 + 4 * MAX_QPS;
 /// Magic of [`Meta`].
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"RNIBMETA");
 /// The sender's "my QPs are in RTS" word.
@@ -69,6 +73,10 @@ pub struct Meta {
     pub rkey: u32,
     /// Device name.
     pub name: String,
+    /// Eager limit (offered by the sender, agreed by the receiver; 0 = off).
+    pub eager: u32,
+    /// Receiver: its eager ring (address, rkey).
+    pub ring: (u64, u32),
 }
 
 impl Meta {
@@ -98,6 +106,9 @@ impl Meta {
         for (i, q) in self.qpns.iter().enumerate() {
             b[88 + 4 * i..92 + 4 * i].copy_from_slice(&q.to_le_bytes());
         }
+        b[EAGER_OFF..EAGER_OFF + 4].copy_from_slice(&self.eager.to_le_bytes());
+        b[EAGER_OFF + 4..EAGER_OFF + 8].copy_from_slice(&self.ring.1.to_le_bytes());
+        b[EAGER_OFF + 8..EAGER_OFF + 16].copy_from_slice(&self.ring.0.to_le_bytes());
         b
     }
 
@@ -125,6 +136,10 @@ impl Meta {
             return Err(format!("peer announces RoCE version {}", b[22]));
         }
         let name_end = b[56..88].iter().position(|&c| c == 0).unwrap_or(32);
+        let eager = u32::from_le_bytes(b[EAGER_OFF..EAGER_OFF + 4].try_into().unwrap());
+        if eager as usize > crate::proto::eager::MAX_EAGER {
+            return Err(format!("peer announces an eager limit of {eager} bytes"));
+        }
         Ok(Meta {
             qpns: (0..nqps).map(|i| u32::from_le_bytes(b[88 + 4 * i..92 + 4 * i].try_into().unwrap())).collect(),
             mtu: b[12],
@@ -141,6 +156,11 @@ impl Meta {
             addr: u64::from_le_bytes(b[40..48].try_into().unwrap()),
             rkey: u32::from_le_bytes(b[48..52].try_into().unwrap()),
             name: String::from_utf8_lossy(&b[56..56 + name_end]).into_owned(),
+            eager,
+            ring: (
+                u64::from_le_bytes(b[EAGER_OFF + 8..EAGER_OFF + 16].try_into().unwrap()),
+                u32::from_le_bytes(b[EAGER_OFF + 4..EAGER_OFF + 8].try_into().unwrap()),
+            ),
         })
     }
 }
@@ -171,6 +191,8 @@ mod tests {
             addr: 0xdead_beef_0000,
             rkey: 0x1234,
             name: "rxe0".into(),
+            eager: 8192,
+            ring: (0x7000_1000, 0x55),
         }
     }
 

@@ -22,11 +22,16 @@ options:
   --reps N          repeats per point; min/median/max are reported (default 5)
   --inflight N      requests in flight per direction (default 4)
   --bytes N         bytes moved per bandwidth point (default 256M)
-  --lat-iters N     ping-pong round trips per latency repeat (default 2000)
+  --lat-iters N     ping-pong round trips per latency repeat (default 2000; 0 skips latency)
   --csv FILE        also write every point as CSV
   --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
   --abi N           vtable version to drive: 6..10 (default 8)
   --no-raw          skip the raw TCP baseline
+  --idle-nap-us N   bandwidth runs: after 64 passes that moved nothing, sleep N us
+                    instead of yielding (default 0). For soft-RoCE, whose NIC is
+                    kernel work on the same CPUs: a harness that spins takes them
+                    from it (perftest's passive server takes none). Set it on
+                    both ends.
   --dev N           plugin device index (default 0)
 The plugin reads its usual variables (NCCL_SOCKET_IFNAME, RUSTNET_TRANSPORT, ...).
 In loopback mode NCCL_SOCKET_IFNAME defaults to lo.";
@@ -44,6 +49,7 @@ struct Opts {
     plugin: PathBuf,
     abi: u32,
     raw: bool,
+    nap_us: u64,
     dev: i32,
 }
 
@@ -72,6 +78,7 @@ fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
         plugin: driver::default_plugin_path(),
         abi: 8,
         raw: true,
+        nap_us: 0,
         dev: 0,
     };
     let mut serve = false;
@@ -98,6 +105,7 @@ fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
             "--abi" => o.abi = val("--abi")?.parse().map_err(|_| "bad --abi")?,
             "--dev" => o.dev = val("--dev")?.parse().map_err(|_| "bad --dev")?,
             "--no-raw" => o.raw = false,
+            "--idle-nap-us" => o.nap_us = val("--idle-nap-us")?.parse().map_err(|_| "bad --idle-nap-us")?,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
@@ -239,9 +247,13 @@ impl Bufs {
     }
 }
 
+/// Idle passes after which `--idle-nap-us` sleeps instead of yielding.
+const NAP_AFTER: u32 = 64;
+
 /// Move `count` messages of `size` each way that `send`/`recv` say, with
-/// `w` requests in flight per direction. Single thread, like NCCL's proxy.
-fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<(), String> {
+/// `w` requests in flight per direction. Single thread, like NCCL's proxy;
+/// after NAP_AFTER passes that moved nothing it sleeps `nap_us` (0: yields).
+fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize, nap_us: u64) -> Result<(), String> {
     let mut sb = net.take_bufs(net.s, w.min(send.max(1)), size)?;
     let mut rb = net.take_bufs(net.r, w.min(recv.max(1)), size)?;
     let e = |x: driver::NcclErr| x.to_string();
@@ -249,6 +261,7 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
     let mut sq: Vec<Option<Ptr>> = vec![None; sb.bufs.len()];
     let mut rq: Vec<Option<Ptr>> = vec![None; rb.bufs.len()];
     let t0 = Instant::now();
+    let mut idle = 0u32;
     while done_s < send || done_r < recv {
         let before = (posted_s, done_s, posted_r, done_r);
         for (i, q) in rq.iter_mut().enumerate() {
@@ -285,7 +298,14 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
         // Like NCCL's proxy thread: give the CPU away when a pass moved
         // nothing (matters where the NIC is software, e.g. soft-RoCE).
         if before == (posted_s, done_s, posted_r, done_r) {
-            std::thread::yield_now();
+            idle += 1;
+            if nap_us > 0 && idle > NAP_AFTER {
+                std::thread::sleep(Duration::from_micros(nap_us));
+            } else {
+                std::thread::yield_now();
+            }
+        } else {
+            idle = 0;
         }
         if t0.elapsed() > Duration::from_secs(600) {
             return Err(format!("stuck: sent {done_s}/{send}, received {done_r}/{recv}"));
@@ -296,12 +316,16 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize) -> Result<()
     Ok(())
 }
 
-/// Ping-pong of `size` bytes, `iters` round trips; the initiator returns seconds.
+/// Ping-pong of `size` bytes, `iters` round trips; the initiator returns the
+/// seconds of the whole run and each round trip's microseconds in `rtts`.
 /// Receives are posted ahead (two deep) and send completions are reaped in
 /// passing, the way NCCL's proxy drives a connection; exactly `iters`
 /// receives are posted, so none is left behind for the next measurement.
-fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64, String> {
+fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> Result<f64, String> {
     const AHEAD: usize = 2;
+    // spin a little before giving the CPU away: a round trip is a few
+    // microseconds on real NICs, and a yield is a system call
+    const YIELD_AFTER: u32 = 64;
     let mut sb = net.take_bufs(net.s, 1, size)?;
     let mut rb = net.take_bufs(net.r, AHEAD, size)?;
     let e = |x: driver::NcclErr| x.to_string();
@@ -330,7 +354,10 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64
         }
         Ok(())
     };
+    rtts.clear();
+    rtts.reserve(iters);
     let t0 = Instant::now();
+    let mut ti = t0;
     for _ in 0..iters {
         let send = |sq: &mut std::collections::VecDeque<Ptr>, sb: &mut Bufs| -> Result<(), String> {
             loop {
@@ -345,9 +372,18 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool) -> Result<f64
             send(&mut sq, &mut sb)?;
         }
         let (r, k) = rq.pop_front().ok_or("no receive posted")?;
+        let mut idle = 0u32;
         while !net.p.test(r, &mut [0; 8]).map_err(e)? {
             reap(&mut sq)?;
-            std::thread::yield_now();
+            idle += 1;
+            if idle > YIELD_AFTER {
+                std::thread::yield_now();
+            }
+        }
+        if initiator {
+            let now = Instant::now();
+            rtts.push((now - ti).as_secs_f64() * 1e6);
+            ti = now;
         }
         // Answer first, then re-post the freed receive: with receives posted
         // two deep the re-post is off the round trip, as in NCCL's steady state.
@@ -420,13 +456,19 @@ fn raw_stream(mut s: &TcpStream, send: usize, recv: usize, msg: usize, nbuf: usi
     Ok(())
 }
 
-fn raw_pingpong(mut s: &TcpStream, size: usize, iters: usize, initiator: bool) -> Result<f64, String> {
+fn raw_pingpong(mut s: &TcpStream, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> Result<f64, String> {
     let mut b = vec![0u8; size];
+    rtts.clear();
+    rtts.reserve(iters);
     let t0 = Instant::now();
+    let mut ti = t0;
     for _ in 0..iters {
         if initiator {
             s.write_all(&b).map_err(|e| e.to_string())?;
             s.read_exact(&mut b).map_err(|e| e.to_string())?;
+            let now = Instant::now();
+            rtts.push((now - ti).as_secs_f64() * 1e6);
+            ti = now;
         } else {
             s.read_exact(&mut b).map_err(|e| e.to_string())?;
             s.write_all(&b).map_err(|e| e.to_string())?;
@@ -458,9 +500,9 @@ fn server(o: &Opts) -> Result<(), String> {
         let num = |i: usize| f.get(i).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
         let res = match f.first().copied() {
             Some("PREP") => net.prepare(num(1), num(2)),
-            Some("OW") => pump(&net, 0, num(2), num(1), num(3)).and_then(|_| pump(&net, 1, 0, 1, 1)),
-            Some("BI") => pump(&net, num(2), num(2), num(1), num(3)).and_then(|_| pump(&net, 1, 1, 1, 1)),
-            Some("PP") => pingpong(&net, num(1), num(2), false).map(|_| ()),
+            Some("OW") => pump(&net, 0, num(2), num(1), num(3), o.nap_us).and_then(|_| pump(&net, 1, 0, 1, 1, 0)),
+            Some("BI") => pump(&net, num(2), num(2), num(1), num(3), o.nap_us).and_then(|_| pump(&net, 1, 1, 1, 1, 0)),
+            Some("PP") => pingpong(&net, num(1), num(2), false, &mut Vec::new()).map(|_| ()),
             Some("RAWCONN") => raw_pair_server(&raw_lst).map(|s| raw = Some(s)),
             Some("RAWOW") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
                 raw_stream(s, 0, num(1) * num(2), num(1), num(3))?;
@@ -470,7 +512,9 @@ fn server(o: &Opts) -> Result<(), String> {
                 raw_stream(s, num(1) * num(2), num(1) * num(2), num(1), num(3))?;
                 raw_stream(s, 1, 1, 1, 1)
             }),
-            Some("RAWPP") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| raw_pingpong(s, num(1), num(2), false).map(|_| ())),
+            Some("RAWPP") => {
+                raw.as_ref().ok_or("no raw".to_string()).and_then(|s| raw_pingpong(s, num(1), num(2), false, &mut Vec::new()).map(|_| ()))
+            }
             Some("BYE") => return Ok(()),
             _ => Err(format!("unknown command {cmd:?}")),
         };
@@ -582,16 +626,16 @@ fn client(o: &Opts) -> Result<(), String> {
             // plugin one-way: we send, the server receives then acks
             let t = Instant::now();
             run_cmd(&mut ctl, &format!("OW {size} {count} {}", o.inflight))?;
-            pump(&net, count, 0, size, o.inflight)?;
-            pump(&net, 0, 1, 1, 1)?;
+            pump(&net, count, 0, size, o.inflight, o.nap_us)?;
+            pump(&net, 0, 1, 1, 1, 0)?;
             let dt = t.elapsed().as_secs_f64();
             wait_ok(&mut ctl)?;
             ow.v.push((size * count) as f64 / dt / 1e9);
             // plugin bidirectional: both send and receive at once
             let t = Instant::now();
             run_cmd(&mut ctl, &format!("BI {size} {count} {}", o.inflight))?;
-            pump(&net, count, count, size, o.inflight)?;
-            pump(&net, 1, 1, 1, 1)?;
+            pump(&net, count, count, size, o.inflight, o.nap_us)?;
+            pump(&net, 1, 1, 1, 1, 0)?;
             let dt = t.elapsed().as_secs_f64();
             wait_ok(&mut ctl)?;
             bi.v.push((2 * size * count) as f64 / dt / 1e9);
@@ -621,21 +665,31 @@ fn client(o: &Opts) -> Result<(), String> {
         eprintln!();
     }
     // latency
-    let mut lat = Stat::default();
-    let mut rlat = Stat::default();
-    run_cmd(&mut ctl, "PREP 8 2")?;
-    net.prepare(8, 2)?;
-    wait_ok(&mut ctl)?;
-    for _ in 0..o.reps {
+    // average (run time / round trips) and typical (median round trip), both halved
+    let (mut lat, mut lat_typ) = (Stat::default(), Stat::default());
+    let (mut rlat, mut rlat_typ) = (Stat::default(), Stat::default());
+    let mut rtts = Vec::new();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    if o.lat_iters > 0 {
+        run_cmd(&mut ctl, "PREP 8 2")?;
+        net.prepare(8, 2)?;
+        wait_ok(&mut ctl)?;
+    }
+    for _ in 0..if o.lat_iters > 0 { o.reps } else { 0 } {
         run_cmd(&mut ctl, &format!("PP 8 {}", o.lat_iters))?;
-        let dt = pingpong(&net, 8, o.lat_iters, true)?;
+        let dt = pingpong(&net, 8, o.lat_iters, true, &mut rtts)?;
         wait_ok(&mut ctl)?;
         lat.v.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
+        lat_typ.v.push(median(&mut rtts) / 2.0);
         if let Some(s) = &raw {
             run_cmd(&mut ctl, &format!("RAWPP 8 {}", o.lat_iters))?;
-            let dt = raw_pingpong(s, 8, o.lat_iters, true)?;
+            let dt = raw_pingpong(s, 8, o.lat_iters, true, &mut rtts)?;
             wait_ok(&mut ctl)?;
             rlat.v.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
+            rlat_typ.v.push(median(&mut rtts) / 2.0);
         }
     }
     let _ = ctl.send("BYE");
@@ -665,12 +719,15 @@ fn client(o: &Opts) -> Result<(), String> {
         );
     }
     println!("\n8-byte half round trip, us: median [min-max] over {} x {} round trips", o.reps, o.lat_iters);
-    println!(
-        "  plugin {:>22}   raw TCP {:>22}   ratio {}",
-        f(&lat),
-        f(&rlat),
-        if rlat.v.is_empty() { "-".into() } else { format!("{:.2}x", lat.med() / rlat.med()) }
-    );
+    println!("  (average = run time / round trips / 2; typical = median round trip / 2, as perftest's t_typical)");
+    for (what, a, b) in [("average", &lat, &rlat), ("typical", &lat_typ, &rlat_typ)] {
+        println!(
+            "  {what}  plugin {:>22}   raw TCP {:>22}   ratio {}",
+            f(a),
+            f(b),
+            if b.v.is_empty() { "-".into() } else { format!("{:.2}x", a.med() / b.med()) }
+        );
+    }
     if let Some(path) = &o.csv {
         let mut w = String::from("test,size,transport,median,min,max,unit\n");
         for (size, ow, bi, row, rbi) in &rows {
@@ -680,9 +737,14 @@ fn client(o: &Opts) -> Result<(), String> {
                 }
             }
         }
-        for (tr, s) in [("plugin", &lat), ("rawtcp", &rlat)] {
+        for (t, tr, s) in [
+            ("latency", "plugin", &lat),
+            ("latency", "rawtcp", &rlat),
+            ("latency_typical", "plugin", &lat_typ),
+            ("latency_typical", "rawtcp", &rlat_typ),
+        ] {
             if !s.v.is_empty() {
-                w += &format!("latency,8,{tr},{:.3},{:.3},{:.3},us\n", s.med(), s.min(), s.max());
+                w += &format!("{t},8,{tr},{:.3},{:.3},{:.3},us\n", s.med(), s.min(), s.max());
             }
         }
         std::fs::write(path, w).map_err(|e| format!("write {}: {e}", path.display()))?;

@@ -23,6 +23,7 @@ use super::p2p::{RecvComm, SendComm};
 use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
 use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
+use crate::proto::eager;
 use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
 use crate::proto::handle::{Handle, HandleKind};
 use crate::proto::ib_meta::{Meta, META_LEN};
@@ -58,6 +59,8 @@ pub struct ConnCfg {
     pub addr_range: AddrRange,
     /// NCCL_IB_USE_INLINE.
     pub use_inline: bool,
+    /// RUSTNET_IB_EAGER: the eager limit this end offers (0 = off).
+    pub eager: u32,
     /// iflush posts a loopback RDMA READ even for host memory
     /// (RUSTNET_FORCE_FLUSH=1 and not NCCL_GDR_FLUSH_DISABLE=1).
     pub flush: bool,
@@ -82,6 +85,7 @@ impl ConnCfg {
             roce_version: cfg.ib_roce_version.get() as u8,
             addr_range: cfg.ib_addr_range,
             use_inline: cfg.ib_use_inline.get() == 1,
+            eager: cfg.ib_eager.get() as u32,
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: StreamCfg { nstreams: 1, ..StreamCfg::from_config(cfg) },
         }
@@ -222,8 +226,10 @@ pub(super) struct Setup {
     pub local: LocalAddr,
     /// Sender: the CTS FIFO the peer writes. Receiver: the sizes area the peer writes.
     pub region: HostRegion,
-    /// Sender: sizes staging. Receiver: CTS staging (when not inline).
+    /// Sender: sizes staging. Receiver: CTS staging.
     pub stage: HostRegion,
+    /// The eager limit this end offers (0 = off).
+    pub eager: u32,
 }
 
 /// Send-queue depth of a receiver QP (CTS writes).
@@ -238,12 +244,17 @@ impl Setup {
         let cq = Cq::new(&dev.ctx, cqe)?;
         let wr_cap = |v: usize| v.min(dev.max_qp_wr.max(16) as usize) as u32;
         let caps = if sender {
-            QpCaps { max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 32), max_recv_wr: 1, max_inline: if cc.use_inline { 64 } else { 0 } }
+            QpCaps {
+                max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 2 * eager::RING_SLOTS + 32),
+                max_recv_wr: 1,
+                max_inline: if cc.use_inline { 64 } else { 0 },
+            }
         } else {
             QpCaps {
                 max_send_wr: wr_cap(RECV_SQ_DEPTH),
                 max_recv_wr: wr_cap(2 * FIFO_DEPTH),
-                max_inline: if cc.use_inline { SLOT_BYTES as u32 } else { 0 },
+                // a batch of 16 single-buffer CTS fits inline (16 x 32 bytes)
+                max_inline: if cc.use_inline { SLOT_BYTES.max(512) as u32 } else { 0 },
             }
         };
         let mut qps = Vec::with_capacity(nqps);
@@ -251,11 +262,15 @@ impl Setup {
             qps.push(Qp::create(&dev.pd, &cq, caps, dev.port, cc.pkey, Access::REMOTE_WRITE)?);
         }
         let (region, stage) = if sender {
-            (HostRegion::new(&dev.pd, FIFO_BYTES, Access::REMOTE_WRITE)?, HostRegion::new(&dev.pd, SIZES_BYTES, Access::LOCAL_READ)?)
+            // the FIFO, then the credit word the receiver writes
+            let fifo = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
+            (fifo, HostRegion::new(&dev.pd, SIZES_BYTES, Access::LOCAL_READ)?)
         } else {
-            (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, HostRegion::new(&dev.pd, FIFO_BYTES, Access::LOCAL_READ)?)
+            // CTS staging, then the credit word's source
+            let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
+            (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, stage)
         };
-        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage })
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager })
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
@@ -275,6 +290,8 @@ impl Setup {
             addr: self.region.addr() as u64,
             rkey: self.region.rkey(),
             name: self.dev.dev_name.clone(),
+            eager: self.eager,
+            ring: (0, 0),
         }
     }
 }

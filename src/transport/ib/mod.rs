@@ -71,7 +71,17 @@ impl IbNet {
         let cc = Arc::new(ConnCfg::from_config(cfg));
         let dev_cc = devs
             .iter()
-            .map(|d| if gdr::flush_needed(d, &cc) && !cc.flush { Arc::new(ConnCfg { flush: true, ..(*cc).clone() }) } else { cc.clone() })
+            .map(|d| {
+                let flush = gdr::flush_needed(d, &cc) && !cc.flush;
+                // the eager path copies with the CPU: host memory only
+                let no_eager = cc.eager > 0 && d.gdr.decision.ptr_support != crate::transport::PTR_HOST;
+                if flush || no_eager {
+                    let eager = if no_eager { 0 } else { cc.eager };
+                    Arc::new(ConnCfg { flush: cc.flush || flush, eager, ..(*cc).clone() })
+                } else {
+                    cc.clone()
+                }
+            })
             .collect();
         Ok(IbNet { devs, slots, numa, oob, cc, dev_cc })
     }

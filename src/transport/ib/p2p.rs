@@ -9,7 +9,6 @@
 //! the out-of-band socket closing (the peer process died or closed its
 //! comm) fails the comm: every pending and later request returns the error,
 //! which names the work-completion status, our QP and the peer.
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -19,9 +18,10 @@ use super::ffi::{self, ibv_wc};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
+use crate::proto::eager::{self, CtsQueue, EagerRx, EagerTx, Header, HDR_BYTES, RING_SLOTS};
 use crate::proto::fifo::{
-    self, Cts, FailCode, Group, Imm, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES,
-    SLOT_BYTES,
+    self, Cts, FailCode, Group, Imm, ImmKind, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH,
+    MAX_LANE_WRS, SIZES_SLOT_BYTES,
 };
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
 use crate::proto::pool::{Pool, ReqId};
@@ -40,6 +40,17 @@ const LIVENESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(
 const CTS_FLAG: u64 = 1 << 63;
 /// wr_id bit of flush reads (low 16 bits: the request id).
 const FLUSH_FLAG: u64 = 1 << 62;
+/// wr_id bit of the sender's eager and mailbox writes.
+const EAGER_FLAG: u64 = 1 << 61;
+/// wr_id of the receiver's (generic) receive WRs.
+const RECV_WR: u64 = 1 << 60;
+/// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
+/// immediates are outstanding per QP).
+const RECV_WRS: usize = FIFO_DEPTH + 16;
+/// A sender stuck this long at one CTS slot tells the receiver (mailbox).
+const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+/// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
+const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
 
 // ---------------------------------------------------------------- per-QP counters
 
@@ -90,6 +101,10 @@ pub(super) struct Link {
     max_inline: u32,
     /// Per-QP counters, index = QP index in `qps`.
     stats: Vec<QpStat>,
+    /// Eager messages and their payload bytes (they ride QP 0).
+    eager_stats: (u64, u64),
+    /// Control writes posted: CTS (batches), credits, mailbox.
+    ctl_posts: u64,
 }
 
 fn is_remote_status(s: u32) -> bool {
@@ -126,6 +141,8 @@ impl Link {
             last_check: std::time::Instant::now(),
             max_inline: 0,
             stats: Vec::new(),
+            eager_stats: (0, 0),
+            ctl_posts: 0,
         }
     }
 
@@ -140,7 +157,15 @@ impl Link {
         if !dump && !tracing::enabled!(tracing::Level::TRACE) {
             return;
         }
-        let line = format!("{}: {kind} comm to {}: {}", self.dev.name, self.peer_name(), format_stats(&self.stats));
+        let line = format!(
+            "{}: {kind} comm to {}: {}; eager: {} msgs, {} bytes; control writes: {}",
+            self.dev.name,
+            self.peer_name(),
+            format_stats(&self.stats),
+            self.eager_stats.0,
+            self.eager_stats.1,
+            self.ctl_posts
+        );
         if dump {
             tracing::info!("stats: {line}");
         } else {
@@ -330,11 +355,30 @@ pub struct SendComm {
     reqs: Pool<SendReq>,
     inflight: [Inflight; FIFO_DEPTH],
     remote_sizes: (u64, u32),
+    /// The eager limit we offer (0 = off).
+    eager_offer: u32,
+    /// The eager path, when both ends agreed on it.
+    eager: Option<EagerSend>,
+}
+
+/// The sender's half of the eager path.
+struct EagerSend {
+    st: EagerTx,
+    /// Staging with the ring's layout: the mailbox word's source, then the slots.
+    stage: HostRegion,
+    /// The receiver's ring (address, rkey).
+    ring: (u64, u32),
+    /// Eager and mailbox writes posted whose completion was not seen yet.
+    unacked: usize,
+    /// Stuck at this FIFO head since then.
+    blocked: Option<(u64, std::time::Instant)>,
+    /// Last mailbox value written (head + 1).
+    mailbox: u64,
 }
 
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage } = setup;
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         SendComm {
@@ -349,6 +393,8 @@ impl SendComm {
             reqs: Pool::new(SEND_SLOTS),
             inflight: [NO_INFLIGHT; FIFO_DEPTH],
             remote_sizes: (0, 0),
+            eager_offer,
+            eager: None,
         }
     }
 
@@ -372,6 +418,11 @@ impl SendComm {
         &self.link.stats
     }
 
+    /// Eager messages sent and their payload bytes.
+    pub fn eager_stats(&self) -> (u64, u64) {
+        self.link.eager_stats
+    }
+
     /// True once the QPs are in RTS and READY was sent.
     pub fn is_ready(&self) -> bool {
         self.hs.is_none()
@@ -392,6 +443,22 @@ impl SendComm {
                     self.link.init_stats();
                     self.link.set_peer(&remote);
                     self.remote_sizes = (remote.addr, remote.rkey);
+                    if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
+                        let max = remote.eager as usize;
+                        self.eager = Some(EagerSend {
+                            st: EagerTx::new(max),
+                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
+                            ring: remote.ring,
+                            unacked: 0,
+                            blocked: None,
+                            mailbox: 0,
+                        });
+                    } else if remote.eager > 0 {
+                        return Err(Error::Protocol {
+                            peer: self.link.peer_name(),
+                            what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
+                        });
+                    }
                     self.hs = Some(SendHs::WriteReady { sent: 0 });
                 }
                 Some(SendHs::WriteReady { sent }) => {
@@ -444,7 +511,15 @@ impl SendComm {
         if elems[..n].iter().any(|e| e.n as usize != n) {
             return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("CTS slot {seq} has inconsistent buffer counts") });
         }
-        self.fifo.load(&elems[..n]);
+        let mut filled = 0;
+        if let Some(e) = &mut self.eager {
+            let mut tags = [0i32; MAX_RECVS];
+            for (t, c) in tags.iter_mut().zip(&elems[..n]) {
+                *t = c.tag;
+            }
+            filled = e.st.on_load(seq, &tags[..n]);
+        }
+        self.fifo.load(&elems[..n], filled);
         Ok(true)
     }
 
@@ -473,30 +548,38 @@ impl SendComm {
                 return Ok(false);
             }
         }
-        // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
-        // completion (the receiver saw the data before our ACK came back).
-        let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
-        if self.inflight[head_slot].active {
-            self.poll();
+        loop {
+            // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
+            // completion (the receiver saw the data before our ACK came back).
+            let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
             if self.inflight[head_slot].active {
-                self.link.check()?;
-                return Ok(false);
-            }
-        }
-        match self.load_head() {
-            Ok(true) => Ok(true),
-            Ok(false) => {
                 self.poll();
-                self.link.idle_tick(self.reqs.len());
-                self.link.check()?;
-                Ok(false)
+                if self.inflight[head_slot].active {
+                    self.link.check()?;
+                    return Ok(false);
+                }
             }
-            Err(e) => Err(self.link.fail_with(e)),
+            match self.load_head() {
+                // every buffer of the slot already got an eager message: nothing to write
+                Ok(true) if self.fifo.current().is_some_and(|g| g.complete()) => {
+                    self.fifo.advance();
+                }
+                Ok(true) => return Ok(true),
+                Ok(false) => {
+                    // with the eager path, isend tries it first and polls after
+                    if self.eager.is_none() {
+                        self.idle_work()?;
+                    }
+                    return Ok(false);
+                }
+                Err(e) => return Err(self.link.fail_with(e)),
+            }
         }
     }
 
     /// Queue a send; `Ok(None)` until the receiver posted the matching
-    /// receive (or while all request slots are busy).
+    /// receive (or while all request slots are busy). Small sends of the
+    /// eager tag go into the receiver's eager ring when its CTS is not there yet.
     ///
     /// # Safety
     /// `buf` must stay readable, and `mr` registered, until `test` reports
@@ -504,41 +587,156 @@ impl SendComm {
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>) -> Result<Option<ReqId>> {
         self.link.check()?;
         let lkey = check_buf("isend", buf, mr, &self.link.dev, Access::LOCAL_READ)?;
-        if !self.head_ready()? {
+        if self.head_ready()? {
+            match self.fifo.match_send(tag, buf.len) {
+                Ok(i) => {
+                    let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: false }) else { return Ok(None) };
+                    self.link.progressed();
+                    if let Some(e) = &mut self.eager {
+                        e.st.on_rendezvous(tag);
+                        e.blocked = None;
+                    }
+                    if self.fifo.record(i, buf.len, buf.ptr as u64, lkey, id) {
+                        let g = self.fifo.advance().unwrap();
+                        if let Err(e) = self.post_group(&g, None) {
+                            self.link.fail(e.clone());
+                            return Err(e);
+                        }
+                    }
+                    return Ok(Some(id));
+                }
+                // As NCCL's IB transport does: a tag the head receive has no free
+                // buffer for is "not yet", not an error (with shared comms the
+                // next step of one rank can arrive before another rank's send
+                // completes the current group).
+                Err(m) if m.code == FailCode::NoTag => {
+                    if self.eager.is_none() {
+                        self.idle_work()?;
+                    }
+                }
+                Err(m) => {
+                    // Tell the receiver (its request fails too), then fail here
+                    // without stopping the QPs, so that message goes out.
+                    let g = self.fifo.advance().unwrap();
+                    let _ = self.post_group(&g, Some(m.code));
+                    let e = Error::Usage(format!("peer {}: {}", self.link.peer_name(), m.what));
+                    self.link.fail_soft(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        // SAFETY: forwarded from our caller.
+        if let Some(id) = unsafe { self.try_eager(buf, tag)? } {
+            return Ok(Some(id));
+        }
+        if self.eager.is_some() {
+            self.idle_work()?;
+            self.note_blocked();
+        }
+        Ok(None)
+    }
+
+    /// A call that could not proceed: reap completions, look at the peer now and then.
+    fn idle_work(&mut self) -> Result<()> {
+        self.poll();
+        self.link.idle_tick(self.reqs.len());
+        self.link.check()
+    }
+
+    /// Send into the receiver's eager ring if this send may: `Ok(None)` when not.
+    ///
+    /// # Safety
+    /// `buf` must be readable (it is copied before this returns).
+    unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+        let Some(e) = &self.eager else { return Ok(None) };
+        let freed = self.fifo_mem.read_u64(FIFO_BYTES);
+        if let Err(what) = e.st.check_credits(freed) {
+            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what }));
+        }
+        if e.st.refuse(tag, buf.len, freed).is_some() {
             return Ok(None);
         }
-        let i = match self.fifo.match_send(tag, buf.len) {
-            Ok(i) => i,
-            // As NCCL's IB transport does: a tag the head receive has no free
-            // buffer for is "not yet", not an error (with shared comms the
-            // next step of one rank can arrive before another rank's send
-            // completes the current group).
-            Err(m) if m.code == FailCode::NoTag => {
-                self.poll();
-                self.link.idle_tick(self.reqs.len());
-                self.link.check()?;
-                return Ok(None);
-            }
-            Err(m) => {
-                // Tell the receiver (its request fails too), then fail here
-                // without stopping the QPs, so that message goes out.
-                let g = self.fifo.advance().unwrap();
-                let _ = self.post_group(&g, Some(m.code));
-                let e = Error::Usage(format!("peer {}: {}", self.link.peer_name(), m.what));
-                self.link.fail_soft(e.clone());
-                return Err(e);
-            }
+        if e.unacked >= 2 * RING_SLOTS {
+            self.poll();
+        }
+        let head = self.fifo.head();
+        let Some(e) = &mut self.eager else { return Ok(None) };
+        if e.unacked >= 2 * RING_SLOTS {
+            return Ok(None);
+        }
+        // the bytes are copied below: the send is complete once posted
+        let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: true }) else { return Ok(None) };
+        let (idx, h) = e.st.take(buf.len, head);
+        let off = eager::slot_offset(idx, e.st.max);
+        e.stage.write(off, &h.encode(idx));
+        if buf.len > 0 {
+            // SAFETY: the caller guarantees buf.ptr..+len is readable; it is
+            // host memory (the eager path is off on GPUDirect devices).
+            e.stage.write(off + HDR_BYTES, unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, buf.len) });
+        }
+        let len = eager::wire_len(buf.len);
+        e.stage.write(off + len - 8, &eager::marker(idx).to_le_bytes());
+        let wr = SendWr {
+            wr_id: EAGER_FLAG | idx,
+            local: (e.stage.addr() as u64 + off as u64, len as u32, e.stage.lkey()),
+            remote: (e.ring.0 + off as u64, e.ring.1),
+            imm: None,
+            signaled: true,
+            inline: len <= self.link.max_inline as usize,
         };
-        let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: false }) else { return Ok(None) };
+        // SAFETY: the source is this slot of our staging, which lives in this
+        // comm after the QPs (field order) and is rewritten only for message
+        // idx + RING_SLOTS, which needs the receiver's credit for idx, i.e.
+        // after this write landed.
+        if let Err(err) = unsafe { self.link.qps[0].post_writes(&[wr]) } {
+            let _ = self.reqs.release(id);
+            return Err(self.link.fail_with(err));
+        }
+        e.unacked += 1;
+        e.blocked = None;
+        self.link.eager_stats.0 += 1;
+        self.link.eager_stats.1 += buf.len as u64;
         self.link.progressed();
-        if self.fifo.record(i, buf.len, buf.ptr as u64, lkey, id) {
-            let g = self.fifo.advance().unwrap();
-            if let Err(e) = self.post_group(&g, None) {
-                self.link.fail(e.clone());
-                return Err(e);
+        Ok(Some(id))
+    }
+
+    /// A send could not go: if we have been stuck at this FIFO head for a
+    /// while, tell the receiver (it may be holding CTS writes back, or owe
+    /// us credits).
+    fn note_blocked(&mut self) {
+        let head = self.fifo.head();
+        let Some(e) = &mut self.eager else { return };
+        match e.blocked {
+            Some((h, since)) if h == head => {
+                if e.mailbox == head + 1 || since.elapsed() < MAILBOX_AFTER {
+                    return;
+                }
+            }
+            _ => {
+                e.blocked = Some((head, std::time::Instant::now()));
+                return;
             }
         }
-        Ok(Some(id))
+        e.mailbox = head + 1;
+        e.stage.write(0, &(head + 1).to_le_bytes());
+        let wr = SendWr {
+            wr_id: EAGER_FLAG | u64::MAX >> 8,
+            local: (e.stage.addr() as u64, 8, e.stage.lkey()),
+            remote: e.ring,
+            imm: None,
+            signaled: true,
+            inline: 8 <= self.link.max_inline,
+        };
+        // SAFETY: the source is the first word of our staging (lives after
+        // the QPs); rewriting it while this write is in flight only lets the
+        // receiver see a newer head, which is as true.
+        match unsafe { self.link.qps[0].post_writes(&[wr]) } {
+            Ok(()) => {
+                e.unacked += 1;
+                self.link.ctl_posts += 1;
+            }
+            Err(err) => self.link.fail(err),
+        }
     }
 
     fn post_group(&mut self, g: &Group, fail: Option<FailCode>) -> Result<()> {
@@ -548,8 +746,8 @@ impl SendComm {
         let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; MAX_LANE_WRS];
         let sizes_off = fifo::sizes_offset(g.seq);
         let sizes_len = 4 * g.n;
-        if g.n > 1 && fail.is_none() {
-            self.stage.write(sizes_off, &fifo::encode_sizes(&g.sizes[..g.n])[..sizes_len]);
+        if fail.is_none() && matches!(g.imm().kind, ImmKind::Sizes(_)) {
+            self.stage.write(sizes_off, &fifo::encode_sizes(&g.wire_sizes()[..g.n])[..sizes_len]);
         }
         let inline = self.link.max_inline as usize;
         // Every data byte copied into the WRs at post time: NCCL may reuse
@@ -608,21 +806,32 @@ impl SendComm {
 
     /// Writes posted whose completion has not been seen yet.
     fn outstanding(&self) -> usize {
-        self.inflight.iter().filter(|f| f.active).count()
+        self.inflight.iter().filter(|f| f.active).count() + self.eager.as_ref().map_or(0, |e| e.unacked)
     }
 
     /// Drain the CQ.
     fn poll(&mut self) {
-        let mut wcs = [verbs::empty_wc(); POLL_BATCH];
+        let mut buf = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; POLL_BATCH];
         loop {
-            let n = match self.link.cq.poll(&mut wcs) {
-                Ok(n) => n,
+            let wcs = match self.link.cq.poll_some(&mut buf) {
+                Ok(w) => w,
                 Err(e) => return self.link.fail(e),
             };
-            for wc in &wcs[..n] {
+            let n = wcs.len();
+            for wc in wcs {
+                if wc.wr_id & EAGER_FLAG != 0 {
+                    if let Some(e) = &mut self.eager {
+                        e.unacked = e.unacked.saturating_sub(1);
+                    }
+                }
                 if wc.status != ffi::IBV_WC_SUCCESS {
-                    let e = self.link.wc_error(wc, format!("RDMA write of message #{}", wc.wr_id));
+                    let what =
+                        if wc.wr_id & EAGER_FLAG != 0 { "eager write".to_string() } else { format!("RDMA write of message #{}", wc.wr_id) };
+                    let e = self.link.wc_error(wc, what);
                     self.link.fail(e);
+                    continue;
+                }
+                if wc.wr_id & EAGER_FLAG != 0 {
                     continue;
                 }
                 let f = &mut self.inflight[(wc.wr_id % FIFO_DEPTH as u64) as usize];
@@ -711,10 +920,31 @@ struct RecvReq {
     n: usize,
     caps: [usize; MAX_RECVS],
     cts: [Cts; MAX_RECVS],
+    /// Rendezvous immediates still to come (one per lane), if any buffer
+    /// is filled that way.
     lanes_left: usize,
-    imm: Option<Imm>,
+    imm: Option<ImmKind>,
     sizes: [usize; MAX_RECVS],
+    /// Buffers filled (bit i = buffer i), by rendezvous or eager message.
+    filled: u8,
     done: bool,
+}
+
+impl RecvReq {
+    fn all_filled(&self) -> bool {
+        self.filled as u32 == (1u32 << self.n) - 1
+    }
+}
+
+/// The receiver's half of the eager path.
+struct EagerRecv {
+    st: EagerRx,
+    /// Mailbox word, then the ring slots the sender writes.
+    ring: HostRegion,
+    /// Posted buffers of the eager tag not filled yet, by `j % JWIN`: (j, request, buffer).
+    by_j: Box<[Option<(u64, ReqId, u8)>; JWIN]>,
+    /// Last mailbox value acted on.
+    mailbox: u64,
 }
 
 /// A loopback QP and a scratch word: `iflush` RDMA-reads one byte of the
@@ -764,27 +994,47 @@ pub struct RecvComm {
     ready: Option<([u8; 8], usize)>,
     /// Sizes area the sender writes (grouped receives).
     sizes_mem: HostRegion,
-    /// CTS staging when a slot does not fit inline.
+    /// CTS staging (slot `seq % FIFO_DEPTH` at its FIFO offset), then the
+    /// credit word's source.
     stage: HostRegion,
     local: LocalAddr,
     remote_fifo: (u64, u32),
-    next_seq: u64,
     reqs: Pool<RecvReq>,
     by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
+    /// Buffers in the CTS staged in each slot.
+    slot_n: [u8; FIFO_DEPTH],
     budgets: Vec<SqBudget>,
-    deferred: VecDeque<u64>,
+    /// Which CTS slots go out when.
+    cts: CtsQueue,
+    eager: Option<EagerRecv>,
 }
 
 impl RecvComm {
     pub(super) fn new(setup: Setup, qps: Vec<Qp<Rts>>, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, remote: &Meta) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, .. } = setup;
+        let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         let nq = qps.len();
+        for q in &qps {
+            for _ in 0..RECV_WRS {
+                q.post_recv_empty(RECV_WR)?;
+            }
+        }
         link.qps = qps;
         link.init_stats();
         link.set_peer(remote);
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
+        let limit = offer.min(remote.eager) as usize;
+        let eager = if limit > 0 {
+            Some(EagerRecv {
+                st: EagerRx::new(limit),
+                ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)?,
+                by_j: Box::new([None; JWIN]),
+                mailbox: 0,
+            })
+        } else {
+            None
+        };
         Ok(RecvComm {
             link,
             flush,
@@ -793,14 +1043,15 @@ impl RecvComm {
             stage,
             local,
             remote_fifo: (remote.addr, remote.rkey),
-            next_seq: 0,
             // receives may hold 2 x MAX_REQUESTS entries (posted plus
             // completed-but-untested); the rest is kept for flushes, so a
             // flush never finds the pool full (NULL would mean "flushed")
             reqs: Pool::new(RECV_POOL),
             by_slot: [None; FIFO_DEPTH],
+            slot_n: [0; FIFO_DEPTH],
             budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
-            deferred: VecDeque::with_capacity(FIFO_DEPTH),
+            cts: CtsQueue::new(),
+            eager,
         })
     }
 
@@ -822,6 +1073,8 @@ impl RecvComm {
             addr: self.sizes_mem.addr() as u64,
             rkey: self.sizes_mem.rkey(),
             name: self.link.dev.dev_name.clone(),
+            eager: self.eager.as_ref().map_or(0, |e| e.st.max as u32),
+            ring: self.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
         }
     }
 
@@ -854,6 +1107,11 @@ impl RecvComm {
         &self.link.stats
     }
 
+    /// Eager messages received and their payload bytes.
+    pub fn eager_stats(&self) -> (u64, u64) {
+        self.link.eager_stats
+    }
+
     fn progress_ready(&mut self) -> Result<()> {
         let Some((buf, got)) = &mut self.ready else { return Ok(()) };
         if !connect::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
@@ -863,10 +1121,7 @@ impl RecvComm {
             return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("expected READY, got {buf:02x?}") });
         }
         self.ready = None;
-        while let Some(seq) = self.deferred.pop_front() {
-            self.write_cts(seq)?;
-        }
-        Ok(())
+        self.flush_cts()
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
@@ -882,100 +1137,279 @@ impl RecvComm {
         }
         let mut cts = [Cts::default(); MAX_RECVS];
         let mut caps = [0usize; MAX_RECVS];
+        let mut tags = [0i32; MAX_RECVS];
         for (i, b) in bufs.iter().enumerate() {
             check_buf("irecv", b.buf, mrs.get(i).copied().flatten(), &self.link.dev, Access::REMOTE_WRITE)?;
             let rkey = mrs.get(i).copied().flatten().map_or(0, |m| m.rkey());
             cts[i] = Cts { addr: b.buf.ptr as u64, rkey, cap: b.buf.len as u32, tag: b.tag, n: n as u8, i: i as u8 };
             caps[i] = b.buf.len;
+            tags[i] = b.tag;
         }
         if self.ready.is_some() {
             if let Err(e) = self.progress_ready() {
                 return Err(self.link.fail_with(e));
             }
         }
-        let seq = self.next_seq;
+        let seq = self.cts.next();
         let slot = (seq % FIFO_DEPTH as u64) as usize;
         let nqps = self.link.qps.len();
-        let (first, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
-        if self.by_slot[slot].is_some() || !self.budgets[first].has_room() {
+        let (_, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
+        if self.by_slot[slot].is_some() || !self.cts.can_post() {
             self.poll();
-            if self.by_slot[slot].is_some() || !self.budgets[first].has_room() {
+            if self.by_slot[slot].is_some() || !self.cts.can_post() {
+                // the slot's previous lap may still wait to be written
+                self.cts.force();
+                if let Err(e) = self.flush_cts() {
+                    return Err(self.link.fail_with(e));
+                }
                 return Ok(None);
             }
         }
         if self.reqs.len() >= RECV_POOL - MAX_REQUESTS {
             return Ok(None);
         }
-        let Some(id) =
-            self.reqs.alloc(RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], done: false })
-        else {
-            return Ok(None);
-        };
-        for lane in 0..nlanes {
-            if let Err(e) = self.link.qps[(first + lane) % nqps].post_recv_empty(seq) {
-                let _ = self.reqs.release(id);
-                self.link.fail(e.clone());
-                return Err(e);
+        let req = RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
+        let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
+        // stage the CTS (written now or with a later batch)
+        let mut bytes = [0u8; ELEM_BYTES];
+        for (i, c) in cts[..n].iter().enumerate() {
+            bytes.copy_from_slice(&c.encode(seq));
+            self.stage.write(fifo::elem_offset(seq, i), &bytes);
+        }
+        self.slot_n[slot] = n as u8;
+        self.by_slot[slot] = Some((seq, id));
+        let mut deferrable = false;
+        let mut js = [None; MAX_RECVS];
+        if let Some(e) = &mut self.eager {
+            e.st.assign(seq, &tags[..n], &mut js[..n]);
+            // only eager messages can fill it: its CTS may wait for a batch
+            deferrable = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
+            for (i, j) in js[..n].iter().enumerate() {
+                if let Some(j) = *j {
+                    e.by_j[(j % JWIN as u64) as usize] = Some((j, id, i as u8));
+                }
             }
         }
-        self.next_seq += 1;
-        self.by_slot[slot] = Some((seq, id));
-        self.link.progressed();
-        if self.ready.is_none() {
-            if let Err(e) = self.write_cts(seq) {
-                self.link.fail(e.clone());
-                return Err(e);
+        // messages that arrived before their buffer was posted
+        for j in js[..n].iter().flatten() {
+            let early = self.eager.as_mut().and_then(|e| e.st.take_early(*j));
+            if let Some(idx) = early {
+                if let Err(err) = self.deliver(idx, *j) {
+                    return Err(self.link.fail_with(err));
+                }
             }
-        } else {
-            self.deferred.push_back(seq);
+        }
+        self.cts.push(deferrable);
+        self.link.progressed();
+        if let Err(e) = self.flush_cts() {
+            return Err(self.link.fail_with(e));
         }
         Ok(Some(id))
     }
 
-    fn write_cts(&mut self, seq: u64) -> Result<()> {
-        let slot = (seq % FIFO_DEPTH as u64) as usize;
-        let Some((s, id)) = self.by_slot[slot] else { return Ok(()) };
-        debug_assert_eq!(s, seq);
-        let r = self.reqs.get(id).map_err(|s| Error::Internal(format!("CTS for a freed request: {s}")))?;
-        let mut bytes = [0u8; SLOT_BYTES];
-        for i in 0..r.n {
-            bytes[i * ELEM_BYTES..(i + 1) * ELEM_BYTES].copy_from_slice(&r.cts[i].encode(seq));
-        }
-        let len = r.n * ELEM_BYTES;
-        let nqps = self.link.qps.len();
-        let (qi, _) = fifo::lanes(seq, nqps, self.link.cc.split);
-        let inline = len <= self.link.max_inline as usize;
-        let local = if inline {
-            (bytes.as_ptr() as u64, len as u32, 0)
-        } else {
-            self.stage.write(fifo::slot_offset(seq), &bytes[..len]);
-            (self.stage.addr() as u64 + fifo::slot_offset(seq) as u64, len as u32, self.stage.lkey())
-        };
-        let sig = self.budgets[qi].post();
-        let wr = SendWr {
-            wr_id: CTS_FLAG | (qi as u64) << 48 | sig.unwrap_or(0),
-            local,
-            remote: (self.remote_fifo.0 + fifo::slot_offset(seq) as u64, self.remote_fifo.1),
-            imm: None,
-            signaled: sig.is_some(),
-            inline,
-        };
-        // SAFETY: inline data is copied during the post; otherwise the
-        // source is this comm's staging region, which outlives its QPs
-        // (field order), and slot `seq % FIFO_DEPTH` is rewritten only for
-        // seq + FIFO_DEPTH, after the sender consumed this slot.
-        unsafe { self.link.qps[qi].post_writes(&[wr]) }
+    /// Write the CTS slots that are due, in order, as few RDMA writes as
+    /// the ring allows (nothing before the sender said READY).
+    fn flush_cts(&mut self) -> Result<()> {
+        self.flush_ctl(None)
     }
 
-    /// Drain the CQ.
-    fn poll(&mut self) {
-        let mut wcs = [verbs::empty_wc(); POLL_BATCH];
+    /// [`Self::flush_cts`], plus the credit counter `credit` in the same
+    /// post when one is due (one system call for both).
+    fn flush_ctl(&mut self, mut credit: Option<u64>) -> Result<()> {
+        if self.ready.is_some() || (credit.is_none() && self.cts.written() == self.cts.next()) {
+            return Ok(());
+        }
+        // the credit word sits after the FIFO, at the same offset in our staging
+        let credit_run = (FIFO_BYTES, 8usize);
+        if let Some(v) = credit {
+            self.stage.write(FIFO_BYTES, &v.to_le_bytes());
+        }
+        while let Some((from, to)) = self.cts.due() {
+            // one write for the first elements of a stretch that does not
+            // wrap around the FIFO, one per further element of grouped receives
+            let end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
+            let nqps = self.link.qps.len();
+            let (qi, _) = fifo::lanes(from, nqps, self.link.cc.split);
+            let extra: usize = (from..end).map(|q| self.slot_n[(q % FIFO_DEPTH as u64) as usize] as usize - 1).sum();
+            let with_credit = credit.is_some() && qi == 0;
+            if self.budgets[qi].room() < 1 + extra + with_credit as usize {
+                return Ok(()); // retried from the next poll
+            }
+            let mut runs = [(0usize, 0usize); verbs::MAX_CHAIN];
+            let mut k = 0;
+            runs[k] = (fifo::slot_offset(from), (end - from) as usize * ELEM_BYTES);
+            k += 1;
+            for q in from..end {
+                for i in 1..self.slot_n[(q % FIFO_DEPTH as u64) as usize] as usize {
+                    if k == runs.len() {
+                        self.post_cts(qi, &runs[..k])?;
+                        k = 0;
+                    }
+                    runs[k] = (fifo::elem_offset(q, i), ELEM_BYTES);
+                    k += 1;
+                }
+            }
+            if with_credit && k < runs.len() {
+                runs[k] = credit_run;
+                k += 1;
+                self.credited(credit.take());
+            }
+            self.post_cts(qi, &runs[..k])?;
+            self.cts.wrote(end);
+        }
+        if credit.is_some() && self.budgets[0].has_room() {
+            self.post_cts(0, &[credit_run])?;
+            self.credited(credit);
+        }
+        Ok(())
+    }
+
+    fn credited(&mut self, v: Option<u64>) {
+        if let (Some(e), Some(v)) = (&mut self.eager, v) {
+            e.st.reported(v);
+        }
+    }
+
+    /// Post writes of `(offset, len)` ranges of the staging to the same
+    /// place in the sender's FIFO region (CTS elements, the credit word), as
+    /// one chain on QP `qi`.
+    fn post_cts(&mut self, qi: usize, runs: &[(usize, usize)]) -> Result<()> {
+        let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; verbs::MAX_CHAIN];
+        for (w, &(off, len)) in wrs.iter_mut().zip(runs) {
+            let sig = self.budgets[qi].post();
+            *w = SendWr {
+                wr_id: CTS_FLAG | (qi as u64) << 48 | sig.unwrap_or(0),
+                local: (self.stage.addr() as u64 + off as u64, len as u32, self.stage.lkey()),
+                remote: (self.remote_fifo.0 + off as u64, self.remote_fifo.1),
+                imm: None,
+                signaled: sig.is_some(),
+                inline: len <= self.link.max_inline as usize,
+            };
+        }
+        // SAFETY: the sources are this comm's staging (it outlives the QPs,
+        // field order); a slot's staging is rewritten only for seq +
+        // FIFO_DEPTH, after this write landed and the sender moved past it
+        // (CtsQueue::can_post); the credit word may be rewritten in flight,
+        // which only shows the sender a larger, equally true count.
+        unsafe { self.link.qps[qi].post_writes(&wrs[..runs.len()])? };
+        self.link.ctl_posts += 1;
+        Ok(())
+    }
+
+    /// Hand ring slots back to the sender when due (`force`: anything freed).
+    fn write_credits(&mut self, force: bool) -> Result<()> {
+        let Some(e) = &mut self.eager else { return Ok(()) };
+        let Some(v) = e.st.credits_due(force) else { return Ok(()) };
+        // deferred CTS go along (the same system call)
+        self.cts.force();
+        self.flush_ctl(Some(v))
+    }
+
+    /// Look at the eager ring and the mailbox.
+    fn poll_eager(&mut self) -> Result<()> {
+        let Some(e) = &mut self.eager else { return Ok(()) };
+        let max = e.st.max;
+        let mut force = false;
+        let mb = e.ring.read_u64(0);
+        if mb != 0 && mb != e.mailbox {
+            e.mailbox = mb;
+            self.cts.sender_waiting(mb - 1);
+            force = true;
+        }
         loop {
-            let n = match self.link.cq.poll(&mut wcs) {
-                Ok(n) => n,
+            let Some(e) = &mut self.eager else { break };
+            let idx = e.st.next();
+            let off = eager::slot_offset(idx, max);
+            if e.ring.read_u64(off + HDR_BYTES - 8) != eager::marker(idx) {
+                break;
+            }
+            let mut hb = [0u8; HDR_BYTES];
+            e.ring.read(off, &mut hb);
+            let Some(h) = Header::decode(&hb, idx) else { break };
+            if h.size as usize > max {
+                return Err(Error::Protocol {
+                    peer: self.link.peer_name(),
+                    what: format!("eager message #{idx} claims {} bytes (limit {max})", h.size),
+                });
+            }
+            if e.ring.read_u64(off + eager::wire_len(h.size as usize) - 8) != eager::marker(idx) {
+                break; // the payload is still landing
+            }
+            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what })?;
+            self.cts.sender_head(h.head);
+            self.link.progressed();
+            if let eager::Arrival::Posted(j) = to {
+                self.deliver(idx, j)?;
+            }
+        }
+        self.write_credits(force)
+    }
+
+    /// Copy ring message `idx` into posted buffer `j` and free its slot.
+    fn deliver(&mut self, idx: u64, j: u64) -> Result<()> {
+        let Some(e) = &mut self.eager else { return Ok(()) };
+        let max = e.st.max;
+        let off = eager::slot_offset(idx, max);
+        let mut hb = [0u8; HDR_BYTES];
+        e.ring.read(off, &mut hb);
+        let h = Header::decode(&hb, idx).ok_or_else(|| Error::Internal(format!("eager message #{idx} vanished")))?;
+        let w = (j % JWIN as u64) as usize;
+        let Some((jj, id, i)) = e.by_j[w].filter(|x| x.0 == j) else {
+            return Err(Error::Protocol {
+                peer: self.link.peer_name(),
+                what: format!("eager message #{idx} for buffer {j}, which is not posted"),
+            });
+        };
+        e.by_j[w] = None;
+        let i = i as usize;
+        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("eager buffer {jj}: {s}")))?;
+        if r.filled & (1 << i) != 0 {
+            return Err(Error::Protocol {
+                peer: self.link.peer_name(),
+                what: format!("eager message #{idx} for buffer {i} of receive #{}, which the sender also wrote", r.seq),
+            });
+        }
+        let size = h.size as usize;
+        if size > r.caps[i] {
+            return Err(Error::Usage(format!(
+                "peer {}: sent {size} bytes (eager) for a {}-byte receive buffer (receive #{}, buffer {i})",
+                self.link.peer_name(),
+                r.caps[i],
+                r.seq
+            )));
+        }
+        if size > 0 {
+            // SAFETY: the ring bytes off+HDR..+size were written before the
+            // trailer we checked (acquire fence in read_u64); the destination
+            // is the posted buffer, writable until its request is reported
+            // done (irecv's contract), host memory (eager is off with GPUDirect).
+            unsafe { std::ptr::copy_nonoverlapping(e.ring.addr().add(off + HDR_BYTES), r.cts[i].addr as *mut u8, size) };
+        }
+        r.sizes[i] = size;
+        r.filled |= 1 << i;
+        e.st.release(idx);
+        self.link.eager_stats.0 += 1;
+        self.link.eager_stats.1 += size as u64;
+        if r.all_filled() {
+            r.done = true;
+            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
+            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
+                self.by_slot[slot] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drain the CQ, look at the eager ring, write what is due.
+    fn poll(&mut self) {
+        let mut buf = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; POLL_BATCH];
+        loop {
+            let wcs = match self.link.cq.poll_some(&mut buf) {
+                Ok(w) => w,
                 Err(e) => return self.link.fail(e),
             };
-            for wc in &wcs[..n] {
+            let n = wcs.len();
+            for wc in wcs {
                 let cts = wc.wr_id & CTS_FLAG != 0;
                 if wc.status != ffi::IBV_WC_SUCCESS {
                     let what = if cts {
@@ -983,7 +1417,7 @@ impl RecvComm {
                     } else if wc.wr_id & FLUSH_FLAG != 0 {
                         "flush read (loopback QP)".to_string()
                     } else {
-                        format!("receive #{}", wc.wr_id)
+                        "receive".to_string()
                     };
                     let e = self.link.wc_error(wc, what);
                     self.link.fail(e);
@@ -1011,32 +1445,48 @@ impl RecvComm {
                 self.link.progressed();
             }
             if n < POLL_BATCH {
-                return;
+                break;
             }
+        }
+        if self.link.failed.is_some() {
+            return;
+        }
+        let r = self.poll_eager().and_then(|_| self.flush_cts());
+        if let Err(e) = r {
+            self.link.fail(e);
         }
     }
 
     fn complete_recv(&mut self, wc: &ibv_wc) -> Result<()> {
-        let seq = wc.wr_id;
-        let slot = (seq % FIFO_DEPTH as u64) as usize;
-        let Some((s, id)) = self.by_slot[slot] else {
-            return Err(Error::Internal(format!("completion for receive #{seq} that is not posted")));
-        };
-        if s != seq || wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
+        // keep the receive queue full (receive WRs are not tied to a receive)
+        if let Some(q) = self.link.qps.iter().find(|q| q.qpn() == wc.qp_num) {
+            q.post_recv_empty(RECV_WR)?;
+        }
+        if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
             return Err(Error::Protocol {
                 peer: self.link.peer_name(),
-                what: format!("unexpected completion (opcode {}, wr_id {seq}) for receive #{s}", wc.opcode),
+                what: format!("unexpected completion (opcode {}, wr_id {:#x}) on a receive QP", wc.opcode, wc.wr_id),
             });
         }
         // SAFETY: WITH_IMM is set, so the union holds imm_data.
         let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
         let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w })?;
+        let slot = imm.slot as usize;
+        let Some((seq, id)) = self.by_slot[slot] else {
+            return Err(Error::Protocol {
+                peer: self.link.peer_name(),
+                what: format!("completion {imm:?} for FIFO slot {slot}, which has no receive waiting for a rendezvous"),
+            });
+        };
         let link = &self.link;
         let sizes_mem = &self.sizes_mem;
         let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive #{seq}: {s}")))?;
+        if r.lanes_left == 0 {
+            return Err(Error::Protocol { peer: link.peer_name(), what: format!("one completion too many for receive #{seq}") });
+        }
         r.lanes_left -= 1;
-        if !matches!(r.imm, Some(Imm::Fail(_))) {
-            r.imm = Some(imm);
+        if !matches!(r.imm, Some(ImmKind::Fail(_))) {
+            r.imm = Some(imm.kind);
         }
         if r.lanes_left > 0 {
             return Ok(());
@@ -1047,19 +1497,36 @@ impl RecvComm {
             fifo::decode_sizes(&b)
         };
         // (the peer's name is formatted only on the error path: no allocation per message)
-        let sizes = fifo::sizes_from_imm(r.imm.unwrap(), &r.caps[..r.n], read_sizes).map_err(|what| match imm {
-            Imm::Fail(_) => Error::Usage(format!("peer {}: {what}", link.peer_name())),
+        let kind = r.imm.unwrap();
+        let sizes = fifo::sizes_from_imm(kind, &r.caps[..r.n], read_sizes).map_err(|what| match kind {
+            ImmKind::Fail(_) => Error::Usage(format!("peer {}: {what}", link.peer_name())),
             _ => Error::Protocol { peer: link.peer_name(), what },
         })?;
-        r.sizes = sizes;
-        r.done = true;
+        for (i, s) in sizes[..r.n].iter().enumerate() {
+            if let Some(s) = *s {
+                if r.filled & (1 << i) != 0 {
+                    return Err(Error::Protocol {
+                        peer: link.peer_name(),
+                        what: format!("buffer {i} of receive #{seq} was written by an eager message and a rendezvous"),
+                    });
+                }
+                r.sizes[i] = s;
+                r.filled |= 1 << i;
+            }
+        }
         // counters: the sender cut each buffer with the same rule (fifo::chunk)
         let nqps = link.qps.len();
         let (first, nlanes) = fifo::lanes(r.seq, nqps, link.cc.split);
-        let (n, seq_sizes) = (r.n, r.sizes);
-        self.by_slot[slot] = None;
+        let n = r.n;
+        let rv_sizes: [usize; MAX_RECVS] = std::array::from_fn(|i| sizes[i].unwrap_or(0));
+        if r.all_filled() {
+            r.done = true;
+            self.by_slot[slot] = None;
+        }
+        // the sender moved past this slot
+        self.cts.sender_head(seq + 1);
         for lane in 0..nlanes {
-            let bytes: usize = seq_sizes[..n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
+            let bytes: usize = rv_sizes[..n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
             if let Some(st) = self.link.stats.get_mut((first + lane) % nqps) {
                 st.msgs += 1;
                 st.bytes += bytes as u64;
@@ -1070,7 +1537,14 @@ impl RecvComm {
 
     /// `Ok(Some(sizes))` once every buffer of the receive is filled.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        let done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
+        let mut done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
+        if !done && self.eager.is_some() && self.ready.is_none() && self.link.failed.is_none() {
+            // fast path: the eager ring first, the CQ only if still not done
+            if let Err(e) = self.poll_eager() {
+                self.link.fail(e);
+            }
+            done = self.reqs.get(id).map_or(false, |r| r.done);
+        }
         if !done {
             if self.ready.is_some() {
                 if let Err(e) = self.progress_ready() {
@@ -1128,6 +1602,7 @@ impl RecvComm {
             lanes_left: 0,
             imm: None,
             sizes: [0; MAX_RECVS],
+            filled: 0,
             done: false,
         };
         // never Ok(None) here: to NCCL that would mean "nothing to flush"

@@ -257,7 +257,9 @@ impl Connecting {
         }
         let mut rails = Vec::new();
         for ((d, cc, numa), h) in devs.iter().zip(peer) {
-            rails.push((IbConnecting::start(d, cc, h, tc)?, false, *numa));
+            // members are driven by peek_cap (the receiver's CTS): no eager path
+            let cc = Arc::new(ConnCfg { eager: 0, ..(**cc).clone() });
+            rails.push((IbConnecting::start(d, &cc, h, tc)?, false, *numa));
         }
         Ok(Connecting::Multi(rails, vdev))
     }
