@@ -204,10 +204,15 @@ SMP=${RXE_VM_SMP:-2}
 MEM=${RXE_VM_MEM:-2048}
 msg "booting $KVER ($ACCEL, $SMP vCPU, $MEM MiB, net=$NET pairs=$PAIRS)"
 t_boot=$(date +%s.%N)
+# Under TCG the guest finds its vCPUs' TSCs slightly apart and falls back to
+# the HPET, whose every read is an emulated MMIO exit (microseconds): clock
+# reads would then dominate any timing loop. The TSC is what real machines
+# give a clock read (vDSO, no system call), so use it (RXE_VM_KCMD to override).
+KCMD=${RXE_VM_KCMD-tsc=reliable clocksource=tsc}
 timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${CPUARGS[@]}" -smp "$SMP" -m "$MEM" \
   -nodefaults -no-user-config -display none -no-reboot -nic none "${SERIAL[@]}" \
   -kernel "$VMLINUZ" -initrd "$INITRD" \
-  -append "console=ttyS0 panic=-1 loglevel=4 quiet" \
+  -append "console=ttyS0 panic=-1 loglevel=4 quiet $KCMD" \
   -fsdev local,id=fsroot,path=/,security_model=none,readonly=on,multidevs=remap \
   -device virtio-9p-pci,fsdev=fsroot,mount_tag=hostroot \
   -fsdev "local,id=fsjob,path=$JOB,security_model=none,multidevs=remap" \
