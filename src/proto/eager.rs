@@ -49,8 +49,9 @@ pub const MAILBOX_BYTES: usize = 64;
 pub const CREDIT_BYTES: usize = 64;
 /// Largest eager limit the knob accepts.
 pub const MAX_EAGER: usize = 64 << 10;
-/// Deferred CTS writes are sent once this many are waiting.
-pub const CTS_BATCH: usize = 16;
+/// Deferred CTS writes are sent once this many are waiting (they normally go
+/// out earlier, with the credit word, every RING_SLOTS / 2 eager messages).
+pub const CTS_BATCH: usize = 24;
 
 /// Bytes on the wire for a `size`-byte message (header, padded payload, trailer).
 pub fn wire_len(size: usize) -> usize {

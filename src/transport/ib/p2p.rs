@@ -49,6 +49,8 @@ const RECV_WR: u64 = 1 << 60;
 const RECV_WRS: usize = FIFO_DEPTH + 16;
 /// A sender stuck this long at one CTS slot tells the receiver (mailbox).
 const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+/// The sender signals one eager write in this many.
+const EAGER_SIGNAL: usize = 16;
 /// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
 const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
 
@@ -368,8 +370,10 @@ struct EagerSend {
     stage: HostRegion,
     /// The receiver's ring (address, rkey).
     ring: (u64, u32),
-    /// Eager and mailbox writes posted whose completion was not seen yet.
+    /// Signaled eager and mailbox writes whose completion was not seen yet.
     unacked: usize,
+    /// Unsignaled eager writes since the last signaled one (selective signalling).
+    quiet: usize,
     /// Stuck at this FIFO head since then.
     blocked: Option<(u64, std::time::Instant)>,
     /// Last mailbox value written (head + 1).
@@ -450,6 +454,7 @@ impl SendComm {
                             stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
                             ring: remote.ring,
                             unacked: 0,
+                            quiet: 0,
                             blocked: None,
                             mailbox: 0,
                         });
@@ -676,12 +681,14 @@ impl SendComm {
         }
         let len = eager::wire_len(buf.len);
         e.stage.write(off + len - 8, &eager::marker(idx).to_le_bytes());
+        // a completion every EAGER_SIGNAL writes frees the SQ entries before it
+        let signaled = e.quiet + 1 >= EAGER_SIGNAL;
         let wr = SendWr {
             wr_id: EAGER_FLAG | idx,
             local: (e.stage.addr() as u64 + off as u64, len as u32, e.stage.lkey()),
             remote: (e.ring.0 + off as u64, e.ring.1),
             imm: None,
-            signaled: true,
+            signaled,
             inline: len <= self.link.max_inline as usize,
         };
         // SAFETY: the source is this slot of our staging, which lives in this
@@ -692,7 +699,12 @@ impl SendComm {
             let _ = self.reqs.release(id);
             return Err(self.link.fail_with(err));
         }
-        e.unacked += 1;
+        if signaled {
+            e.unacked += 1;
+            e.quiet = 0;
+        } else {
+            e.quiet += 1;
+        }
         e.blocked = None;
         self.link.eager_stats.0 += 1;
         self.link.eager_stats.1 += buf.len as u64;
@@ -733,6 +745,7 @@ impl SendComm {
         match unsafe { self.link.qps[0].post_writes(&[wr]) } {
             Ok(()) => {
                 e.unacked += 1;
+                e.quiet = 0;
                 self.link.ctl_posts += 1;
             }
             Err(err) => self.link.fail(err),
@@ -890,7 +903,20 @@ impl Drop for SendComm {
         if self.hs.is_none() {
             self.link.log_stats("send");
         }
-        if self.hs.is_some() || self.link.failed.is_some() || self.outstanding() == 0 {
+        if self.hs.is_some() || self.link.failed.is_some() {
+            return;
+        }
+        // unsignaled eager writes at the tail: a signaled empty write behind
+        // them completes only after they did (RC order)
+        if let Some(e) = self.eager.as_mut().filter(|e| e.quiet > 0) {
+            let wr = SendWr { wr_id: EAGER_FLAG, local: (0, 0, 0), remote: e.ring, imm: None, signaled: true, inline: false };
+            // SAFETY: no local memory is read.
+            if unsafe { self.link.qps[0].post_writes(&[wr]) }.is_ok() {
+                e.unacked += 1;
+                e.quiet = 0;
+            }
+        }
+        if self.outstanding() == 0 {
             return;
         }
         let ack_s = 4.096e-6 * f64::from(1u32 << self.link.cc.timeout.min(31)) * f64::from(self.link.cc.retry_cnt + 1);
