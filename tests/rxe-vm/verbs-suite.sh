@@ -16,8 +16,8 @@
 #      RUSTNET_TEST_RAILS="rxe0,rxe2;rxe1,rxe3" (merged-device tests)
 #    The conformance suite runs four times: both peers on rxe0; rxe0 -> rxe1;
 #    the traffic cases with 4 QPs per connection split (NCCL_IB_QPS_PER_CONNECTION=4
-#    NCCL_IB_SPLIT_DATA_ON_QPS=1); the v6-v8 traffic cases through merged devices
-#    (rxe0+rxe2 -> rxe1+rxe3, RUSTNET_IB_MERGE_NICS).
+#    NCCL_IB_SPLIT_DATA_ON_QPS=1); the v6-v8 traffic cases and the cross-round
+#    tags case through merged devices (rxe0+rxe2 -> rxe1+rxe3, RUSTNET_IB_MERGE_NICS).
 # 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
 #    any failed, 125 when the VM died or timed out, other values when the build
 #    failed.
@@ -82,7 +82,8 @@ if [ "${1:-}" = --in-vm ]; then
   # The conformance suite runs up to four times: both peers on rxe0 (one
   # device to itself); the traffic and peer-death cases rxe0 -> rxe1 across
   # the veth; the traffic cases with 4 QPs split; and (two pairs booted) the
-  # v6-v8 traffic cases through self-merged devices rxe0+rxe2 -> rxe1+rxe3.
+  # v6-v8 traffic cases (and the cross-round tags case) through self-merged
+  # devices rxe0+rxe2 -> rxe1+rxe3.
   runs=()
   for t in "$@"; do
     runs+=("$t")
@@ -107,7 +108,7 @@ if [ "${1:-}" = --in-vm ]; then
         run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1) ;;
       conformance_merged*)
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
-        extra=(traffic_v6 traffic_v7 traffic_v8)
+        extra=(traffic_v6 traffic_v7 traffic_v8 grouped_tags_across_rounds)
         export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0,rxe2 RUSTNET_IB_MERGE_NICS=rxe0,rxe2 NCCL_SOCKET_IFNAME=veth0" \
                RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1,rxe3 RUSTNET_IB_MERGE_NICS=rxe1,rxe3 NCCL_SOCKET_IFNAME=veth1" ;;
     esac

@@ -529,15 +529,17 @@ impl SendComm {
     }
 
     /// The capacity of the receive buffer a send of `tag` would fill next,
-    /// once the receiver advertised it (`Ok(None)`: not yet). A merged
-    /// device (vdev.rs) cuts each message over its members by these.
+    /// once the receiver advertised it and an isend of that tag would be
+    /// taken now (`Ok(None)`: not yet). A merged device (vdev.rs) cuts each
+    /// message over its members by these, and posts only when every member
+    /// answered.
     pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
         self.link.check()?;
-        if !self.head_ready()? {
+        if self.reqs.len() >= SEND_SLOTS || !self.head_ready()? {
             return Ok(None);
         }
-        // a tag the slot lacks: the isend that follows reports it
-        Ok(Some(self.fifo.match_send(tag, 0).map(|i| self.fifo.current().map_or(0, |g| g.elems[i].cap as usize)).unwrap_or(0)))
+        // a tag the head receive has no free buffer for: not yet, as in isend
+        Ok(self.fifo.match_send(tag, 0).ok().map(|i| self.fifo.current().map_or(0, |g| g.elems[i].cap as usize)))
     }
 
     /// Bring the head FIFO slot to where a send can match it: the connection
@@ -1148,6 +1150,16 @@ impl RecvComm {
         }
         self.ready = None;
         self.flush_cts()
+    }
+
+    /// Would `irecv` take a receive now? (A merged device asks every member
+    /// before posting on any.)
+    pub fn can_take_recv(&mut self) -> bool {
+        let slot = (self.cts.next() % FIFO_DEPTH as u64) as usize;
+        if self.by_slot[slot].is_some() || !self.cts.can_post() {
+            self.poll();
+        }
+        self.by_slot[slot].is_none() && self.cts.can_post() && self.reqs.len() < RECV_POOL - MAX_REQUESTS
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.

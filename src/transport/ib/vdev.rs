@@ -359,16 +359,13 @@ struct MReq {
     flush: bool,
 }
 
-fn wait_some<T>(mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(v) = f()? {
-            return Ok(v);
-        }
-        if t0.elapsed() > std::time::Duration::from_secs(10) {
-            return Err(Error::Internal("a member of a merged device refused a request its peers accepted".into()));
-        }
-    }
+/// A member refused a request after every member said it would take it:
+/// part of the message is posted, so the merged comm cannot go on.
+fn out_of_step(what: &str, member: usize) -> Error {
+    Error::Internal(format!(
+        "{what}: member {member} of a merged device refused its part after every member said it would take it; \
+         the other parts are posted, so this comm is failed"
+    ))
 }
 
 /// The sending end on a merged device.
@@ -425,9 +422,12 @@ impl MultiSend {
             let mr = mrs.get(i).copied().flatten();
             let r = &mut self.rails[i];
             // SAFETY: a sub-range of the caller's buffer, same contract.
-            let sid = wait_some(|| unsafe { r.isend(sub, tag, mr) });
-            let sid = match sid {
-                Ok(s) => s,
+            let sid = match unsafe { r.isend(sub, tag, mr) } {
+                Ok(Some(s)) => s,
+                Ok(None) => {
+                    let _ = self.reqs.release(id);
+                    return Err(out_of_step("isend", i));
+                }
                 Err(e) => {
                     let _ = self.reqs.release(id);
                     return Err(e);
@@ -499,6 +499,10 @@ impl MultiRecv {
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[&[Option<&IbMr>]]) -> Result<Option<ReqId>> {
         let k = self.rails.len();
         let n = bufs.len().min(MAX_RECVS);
+        // post on no member unless every member takes it now
+        if !self.rails.iter_mut().all(|r| r.can_take_recv()) {
+            return Ok(None);
+        }
         let Some(id) = self.reqs.alloc(MReq { ids: [None; MAX_MEMBERS], sizes: [[0; MAX_RECVS]; MAX_MEMBERS], n, flush: false }) else {
             return Ok(None);
         };
@@ -512,16 +516,14 @@ impl MultiRecv {
             }
             let r = &mut self.rails[i];
             // SAFETY: sub-ranges of the caller's buffers, same contract.
-            let first = unsafe { r.irecv(&sub[..n], &smr[..n]) };
-            let rid = match first {
+            let rid = match unsafe { r.irecv(&sub[..n], &smr[..n]) } {
                 Ok(Some(x)) => Ok(x),
-                // member 0 busy: nothing posted yet, NCCL retries
+                // member 0 busy after all: nothing posted yet, NCCL retries
                 Ok(None) if i == 0 => {
                     let _ = self.reqs.release(id);
                     return Ok(None);
                 }
-                // SAFETY: as above.
-                Ok(None) => wait_some(|| unsafe { r.irecv(&sub[..n], &smr[..n]) }),
+                Ok(None) => Err(out_of_step("irecv", i)),
                 Err(e) => Err(e),
             };
             match rid {
