@@ -76,8 +76,10 @@ pub struct IbDev {
     pub max_qp_wr: i32,
     /// Device limit on CQ entries.
     pub max_cqe: i32,
-    /// sysfs PCI path.
+    /// sysfs PCI path (realpath of the device link).
     pub pci_path: Option<String>,
+    /// The pciPath reported to NCCL ([`super::topo::nccl_pci_path`]).
+    pub pci_report: Option<String>,
     /// Registration cache of this device.
     pub mrs: Arc<MrCache>,
     /// Async-event counters of the device context.
@@ -96,7 +98,7 @@ impl IbDev {
     pub fn props(&self) -> DeviceProps {
         DeviceProps {
             name: intern(&self.name),
-            pci_path: self.pci_path.as_deref().map(intern),
+            pci_path: self.pci_report.as_deref().map(intern),
             guid: self.guid,
             ptr_support: self.gdr.decision.ptr_support,
             reg_is_global: true,
@@ -304,6 +306,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             max_qp_wr: attr.max_qp_wr,
             max_cqe: attr.max_cqe,
             pci_path: cand.pci.clone(),
+            pci_report: cand.pci.as_deref().map(|p| super::topo::nccl_pci_path(p, cfg.ib_merge_vfs.get() == 1)),
             mrs: shared.1,
             health: shared.2,
             gdr: shared.3,

@@ -32,6 +32,26 @@ pub fn pci_path(sysfs: &Path, dev: &str) -> Option<String> {
     (s.contains("/pci") && is_bus_id(&last)).then_some(s)
 }
 
+/// The pciPath NCCL's net_ib reports for `raw` (a realpath ending in a bus
+/// id): the function digit set to 0, so the ports and functions of one
+/// adapter are one PCI device to NCCL's topology, and with `merge_vfs` the
+/// device digits too, so virtual functions sit where their physical function
+/// is (NCCL_IB_MERGE_VFS=1, NCCL's default). Other paths are returned as they are.
+pub fn nccl_pci_path(raw: &str, merge_vfs: bool) -> String {
+    let last = raw.rsplit('/').next().unwrap_or("");
+    if !is_bus_id(last) {
+        return raw.to_string();
+    }
+    let mut b = raw.as_bytes().to_vec();
+    let n = b.len();
+    b[n - 1] = b'0';
+    if merge_vfs {
+        b[n - 3] = b'0';
+        b[n - 4] = b'0';
+    }
+    String::from_utf8(b).unwrap_or_else(|_| raw.to_string())
+}
+
 /// `0000:3b:00.1`: domain:bus:device.function.
 pub fn is_bus_id(s: &str) -> bool {
     let b = s.as_bytes();
@@ -45,10 +65,7 @@ pub fn is_bus_id(s: &str) -> bool {
 /// The PCI path with the function digit set to 0: the ports and PCI
 /// functions of one adapter share it (NCCL's net_ib merges NICs on it).
 pub fn nic_key(pci: &str) -> String {
-    match pci.rsplit_once('.') {
-        Some((head, f)) if f.len() == 1 => format!("{head}.0"),
-        _ => pci.to_string(),
-    }
+    nccl_pci_path(pci, false)
 }
 
 /// NUMA node of a PCI device directory (None: unknown, -1 or absent).
@@ -210,6 +227,15 @@ pub fn gpus(sysfs: &Path) -> Vec<(String, Option<i32>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reported_pci_path_zeroes_function_and_vf_digits_as_nccl() {
+        let p = "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:01.3";
+        assert_eq!(nccl_pci_path(p, true), "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
+        assert_eq!(nccl_pci_path(p, false), "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:01.0");
+        assert_eq!(nccl_pci_path("/sys/devices/pci0000:00/0000:00:03.1", false), "/sys/devices/pci0000:00/0000:00:03.0");
+        assert_eq!(nccl_pci_path("/sys/devices/virtual/net/x", true), "/sys/devices/virtual/net/x");
+    }
 
     #[test]
     fn cpulists_and_bus_ids() {
