@@ -608,4 +608,281 @@ mod tests {
         q.push(true);
         assert_eq!(q.due(), None);
     }
+
+    // ------------------------------------------------------------ a model run
+
+    /// Tiny deterministic generator for the model.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// What travels between the two ends (each direction in order, as on one QP).
+    enum ToSender {
+        Cts(u64, Vec<crate::proto::fifo::Cts>),
+        Credit(u64),
+    }
+    enum ToReceiver {
+        Eager(u64, Header, u64),
+        /// seq, send id per element (None: filled eagerly)
+        Rendezvous(u64, Vec<Option<u64>>),
+        Mailbox(u64),
+    }
+
+    struct Recv {
+        tags: Vec<i32>,
+        caps: Vec<usize>,
+        js: Vec<Option<u64>>,
+        got: Vec<Option<u64>>,
+    }
+
+    /// Both ends' protocol state driven the way transport::ib::p2p drives it,
+    /// with random interleaving of posts, sends and deliveries: every send
+    /// must land in the buffer NCCL's rule gives it (the k-th send of a tag
+    /// fills the k-th buffer posted with that tag), nothing may deadlock, and
+    /// a CTS must never overwrite a FIFO slot the sender has not moved past.
+    fn model_run(seed: u64) {
+        use crate::proto::fifo::{Cts, FailCode, SendFifo, FIFO_DEPTH};
+        use crate::proto::pool::ReqId;
+        const MAX: usize = 64;
+        let mut rng = Rng(seed | 1);
+        // the plan: receives (1..3 buffers, tags 5/6, small or large caps); the
+        // sends follow from it per tag
+        let nrecv = 150;
+        let mut plan: Vec<(Vec<i32>, Vec<usize>)> = Vec::new();
+        for _ in 0..nrecv {
+            let grouped = rng.below(4) == 0;
+            let n = 1 + rng.below(if grouped { 3 } else { 1 }) as usize;
+            let tags: Vec<i32> = (0..n).map(|_| if rng.below(10) < 7 { 5 } else { 6 }).collect();
+            let caps: Vec<usize> = (0..n)
+                .map(|_| {
+                    let large = rng.below(3) == 0;
+                    if large {
+                        MAX + 1 + rng.below(200) as usize
+                    } else {
+                        rng.below(MAX as u64 + 1) as usize
+                    }
+                })
+                .collect();
+            plan.push((tags, caps));
+        }
+        let mut sends: std::collections::BTreeMap<i32, std::collections::VecDeque<(u64, usize)>> = Default::default();
+        let mut expect: Vec<Vec<u64>> = Vec::new();
+        let mut next_id = 0u64;
+        for (tags, caps) in &plan {
+            let mut ids = Vec::new();
+            for (t, c) in tags.iter().zip(caps) {
+                sends.entry(*t).or_default().push_back((next_id, rng.below(*c as u64 + 1) as usize));
+                ids.push(next_id);
+                next_id += 1;
+            }
+            expect.push(ids);
+        }
+        // receiver
+        let mut rx = EagerRx::new(MAX);
+        let mut q = CtsQueue::new();
+        let mut recvs: Vec<Recv> = Vec::new();
+        let mut staged: std::collections::HashMap<u64, Vec<Cts>> = Default::default();
+        let mut deferred_ok: Vec<bool> = Vec::new();
+        let mut early_payload: std::collections::HashMap<u64, (Header, u64)> = Default::default();
+        let mut mailbox_seen = 0u64;
+        // sender
+        let mut tx = EagerTx::new(MAX);
+        let mut fifo = SendFifo::new();
+        let mut view: std::collections::HashMap<u64, Vec<Cts>> = Default::default();
+        let mut credit = 0u64;
+        let mut blocked = (u64::MAX, 0u32);
+        let mut mailbox_sent = 0u64;
+        let (mut to_s, mut to_r) = (std::collections::VecDeque::new(), std::collections::VecDeque::new());
+        let done = |recvs: &Vec<Recv>| recvs.len() == nrecv && recvs.iter().all(|r| r.got.iter().all(Option::is_some));
+
+        // receiver helpers
+        fn flush(q: &mut CtsQueue, staged: &std::collections::HashMap<u64, Vec<Cts>>, to_s: &mut std::collections::VecDeque<ToSender>) {
+            while let Some((a, b)) = q.due() {
+                for seq in a..b {
+                    to_s.push_back(ToSender::Cts(seq, staged[&seq].clone()));
+                }
+                q.wrote(b);
+            }
+        }
+        let mut steps = 0u64;
+        while !done(&recvs) {
+            steps += 1;
+            assert!(steps < 2_000_000, "seed {seed}: stuck with {} receives posted", recvs.len());
+            match rng.below(4) {
+                // receiver posts the next receive when it may
+                0 if recvs.len() < nrecv => {
+                    let seq = q.next();
+                    let outstanding = recvs.iter().filter(|r| r.got.iter().any(Option::is_none)).count();
+                    let prev_done = seq < FIFO_DEPTH as u64 || recvs[(seq - FIFO_DEPTH as u64) as usize].got.iter().all(Option::is_some);
+                    if !q.can_post() || outstanding >= FIFO_DEPTH || !prev_done {
+                        q.force();
+                        flush(&mut q, &staged, &mut to_s);
+                        continue;
+                    }
+                    let (tags, caps) = plan[seq as usize].clone();
+                    let n = tags.len();
+                    let mut js = vec![None; n];
+                    rx.assign(seq, &tags, &mut js);
+                    let deferrable = seq > 0 && js.iter().all(Option::is_some) && caps.iter().all(|&c| c <= MAX);
+                    staged.insert(
+                        seq,
+                        (0..n).map(|i| Cts { addr: 0, rkey: 0, cap: caps[i] as u32, tag: tags[i], n: n as u8, i: i as u8 }).collect(),
+                    );
+                    recvs.push(Recv { tags, caps, js: js.clone(), got: vec![None; n] });
+                    deferred_ok.push(deferrable);
+                    for (i, j) in js.iter().enumerate() {
+                        if let Some(j) = *j {
+                            if let Some(idx) = rx.take_early(j) {
+                                let (h, id) = early_payload.remove(&idx).unwrap();
+                                assert_eq!(h.j, j);
+                                recvs[seq as usize].got[i] = Some(id);
+                                rx.release(idx);
+                            }
+                        }
+                    }
+                    q.push(deferrable);
+                    flush(&mut q, &staged, &mut to_s);
+                }
+                // sender tries the first pending send of a random tag
+                1 => {
+                    let tags: Vec<i32> = sends.iter().filter(|(_, v)| !v.is_empty()).map(|(t, _)| *t).collect();
+                    if tags.is_empty() {
+                        continue;
+                    }
+                    let tag = tags[rng.below(tags.len() as u64) as usize];
+                    let (id, size) = *sends[&tag].front().unwrap();
+                    // head_ready: load slots, skipping the ones eager messages filled
+                    let loaded = loop {
+                        if fifo.current().is_none() {
+                            let Some(elems) = view.remove(&fifo.head()) else { break false };
+                            let t: Vec<i32> = elems.iter().map(|c| c.tag).collect();
+                            let mask = tx.on_load(fifo.head(), &t);
+                            fifo.load(&elems, mask);
+                        }
+                        if fifo.current().unwrap().complete() {
+                            fifo.advance();
+                            continue;
+                        }
+                        break true;
+                    };
+                    let mut sent = false;
+                    if loaded {
+                        match fifo.match_send(tag, size) {
+                            Ok(i) => {
+                                tx.on_rendezvous(tag);
+                                if fifo.record(i, size, id, 0, ReqId { slot: 0, gen: 0 }) {
+                                    let g = fifo.advance().unwrap();
+                                    let ids = (0..g.n).map(|e| (!g.is_eager(e)).then_some(g.src[e])).collect();
+                                    to_r.push_back(ToReceiver::Rendezvous(g.seq, ids));
+                                }
+                                sent = true;
+                            }
+                            Err(m) => assert_eq!(m.code, FailCode::NoTag, "seed {seed}: {}", m.what),
+                        }
+                    }
+                    if !sent && tx.refuse(tag, size, credit).is_none() {
+                        let (idx, h) = tx.take(size, fifo.head());
+                        to_r.push_back(ToReceiver::Eager(idx, h, id));
+                        sent = true;
+                    }
+                    if sent {
+                        sends.get_mut(&tag).unwrap().pop_front();
+                        blocked = (u64::MAX, 0);
+                    } else {
+                        // stuck: after a while, tell the receiver (once per head)
+                        blocked = if blocked.0 == fifo.head() { (blocked.0, blocked.1 + 1) } else { (fifo.head(), 1) };
+                        if blocked.1 >= 5 && mailbox_sent != fifo.head() + 1 {
+                            mailbox_sent = fifo.head() + 1;
+                            to_r.push_back(ToReceiver::Mailbox(fifo.head()));
+                        }
+                    }
+                }
+                // the receiver's writes land at the sender
+                2 => match to_s.pop_front() {
+                    Some(ToSender::Cts(seq, elems)) => {
+                        assert!(
+                            seq < fifo.head() + FIFO_DEPTH as u64,
+                            "seed {seed}: CTS {seq} overwrites a slot the sender (head {}) still needs",
+                            fifo.head()
+                        );
+                        view.insert(seq, elems);
+                    }
+                    Some(ToSender::Credit(v)) => {
+                        assert!(tx.check_credits(v).is_ok());
+                        credit = credit.max(v);
+                    }
+                    None => {}
+                },
+                // the sender's writes land at the receiver
+                _ => {
+                    let Some(m) = to_r.pop_front() else { continue };
+                    let mut force = false;
+                    match m {
+                        ToReceiver::Eager(idx, h, id) => {
+                            assert_eq!(idx, rx.next());
+                            q.sender_head(h.head);
+                            match rx.arrived(&h).unwrap_or_else(|e| panic!("seed {seed}: {e}")) {
+                                Arrival::Posted(j) => {
+                                    let (r, i) = recvs
+                                        .iter()
+                                        .enumerate()
+                                        .find_map(|(r, x)| x.js.iter().position(|&y| y == Some(j)).map(|i| (r, i)))
+                                        .unwrap();
+                                    assert!(recvs[r].got[i].is_none(), "seed {seed}: buffer filled twice");
+                                    assert!(h.size as usize <= recvs[r].caps[i]);
+                                    recvs[r].got[i] = Some(id);
+                                    rx.release(idx);
+                                }
+                                Arrival::Early => {
+                                    early_payload.insert(idx, (h, id));
+                                }
+                            }
+                        }
+                        ToReceiver::Rendezvous(seq, ids) => {
+                            q.sender_head(seq + 1);
+                            let r = &mut recvs[seq as usize];
+                            for (i, id) in ids.into_iter().enumerate() {
+                                if let Some(id) = id {
+                                    assert!(r.got[i].is_none(), "seed {seed}: rendezvous into a filled buffer");
+                                    r.got[i] = Some(id);
+                                }
+                            }
+                        }
+                        ToReceiver::Mailbox(h) => {
+                            if h + 1 != mailbox_seen {
+                                mailbox_seen = h + 1;
+                                q.sender_waiting(h);
+                                force = true;
+                            }
+                        }
+                    }
+                    if let Some(v) = rx.credits_due(force) {
+                        q.force();
+                        flush(&mut q, &staged, &mut to_s);
+                        to_s.push_back(ToSender::Credit(v));
+                        rx.reported(v);
+                    }
+                    flush(&mut q, &staged, &mut to_s);
+                }
+            }
+        }
+        for (k, r) in recvs.iter().enumerate() {
+            let got: Vec<u64> = r.got.iter().map(|x| x.unwrap()).collect();
+            assert_eq!(got, expect[k], "seed {seed}: receive {k} (tags {:?}) got the wrong sends", r.tags);
+        }
+        let _ = deferred_ok;
+    }
+
+    #[test]
+    fn model_every_send_lands_in_its_buffer_under_random_interleavings() {
+        for seed in 1..=1000u64 {
+            model_run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+    }
 }
