@@ -63,7 +63,7 @@ for r in $(seq "$REPS"); do
   # vtable; bandwidth left to the scheduler, latency pinned as perftest's
   export NCCL_IB_TIMEOUT=14
   for run in bw lat; do
-    pin0=() pin1=() args=(--sizes 64K,256K,1M --bytes 96M --lat-iters 0 --idle-nap-us 20)
+    pin0=() pin1=() args=(--sizes 64K,256K,1M --bytes 96M --lat-iters 0 --idle-nap-us 50)
     [ $run = lat ] && pin0=(taskset -c 0) pin1=(taskset -c 1) args=(--sizes 8 --bytes 8K --lat-iters 1000)
     NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
     sp=$!

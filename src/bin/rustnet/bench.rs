@@ -27,8 +27,8 @@ options:
   --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
   --abi N           vtable version to drive: 6..10 (default 8)
   --no-raw          skip the raw TCP baseline
-  --idle-nap-us N   bandwidth runs: after 64 passes that moved nothing, sleep N us
-                    instead of yielding (default 0). For soft-RoCE, whose NIC is
+  --idle-nap-us N   bandwidth runs: after 8 passes that moved nothing, sleep N us
+                    (doubling up to 8N while nothing moves) instead of yielding (default 0). For soft-RoCE, whose NIC is
                     kernel work on the same CPUs: a harness that spins takes them
                     from it (perftest's passive server takes none). Set it on
                     both ends.
@@ -248,7 +248,7 @@ impl Bufs {
 }
 
 /// Idle passes after which `--idle-nap-us` sleeps instead of yielding.
-const NAP_AFTER: u32 = 64;
+const NAP_AFTER: u32 = 8;
 
 /// Move `count` messages of `size` each way that `send`/`recv` say, with
 /// `w` requests in flight per direction. Single thread, like NCCL's proxy;
@@ -300,7 +300,9 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize, nap_us: u64)
         if before == (posted_s, done_s, posted_r, done_r) {
             idle += 1;
             if nap_us > 0 && idle > NAP_AFTER {
-                std::thread::sleep(Duration::from_micros(nap_us));
+                // back off while nothing moves: nap_us, doubling up to 8x
+                let k = (idle - NAP_AFTER - 1).min(3);
+                std::thread::sleep(Duration::from_micros(nap_us << k));
             } else {
                 std::thread::yield_now();
             }
@@ -358,19 +360,19 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool, rtts: &mut Ve
     rtts.reserve(iters);
     let t0 = Instant::now();
     let mut ti = t0;
-    for _ in 0..iters {
-        let send = |sq: &mut std::collections::VecDeque<Ptr>, sb: &mut Bufs| -> Result<(), String> {
-            loop {
-                if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
-                    sq.push_back(s);
-                    return Ok(());
-                }
-                reap(sq)?;
+    let send = |sq: &mut std::collections::VecDeque<Ptr>, sb: &mut Bufs| -> Result<(), String> {
+        loop {
+            if let Some(s) = net.p.isend(net.s, sb.bufs[0].as_mut_ptr(), size, 0, sb.mhs[0]).map_err(e)? {
+                sq.push_back(s);
+                return Ok(());
             }
-        };
-        if initiator {
-            send(&mut sq, &mut sb)?;
+            reap(sq)?;
         }
+    };
+    if initiator && iters > 0 {
+        send(&mut sq, &mut sb)?;
+    }
+    for i in 0..iters {
         let (r, k) = rq.pop_front().ok_or("no receive posted")?;
         let mut idle = 0u32;
         while !net.p.test(r, &mut [0; 8]).map_err(e)? {
@@ -385,9 +387,10 @@ fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool, rtts: &mut Ve
             rtts.push((now - ti).as_secs_f64() * 1e6);
             ti = now;
         }
-        // Answer first, then re-post the freed receive: with receives posted
-        // two deep the re-post is off the round trip, as in NCCL's steady state.
-        if !initiator {
+        // Both ends answer first, then re-post the freed receive: with
+        // receives posted two deep the re-post is off the round trip, as in
+        // NCCL's steady state.
+        if !initiator || i + 1 < iters {
             send(&mut sq, &mut sb)?;
         }
         if posted < iters {
