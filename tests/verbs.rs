@@ -871,3 +871,54 @@ fn eager_truncation_fails_with_sizes_instead_of_hanging() {
         }
     }
 }
+
+/// Twenty 8-buffer receives posted before the sender's handshake finished:
+/// their 160 CTS elements are more writes than the receiver's send queue
+/// holds at once, so they go out in pieces as completions free it (a
+/// flush that waited for room for all of them never went out).
+#[test]
+#[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
+fn many_grouped_receives_before_ready_all_complete() {
+    let d = device();
+    let (n, idx) = net(&[&d], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    const R: usize = 20;
+    let mut dst: Vec<Buf> = (0..R * 8).map(|_| Buf::new(256)).collect();
+    let rmr: Vec<IbMr> = dst.iter_mut().map(|b| reg(&n, idx[0], b, Access::REMOTE_WRITE)).collect();
+    let mut src: Vec<Buf> = (0..R * 8)
+        .map(|k| {
+            let mut b = Buf::new(100 + k % 50);
+            b.fill(k as u8);
+            b
+        })
+        .collect();
+    let smr: Vec<IbMr> = src.iter_mut().map(|b| reg(&n, idx[0], b, Access::LOCAL_READ)).collect();
+    let mut rids = Vec::new();
+    for g in 0..R {
+        let bufs: Vec<RecvBuf> = (0..8).map(|i| RecvBuf { buf: dst[g * 8 + i].raw(), tag: i as i32 }).collect();
+        let mrs: Vec<Option<&IbMr>> = (0..8).map(|i| Some(&rmr[g * 8 + i])).collect();
+        // SAFETY: buffers and registrations outlive the requests.
+        rids.push(until("irecv", || unsafe { r.irecv(&bufs, &mrs) }.unwrap()));
+    }
+    let (mut next, mut sids, mut done) = (0usize, Vec::new(), 0usize);
+    let t0 = Instant::now();
+    while done < R {
+        assert!(t0.elapsed() < DEADLINE, "stuck: {next} of {} sends taken, {done} of {R} receives done", R * 8);
+        if next < R * 8 {
+            // SAFETY: as above.
+            if let Some(id) = unsafe { s.isend(src[next].raw(), (next % 8) as i32, Some(&smr[next])) }.unwrap() {
+                sids.push(id);
+                next += 1;
+            }
+        }
+        sids.retain(|&id| s.test(id).unwrap().is_none());
+        if let Some(c) = r.test(rids[done]).unwrap() {
+            for i in 0..8 {
+                let k = done * 8 + i;
+                assert_eq!(c.sizes[i], 100 + k % 50, "size of buffer {i} of receive {done}");
+                assert_eq!(&dst[k].bytes()[..c.sizes[i]], src[k].bytes(), "buffer {i} of receive {done}");
+            }
+            done += 1;
+        }
+    }
+}

@@ -380,11 +380,14 @@ impl CtsQueue {
         self.written
     }
 
-    /// Can receive `seq` (= `next()`) use its FIFO slot and staging? Its
-    /// previous lap must have been written and consumed by the sender.
+    /// Can receive `seq` (= `next()`) take its slot? The previous lap's CTS
+    /// must have gone out (its elements are kept per slot until then).
+    /// Writing this one's CTS also waits for the sender to move past the
+    /// previous lap ([`CtsQueue::due`]), but accepting the receive does not:
+    /// a sender that reports its head late can never block a receive.
     pub fn can_post(&self) -> bool {
         let seq = self.next;
-        seq < FIFO_DEPTH as u64 || (self.written > seq - FIFO_DEPTH as u64 && self.head > seq - FIFO_DEPTH as u64)
+        seq < FIFO_DEPTH as u64 || self.written > seq - FIFO_DEPTH as u64
     }
 
     /// Receive `next()` was posted; `deferrable` when only eager messages can fill it.
@@ -568,10 +571,12 @@ mod tests {
             assert_eq!(a, q.written());
             q.wrote(b);
         }
-        assert!(!q.can_post(), "sender has not moved past slot 0");
-        q.sender_head(1);
+        // slot 0's previous lap went out: the receive is taken, but its CTS
+        // waits until the sender moved past slot 0
         assert!(q.can_post());
         q.push(false);
+        assert_eq!(q.due(), None, "sender has not moved past slot 0");
+        q.sender_head(1);
         assert_eq!(q.due(), Some((32, 33)));
         q.wrote(33);
         // a receive whose previous lap is unwritten cannot take the slot

@@ -51,6 +51,8 @@ const RECV_WRS: usize = FIFO_DEPTH + 16;
 const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
 /// The sender signals one eager write in this many.
 const EAGER_SIGNAL: usize = 16;
+/// Eager-path WRs QP 0 may hold (part of its send queue, see connect.rs).
+const EAGER_SQ: usize = 2 * RING_SLOTS;
 /// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
 const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
 
@@ -370,8 +372,10 @@ struct EagerSend {
     stage: HostRegion,
     /// The receiver's ring (address, rkey).
     ring: (u64, u32),
-    /// Signaled eager and mailbox writes whose completion was not seen yet.
-    unacked: usize,
+    /// Eager-path WRs on QP 0 (eager, mailbox and closing writes) whose SQ
+    /// entries are not known free yet: an entry is free once a signaled WR
+    /// at or after it completed and we polled that completion.
+    pending: usize,
     /// Unsignaled eager writes since the last signaled one (selective signalling).
     quiet: usize,
     /// Stuck at this FIFO head since then.
@@ -453,7 +457,7 @@ impl SendComm {
                             st: EagerTx::new(max),
                             stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
                             ring: remote.ring,
-                            unacked: 0,
+                            pending: 0,
                             quiet: 0,
                             blocked: None,
                             mailbox: 0,
@@ -594,6 +598,11 @@ impl SendComm {
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>) -> Result<Option<ReqId>> {
         self.link.check()?;
         let lkey = check_buf("isend", buf, mr, &self.link.dev, Access::LOCAL_READ)?;
+        // The credit word first, the CTS FIFO after: the receiver writes CTS
+        // before credits on the same QP, so every CTS that came before these
+        // credits is loaded below and the head an eager message reports is
+        // as fresh as the credits it spends.
+        let freed = if self.eager.is_some() { self.fifo_mem.read_u64(FIFO_BYTES) } else { 0 };
         if self.head_ready()? {
             match self.fifo.match_send(tag, buf.len) {
                 Ok(i) => {
@@ -633,7 +642,7 @@ impl SendComm {
             }
         }
         // SAFETY: forwarded from our caller.
-        if let Some(id) = unsafe { self.try_eager(buf, tag)? } {
+        if let Some(id) = unsafe { self.try_eager(buf, tag, freed)? } {
             return Ok(Some(id));
         }
         if self.eager.is_some() {
@@ -654,21 +663,20 @@ impl SendComm {
     ///
     /// # Safety
     /// `buf` must be readable (it is copied before this returns).
-    unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+    unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64) -> Result<Option<ReqId>> {
         let Some(e) = &self.eager else { return Ok(None) };
-        let freed = self.fifo_mem.read_u64(FIFO_BYTES);
         if let Err(what) = e.st.check_credits(freed) {
             return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what }));
         }
         if e.st.refuse(tag, buf.len, freed).is_some() {
             return Ok(None);
         }
-        if e.unacked >= 2 * RING_SLOTS {
+        if e.pending + 1 >= EAGER_SQ {
             self.poll();
         }
         let head = self.fifo.head();
         let Some(e) = &mut self.eager else { return Ok(None) };
-        if e.unacked >= 2 * RING_SLOTS {
+        if e.pending + 1 >= EAGER_SQ {
             return Ok(None);
         }
         // the bytes are copied below: the send is complete once posted
@@ -686,7 +694,8 @@ impl SendComm {
         // a completion every EAGER_SIGNAL writes frees the SQ entries before it
         let signaled = e.quiet + 1 >= EAGER_SIGNAL;
         let wr = SendWr {
-            wr_id: EAGER_FLAG | idx,
+            // a signaled WR says how many eager-path WRs its completion frees
+            wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
             local: (e.stage.addr() as u64 + off as u64, len as u32, e.stage.lkey()),
             remote: (e.ring.0 + off as u64, e.ring.1),
             imm: None,
@@ -701,12 +710,8 @@ impl SendComm {
             let _ = self.reqs.release(id);
             return Err(self.link.fail_with(err));
         }
-        if signaled {
-            e.unacked += 1;
-            e.quiet = 0;
-        } else {
-            e.quiet += 1;
-        }
+        e.pending += 1;
+        e.quiet = if signaled { 0 } else { e.quiet + 1 };
         e.blocked = None;
         self.link.eager_stats.0 += 1;
         self.link.eager_stats.1 += buf.len as u64;
@@ -734,7 +739,7 @@ impl SendComm {
         e.mailbox = head + 1;
         e.stage.write(0, &(head + 1).to_le_bytes());
         let wr = SendWr {
-            wr_id: EAGER_FLAG | u64::MAX >> 8,
+            wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
             local: (e.stage.addr() as u64, 8, e.stage.lkey()),
             remote: e.ring,
             imm: None,
@@ -746,7 +751,7 @@ impl SendComm {
         // receiver see a newer head, which is as true.
         match unsafe { self.link.qps[0].post_writes(&[wr]) } {
             Ok(()) => {
-                e.unacked += 1;
+                e.pending += 1;
                 e.quiet = 0;
                 self.link.ctl_posts += 1;
             }
@@ -821,7 +826,7 @@ impl SendComm {
 
     /// Writes posted whose completion has not been seen yet.
     fn outstanding(&self) -> usize {
-        self.inflight.iter().filter(|f| f.active).count() + self.eager.as_ref().map_or(0, |e| e.unacked)
+        self.inflight.iter().filter(|f| f.active).count() + self.eager.as_ref().map_or(0, |e| e.pending)
     }
 
     /// Drain the CQ.
@@ -836,7 +841,7 @@ impl SendComm {
             for wc in wcs {
                 if wc.wr_id & EAGER_FLAG != 0 {
                     if let Some(e) = &mut self.eager {
-                        e.unacked = e.unacked.saturating_sub(1);
+                        e.pending = e.pending.saturating_sub((wc.wr_id & 0xffff) as usize);
                     }
                 }
                 if wc.status != ffi::IBV_WC_SUCCESS {
@@ -911,10 +916,17 @@ impl Drop for SendComm {
         // unsignaled eager writes at the tail: a signaled empty write behind
         // them completes only after they did (RC order)
         if let Some(e) = self.eager.as_mut().filter(|e| e.quiet > 0) {
-            let wr = SendWr { wr_id: EAGER_FLAG, local: (0, 0, 0), remote: e.ring, imm: None, signaled: true, inline: false };
+            let wr = SendWr {
+                wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
+                local: (0, 0, 0),
+                remote: e.ring,
+                imm: None,
+                signaled: true,
+                inline: false,
+            };
             // SAFETY: no local memory is read.
             if unsafe { self.link.qps[0].post_writes(&[wr]) }.is_ok() {
-                e.unacked += 1;
+                e.pending += 1;
                 e.quiet = 0;
             }
         }
@@ -1029,7 +1041,9 @@ pub struct RecvComm {
     remote_fifo: (u64, u32),
     reqs: Pool<RecvReq>,
     by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
-    /// Buffers in the CTS staged in each slot.
+    /// The CTS elements of each slot's receive until they are written.
+    cts_store: Box<[[Cts; MAX_RECVS]; FIFO_DEPTH]>,
+    /// Buffers in each slot's receive.
     slot_n: [u8; FIFO_DEPTH],
     budgets: Vec<SqBudget>,
     /// Which CTS slots go out when.
@@ -1076,6 +1090,7 @@ impl RecvComm {
             // flush never finds the pool full (NULL would mean "flushed")
             reqs: Pool::new(RECV_POOL),
             by_slot: [None; FIFO_DEPTH],
+            cts_store: Box::new([[Cts::default(); MAX_RECVS]; FIFO_DEPTH]),
             slot_n: [0; FIFO_DEPTH],
             budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
             cts: CtsQueue::new(),
@@ -1208,12 +1223,8 @@ impl RecvComm {
         }
         let req = RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
         let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
-        // stage the CTS (written now or with a later batch)
-        let mut bytes = [0u8; ELEM_BYTES];
-        for (i, c) in cts[..n].iter().enumerate() {
-            bytes.copy_from_slice(&c.encode(seq));
-            self.stage.write(fifo::elem_offset(seq, i), &bytes);
-        }
+        // keep the CTS (staged and written now or with a later batch)
+        self.cts_store[slot][..n].copy_from_slice(&cts[..n]);
         self.slot_n[slot] = n as u8;
         self.by_slot[slot] = Some((seq, id));
         let mut deferrable = false;
@@ -1262,16 +1273,33 @@ impl RecvComm {
         if let Some(v) = credit {
             self.stage.write(FIFO_BYTES, &v.to_le_bytes());
         }
+        // Everything on QP 0, in order: a CTS always lands before the credit
+        // word posted after it (the sender reads credits first, CTS after).
         while let Some((from, to)) = self.cts.due() {
-            // one write for the first elements of a stretch that does not
-            // wrap around the FIFO, one per further element of grouped receives
-            let end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
-            let nqps = self.link.qps.len();
-            let (qi, _) = fifo::lanes(from, nqps, self.link.cc.split);
-            let extra: usize = (from..end).map(|q| self.slot_n[(q % FIFO_DEPTH as u64) as usize] as usize - 1).sum();
-            let with_credit = credit.is_some() && qi == 0;
-            if self.budgets[qi].room() < 1 + extra + with_credit as usize {
-                return Ok(()); // retried from the next poll
+            // the slots of one lap that the send queue has room for: their
+            // first elements are one write, each further element of a
+            // grouped receive one more, the credit word one
+            let lap_end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
+            let Some(mut room) = self.budgets[0].room().checked_sub(1 + credit.is_some() as usize) else { break };
+            let mut end = from;
+            while end < lap_end {
+                let more = self.slot_n[(end % FIFO_DEPTH as u64) as usize] as usize - 1;
+                if more > room {
+                    break;
+                }
+                room -= more;
+                end += 1;
+            }
+            if end == from {
+                break; // retried once completions free the queue
+            }
+            let mut bytes = [0u8; ELEM_BYTES];
+            for q in from..end {
+                let slot = (q % FIFO_DEPTH as u64) as usize;
+                for i in 0..self.slot_n[slot] as usize {
+                    bytes.copy_from_slice(&self.cts_store[slot][i].encode(q));
+                    self.stage.write(fifo::elem_offset(q, i), &bytes);
+                }
             }
             let mut runs = [(0usize, 0usize); verbs::MAX_CHAIN];
             let mut k = 0;
@@ -1280,19 +1308,19 @@ impl RecvComm {
             for q in from..end {
                 for i in 1..self.slot_n[(q % FIFO_DEPTH as u64) as usize] as usize {
                     if k == runs.len() {
-                        self.post_cts(qi, &runs[..k])?;
+                        self.post_cts(0, &runs[..k])?;
                         k = 0;
                     }
                     runs[k] = (fifo::elem_offset(q, i), ELEM_BYTES);
                     k += 1;
                 }
             }
-            if with_credit && k < runs.len() {
+            if credit.is_some() && k < runs.len() {
                 runs[k] = credit_run;
                 k += 1;
                 self.credited(credit.take());
             }
-            self.post_cts(qi, &runs[..k])?;
+            self.post_cts(0, &runs[..k])?;
             self.cts.wrote(end);
         }
         if credit.is_some() && self.budgets[0].has_room() {
@@ -1576,7 +1604,13 @@ impl RecvComm {
     /// `Ok(Some(sizes))` once every buffer of the receive is filled.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         let mut done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
-        if !done && self.eager.is_some() && self.ready.is_none() && self.link.failed.is_none() {
+        // (and only while the send queue has room: the full poll retires it)
+        if !done
+            && self.eager.is_some()
+            && self.ready.is_none()
+            && self.link.failed.is_none()
+            && self.budgets[0].room() >= RECV_SQ_DEPTH / 2
+        {
             // fast path: the eager ring first, the CQ only if still not done
             if let Err(e) = self.poll_eager() {
                 self.link.fail(e);
