@@ -348,6 +348,27 @@ impl Plugin {
         Ok((!r.is_null()).then_some(r))
     }
 
+    /// `makeVDevice` (ABI v9+): fuse devices `devs` into a new device and
+    /// return its index. Older ABIs have no such slot: code 5 (invalid usage).
+    pub fn make_vdevice(&self, devs: &[i32]) -> R<i32> {
+        // SAFETY: ncclNetVDeviceProps_v9_t is plain data; all-zero is valid.
+        let mut props: ncclNetVDeviceProps_v9_t = unsafe { std::mem::zeroed() };
+        props.ndevs = devs.len() as c_int;
+        for (o, &d) in props.devs.iter_mut().zip(devs) {
+            *o = d;
+        }
+        let mut d: c_int = -1;
+        // SAFETY: valid out-pointer and props for the call.
+        unsafe {
+            match self.table {
+                Table::V9(t) => ck("makeVDevice", t.makeVDevice.unwrap()(&mut d, &mut props))?,
+                Table::V10(t) => ck("makeVDevice", t.makeVDevice.unwrap()(&mut d, &mut props))?,
+                _ => return Err(NcclErr { slot: "makeVDevice", code: 5 }),
+            }
+        }
+        Ok(d)
+    }
+
     /// `iflush` of received buffers; `None` = nothing to flush.
     pub fn iflush(&self, comm: Ptr, bufs: &[(*mut u8, i32, Ptr)]) -> R<Option<Ptr>> {
         let mut data: Vec<*mut c_void> = bufs.iter().map(|b| b.0 as *mut c_void).collect();

@@ -289,6 +289,44 @@ fn peer_main(role: String) {
                 }
             }
         }
+        "vdevice" => {
+            // ABI v9+: NCCL fuses devices through makeVDevice. Two or more
+            // devices: fuse the first two and move traffic over the result;
+            // one: fuse it alone (verbs) or see the refusal (TCP stripes over
+            // streams instead of fusing).
+            let n = peer.p.devices().unwrap();
+            let members: Vec<i32> = if n >= 2 { vec![0, 1] } else { vec![0] };
+            match peer.p.make_vdevice(&members) {
+                Err(e) => {
+                    peer.say(&format!("REFUSED {} n={n}", e.code));
+                    return;
+                }
+                Ok(v) => {
+                    assert_eq!(v, n, "the fused device comes after the {n} physical ones");
+                    assert_eq!(peer.p.devices().unwrap(), n + 1, "devices() counts the fused one");
+                    let fused = peer.p.properties(v).unwrap();
+                    let parts: Vec<_> = members.iter().map(|&m| peer.p.properties(m).unwrap()).collect();
+                    let speed: i32 = parts.iter().map(|p| p.speed).sum();
+                    assert_eq!(fused.speed, speed, "a fused device's speed is its members' sum");
+                    for p in &parts {
+                        assert!(fused.name.contains(&p.name), "{} names member {}", fused.name, p.name);
+                    }
+                    peer.say(&format!("FUSED {} ({} Mbps) from {n} device(s)", fused.name, fused.speed));
+                    peer.dev = v;
+                }
+            }
+            let (s, r, l) = peer.connect_pair();
+            if let Err(e) = traffic(&peer.p, s, r, my_seed, peer_seed, 20, 8, 2 << 20) {
+                peer.say(&format!("FAIL {e}"));
+                std::process::exit(1);
+            }
+            peer.p.close_send(s).unwrap();
+            peer.p.close_recv(r).unwrap();
+            peer.p.close_listen(l).unwrap();
+            peer.say("CYCLE");
+            peer.hear("GO");
+            peer.say("DONE traffic over the fused device");
+        }
         "cross_round_tags" => {
             // Shared-comm pattern (PXN): two grouped receives of tags [1, 2];
             // the sender's tag-1 message of round 1 comes before round 0's
@@ -843,6 +881,35 @@ fn ipv6_case() -> Result<String, String> {
 }
 
 /// Grouped receives with tags, sends arriving across rounds (PXN shared comms).
+/// makeVDevice through the .so (ABI v9 and v10), then traffic over the
+/// fused device; where the transport cannot fuse, both ends see a clean refusal.
+fn vdevice_case(version: u32) -> Result<String, String> {
+    let t = Duration::from_secs(240);
+    let mut a = spawn("A", version, "vdevice", &[]);
+    let mut b = spawn("B", version, "vdevice", &[]);
+    let (fa, fb) = (a.expect("", t)?, b.expect("", t)?);
+    if fa.starts_with("REFUSED") || fb.starts_with("REFUSED") {
+        // only TCP refuses, with ncclInvalidUsage, and both ends alike
+        let _ = (a.child.kill(), b.child.kill(), a.child.wait(), b.child.wait());
+        if !(fa.starts_with("REFUSED 5") && fb.starts_with("REFUSED 5")) {
+            return Err(format!("makeVDevice: A said {fa:?}, B said {fb:?}"));
+        }
+        let tcp = std::env::var("RUSTNET_TRANSPORT").map_or(true, |t| t != "ib");
+        if !tcp {
+            return Err(format!("makeVDevice refused over verbs: {fa}"));
+        }
+        return Ok(format!("TCP refuses to fuse (code 5): {fa}"));
+    }
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("CYCLE", t)?;
+    b.expect("CYCLE", t)?;
+    a.send("GO");
+    b.send("GO");
+    finish(a)?;
+    finish(b)?;
+    Ok(format!("A {fa}; B {fb}; traffic ok"))
+}
+
 fn cross_round_case() -> Result<String, String> {
     let t = Duration::from_secs(60);
     // v8: the version whose merged devices (RUSTNET_IB_MERGE_NICS) the VM suite also runs this through
@@ -971,6 +1038,9 @@ fn main() {
         Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
     ));
     cases.push(("grouped_tags_across_rounds".into(), Box::new(cross_round_case)));
+    for v in [9u32, 10] {
+        cases.push((format!("vdevice_v{v}"), Box::new(move || vdevice_case(v))));
+    }
     cases.push(("peer_killed_mid_transfer".into(), Box::new(killed_peer_case)));
     cases.push(("garbage_on_listen_port".into(), Box::new(garbage_case)));
     cases.push(("invalid_env_values".into(), Box::new(bad_env_case)));
