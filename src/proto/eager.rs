@@ -693,7 +693,6 @@ mod tests {
         let mut q = CtsQueue::new();
         let mut recvs: Vec<Recv> = Vec::new();
         let mut staged: std::collections::HashMap<u64, Vec<Cts>> = Default::default();
-        let mut deferred_ok: Vec<bool> = Vec::new();
         let mut early_payload: std::collections::HashMap<u64, (Header, u64)> = Default::default();
         let mut mailbox_seen = 0u64;
         // sender
@@ -740,7 +739,6 @@ mod tests {
                         (0..n).map(|i| Cts { addr: 0, rkey: 0, cap: caps[i] as u32, tag: tags[i], n: n as u8, i: i as u8 }).collect(),
                     );
                     recvs.push(Recv { tags, caps, js: js.clone(), got: vec![None; n] });
-                    deferred_ok.push(deferrable);
                     for (i, j) in js.iter().enumerate() {
                         if let Some(j) = *j {
                             if let Some(idx) = rx.take_early(j) {
@@ -881,7 +879,6 @@ mod tests {
             let got: Vec<u64> = r.got.iter().map(|x| x.unwrap()).collect();
             assert_eq!(got, expect[k], "seed {seed}: receive {k} (tags {:?}) got the wrong sends", r.tags);
         }
-        let _ = deferred_ok;
     }
 
     #[test]
