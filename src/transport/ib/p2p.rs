@@ -1243,7 +1243,7 @@ impl RecvComm {
         for j in js[..n].iter().flatten() {
             let early = self.eager.as_mut().and_then(|e| e.st.take_early(*j));
             if let Some(idx) = early {
-                if let Err(err) = self.deliver(idx, *j) {
+                if let Err(err) = self.deliver(idx, *j, None) {
                     return Err(self.link.fail_with(err));
                 }
             }
@@ -1405,20 +1405,27 @@ impl RecvComm {
             self.cts.sender_head(h.head);
             self.link.progressed();
             if let eager::Arrival::Posted(j) = to {
-                self.deliver(idx, j)?;
+                self.deliver(idx, j, Some(h))?;
             }
         }
         self.write_credits(force)
     }
 
     /// Copy ring message `idx` into posted buffer `j` and free its slot.
-    fn deliver(&mut self, idx: u64, j: u64) -> Result<()> {
+    /// `h`: its header when the caller just decoded it, else read again
+    /// from the ring (a message that waited for its buffer).
+    fn deliver(&mut self, idx: u64, j: u64, h: Option<Header>) -> Result<()> {
         let Some(e) = &mut self.eager else { return Ok(()) };
         let max = e.st.max;
         let off = eager::slot_offset(idx, max);
-        let mut hb = [0u8; HDR_BYTES];
-        e.ring.read(off, &mut hb);
-        let h = Header::decode(&hb, idx).ok_or_else(|| Error::Internal(format!("eager message #{idx} vanished")))?;
+        let h = match h {
+            Some(h) => h,
+            None => {
+                let mut hb = [0u8; HDR_BYTES];
+                e.ring.read(off, &mut hb);
+                Header::decode(&hb, idx).ok_or_else(|| Error::Internal(format!("eager message #{idx} vanished")))?
+            }
+        };
         let w = (j % JWIN as u64) as usize;
         let Some((jj, id, i)) = e.by_j[w].filter(|x| x.0 == j) else {
             return Err(Error::Protocol {
@@ -1468,6 +1475,11 @@ impl RecvComm {
 
     /// Drain the CQ, look at the eager ring, write what is due.
     fn poll(&mut self) {
+        self.poll_with(true);
+    }
+
+    /// [`Self::poll`]; `eager: false` skips the ring (the caller just looked).
+    fn poll_with(&mut self, eager: bool) {
         let mut buf = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; POLL_BATCH];
         loop {
             let wcs = match self.link.cq.poll_some(&mut buf) {
@@ -1517,7 +1529,7 @@ impl RecvComm {
         if self.link.failed.is_some() {
             return;
         }
-        let r = self.poll_eager().and_then(|_| self.flush_cts());
+        let r = if eager { self.poll_eager() } else { Ok(()) }.and_then(|_| self.flush_cts());
         if let Err(e) = r {
             self.link.fail(e);
         }
@@ -1605,12 +1617,12 @@ impl RecvComm {
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         let mut done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
         // (and only while the send queue has room: the full poll retires it)
-        if !done
+        let fast = !done
             && self.eager.is_some()
             && self.ready.is_none()
             && self.link.failed.is_none()
-            && self.budgets[0].room() >= RECV_SQ_DEPTH / 2
-        {
+            && self.budgets[0].room() >= RECV_SQ_DEPTH / 2;
+        if fast {
             // fast path: the eager ring first, the CQ only if still not done
             if let Err(e) = self.poll_eager() {
                 self.link.fail(e);
@@ -1623,7 +1635,7 @@ impl RecvComm {
                     self.link.fail(e);
                 }
             }
-            self.poll();
+            self.poll_with(!fast);
         }
         let r = self.reqs.get(id).unwrap();
         if r.done {
