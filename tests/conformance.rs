@@ -602,17 +602,23 @@ impl Proc {
 }
 
 fn libdir() -> PathBuf {
-    // A directory holding the plugin under the file names NCCL tries.
-    let so = driver::default_plugin_path();
-    assert!(so.exists(), "built plugin not found at {} (cargo build first, or set RUSTNET_PLUGIN)", so.display());
-    let dir = std::env::temp_dir().join(format!("rustnet-conf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in ["libnccl-net-rustnet.so", "libnccl-net-librustnet.so", "librustnet.so"] {
-        let l = dir.join(name);
-        let _ = std::fs::remove_file(&l);
-        std::os::unix::fs::symlink(&so, &l).unwrap();
-    }
-    dir
+    // A directory holding the plugin under the file names NCCL tries. Made once
+    // per run: re-creating the links while an earlier peer is still in dlopen
+    // made that peer fail with "cannot open shared object file".
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let so = driver::default_plugin_path();
+        assert!(so.exists(), "built plugin not found at {} (cargo build first, or set RUSTNET_PLUGIN)", so.display());
+        let dir = std::env::temp_dir().join(format!("rustnet-conf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libnccl-net-rustnet.so", "libnccl-net-librustnet.so", "librustnet.so"] {
+            let l = dir.join(name);
+            let _ = std::fs::remove_file(&l);
+            std::os::unix::fs::symlink(&so, &l).unwrap();
+        }
+        dir
+    })
+    .clone()
 }
 
 fn spawn(role: &str, version: u32, scenario: &str, extra: &[(&str, &str)]) -> Proc {
