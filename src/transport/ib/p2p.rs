@@ -109,6 +109,9 @@ pub(super) struct Link {
     eager_stats: (u64, u64),
     /// Control writes posted: CTS (batches), credits, mailbox.
     ctl_posts: u64,
+    /// The out-of-band socket still carries the connection handshake (the
+    /// receiver's metadata, READY): liveness probes must not read it.
+    handshake: bool,
 }
 
 fn is_remote_status(s: u32) -> bool {
@@ -147,6 +150,7 @@ impl Link {
             stats: Vec::new(),
             eager_stats: (0, 0),
             ctl_posts: 0,
+            handshake: true,
         }
     }
 
@@ -264,7 +268,10 @@ impl Link {
     /// out-of-band socket whether the peer is still there.
     fn idle_tick(&mut self, pending: usize) {
         self.idle = self.idle.wrapping_add(1);
-        if self.idle % LIVENESS_EVERY != 0 || self.failed.is_some() {
+        // During the handshake its own reads see a peer that went away; a
+        // probe here could swallow the bytes it waits for (the comm would
+        // then wait for them forever, silently).
+        if self.idle % LIVENESS_EVERY != 0 || self.failed.is_some() || self.handshake {
             return;
         }
         let now = std::time::Instant::now();
@@ -274,7 +281,12 @@ impl Link {
         self.last_check = now;
         let mut b = [0u8; 16];
         match self.oob.read(&mut b) {
-            Ok(Io::Again) | Ok(Io::Done(_)) => {}
+            Ok(Io::Again) => {}
+            Ok(Io::Done(n)) => {
+                // nothing follows READY on this socket in our protocol
+                let what = format!("sent {n} unexpected byte(s) on the out-of-band connection after the handshake: {:02x?}", &b[..n]);
+                self.fail(Error::Protocol { peer: self.peer_name(), what });
+            }
             Ok(Io::Eof) => {
                 let what = format!("closed its connection (process exited or closed its comm) with {pending} request(s) of ours pending");
                 self.fail(Error::Remote { peer: self.peer_name(), what });
@@ -475,6 +487,7 @@ impl SendComm {
                         return Ok(());
                     }
                     self.hs = None;
+                    self.link.handshake = false;
                     tracing::debug!(
                         "{}: send comm to {} ready, QPs {:x?} -> {:x?}",
                         self.link.dev.name,
@@ -1164,6 +1177,7 @@ impl RecvComm {
             return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("expected READY, got {buf:02x?}") });
         }
         self.ready = None;
+        self.link.handshake = false;
         self.flush_cts()
     }
 
