@@ -404,11 +404,17 @@ impl MultiSend {
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
         let k = self.rails.len();
         let mut caps = [0usize; MAX_MEMBERS];
+        // ask every member, not only up to the first that is not ready: each
+        // call drives that member's handshake and reports its failure now
+        let mut all = true;
         for (i, r) in self.rails.iter_mut().enumerate() {
             match r.peek_cap(tag)? {
                 Some(c) => caps[i] = c,
-                None => return Ok(None),
+                None => all = false,
             }
+        }
+        if !all {
+            return Ok(None);
         }
         let Some(id) = self.reqs.alloc(MReq { ids: [None; MAX_MEMBERS], sizes: [[0; MAX_RECVS]; MAX_MEMBERS], n: 1, flush: false }) else {
             return Ok(None);
