@@ -178,14 +178,12 @@ mod tests {
             for ns in 1..=8 {
                 for &minc in &[1usize, 4096, 65536] {
                     let mut next = 0;
-                    let mut k = 0;
-                    for (s, off, len) in chunks(size, ns, minc) {
+                    for (k, (s, off, len)) in chunks(size, ns, minc).enumerate() {
                         assert_eq!(s, k);
                         assert!(s < ns, "size {size} ns {ns}: stream {s}");
                         assert_eq!(off, next);
                         assert!(len > 0);
                         next += len;
-                        k += 1;
                     }
                     assert_eq!(next, size);
                 }

@@ -1396,8 +1396,7 @@ impl RecvComm {
             self.cts.sender_waiting(mb - 1);
             force = true;
         }
-        loop {
-            let Some(e) = &mut self.eager else { break };
+        while let Some(e) = &mut self.eager {
             let idx = e.st.next();
             let off = eager::slot_offset(idx, max);
             if e.ring.read_u64(off + HDR_BYTES - 8) != eager::marker(idx) {
@@ -1641,7 +1640,7 @@ impl RecvComm {
             if let Err(e) = self.poll_eager() {
                 self.link.fail(e);
             }
-            done = self.reqs.get(id).map_or(false, |r| r.done);
+            done = self.reqs.get(id).is_ok_and(|r| r.done);
         }
         if !done {
             if self.ready.is_some() {
