@@ -321,6 +321,43 @@ fn oversized_send_fails_both_ends_with_usage_errors() {
     assert!(e.to_string().contains("larger"), "{e}");
 }
 
+/// A peer that passed the listener's nonce check and then dies (or sends
+/// metadata we cannot read) before the handshake is through fails `accept`
+/// naming it: dropping it with a WARN left the receiving rank waiting forever.
+#[test]
+#[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
+fn accept_fails_when_a_real_peer_dies_mid_handshake() {
+    use rustnet::proto::handle::PROTO_VERSION;
+    use rustnet::proto::wire::Hello;
+    use std::io::Write;
+    let d = device();
+    let (n, idx) = net(&[&d], &[]);
+    for (what, payload, want) in [
+        ("closes after its hello", Vec::new(), "closed the connection while we waited for connection metadata"),
+        (
+            "sends garbage metadata",
+            vec![0x5a; rustnet::proto::ib_meta::META_LEN],
+            "broke the protocol: not a librustnet verbs connection message",
+        ),
+    ] {
+        let (mut l, h) = n.listen(idx[0]).unwrap();
+        let mut c = std::net::TcpStream::connect(h.addr).unwrap();
+        c.write_all(&Hello { version: PROTO_VERSION, stream: 0, nstreams: 1, conn_id: 42, nonce: h.nonce }.encode()).unwrap();
+        c.write_all(&payload).unwrap();
+        if payload.is_empty() {
+            drop(c);
+        }
+        let e = until("accept to fail", || match l.accept() {
+            Ok(None) => None,
+            Ok(Some(_)) => panic!("{what}: accepted"),
+            Err(e) => Some(e),
+        });
+        let m = e.to_string();
+        eprintln!("{what}: {m}");
+        assert!(m.contains(want), "{what}: {m}");
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn flush_is_a_no_op_for_host_memory_unless_forced() {

@@ -469,6 +469,9 @@ impl IbListen {
         while i < self.pending.len() {
             match &mut self.pending[i] {
                 Accepting::ReadMeta { sock, peer, rx, got } => {
+                    // The hello carried our nonce: this is the rank NCCL
+                    // told to connect here, so a failure now fails accept
+                    // (dropping it would leave this rank waiting forever).
                     match read_some(sock, &mut rx[..], got, peer, "connection metadata") {
                         Ok(false) => {
                             i += 1;
@@ -476,17 +479,16 @@ impl IbListen {
                         }
                         Ok(true) => {}
                         Err(e) => {
-                            tracing::warn!("listener on {}: dropped connection from {peer}: {e}", self.dev.name);
                             self.pending.swap_remove(i);
-                            continue;
+                            return Err(e);
                         }
                     }
                     let remote = match Meta::decode(rx) {
                         Ok(m) => m,
-                        Err(why) => {
-                            tracing::warn!("listener on {}: dropped connection from {peer}: {why}", self.dev.name);
+                        Err(what) => {
+                            let peer = peer.to_string();
                             self.pending.swap_remove(i);
-                            continue;
+                            return Err(Error::Protocol { peer, what });
                         }
                     };
                     let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };

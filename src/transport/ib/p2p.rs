@@ -579,6 +579,8 @@ impl SendComm {
             if self.inflight[head_slot].active {
                 self.poll();
                 if self.inflight[head_slot].active {
+                    // a dead receiver shows here sooner than by the retry timeout
+                    self.link.idle_tick(self.reqs.len());
                     self.link.check()?;
                     return Ok(false);
                 }
@@ -1182,13 +1184,14 @@ impl RecvComm {
     }
 
     /// Would `irecv` take a receive now? (A merged device asks every member
-    /// before posting on any.)
-    pub fn can_take_recv(&mut self) -> bool {
+    /// before posting on any.) An error when this comm has failed.
+    pub fn can_take_recv(&mut self) -> Result<bool> {
+        self.link.check()?;
         let slot = (self.cts.next() % FIFO_DEPTH as u64) as usize;
         if self.by_slot[slot].is_some() || !self.cts.can_post() {
             self.poll();
         }
-        self.by_slot[slot].is_none() && self.cts.can_post() && self.reqs.len() < RECV_POOL - MAX_REQUESTS
+        Ok(self.by_slot[slot].is_none() && self.cts.can_post() && self.reqs.len() < RECV_POOL - MAX_REQUESTS)
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.

@@ -505,8 +505,13 @@ impl MultiRecv {
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[&[Option<&IbMr>]]) -> Result<Option<ReqId>> {
         let k = self.rails.len();
         let n = bufs.len().min(MAX_RECVS);
-        // post on no member unless every member takes it now
-        if !self.rails.iter_mut().all(|r| r.can_take_recv()) {
+        // post on no member unless every member takes it now (and ask them
+        // all: each answer reaps that member's completions and failure)
+        let mut all = true;
+        for r in self.rails.iter_mut() {
+            all &= r.can_take_recv()?;
+        }
+        if !all {
             return Ok(None);
         }
         let Some(id) = self.reqs.alloc(MReq { ids: [None; MAX_MEMBERS], sizes: [[0; MAX_RECVS]; MAX_MEMBERS], n, flush: false }) else {

@@ -117,7 +117,50 @@ impl TcpListen {
             }
             return Ok(Some((socks, g.peer)));
         }
+        self.check_groups()?;
         Ok(None)
+    }
+
+    /// A connection whose hello carried our nonce is a real peer: if it
+    /// closes a stream before its other streams arrived (its connect failed
+    /// half-way), nothing more will come and waiting would hang this rank's
+    /// accept, so that is an error.
+    fn check_groups(&mut self) -> Result<()> {
+        let mut failed = None;
+        for (id, g) in &self.groups {
+            for (k, s) in g.streams.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let why = match s.peer_closed() {
+                    Ok(false) => continue,
+                    Ok(true) => "closed".to_string(),
+                    Err(e) => format!("failed ({e})"),
+                };
+                let got = g.streams.iter().filter(|s| s.is_some()).count();
+                failed = Some((
+                    *id,
+                    Error::Remote {
+                        peer: g.peer.to_string(),
+                        what: format!(
+                            "{why} stream {k} of its {}-stream connection while {} stream(s) had not arrived \
+                             (its connect failed part-way; see that rank's log)",
+                            g.nstreams,
+                            g.nstreams - got
+                        ),
+                    },
+                ));
+                break;
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        match failed {
+            Some((id, e)) => {
+                self.groups.remove(&id);
+                Err(e)
+            }
+            None => Ok(()),
+        }
     }
 
     fn add_stream(&mut self, h: Hello, p: Pending) -> Result<()> {
@@ -208,5 +251,76 @@ impl TcpConnecting {
         let cfg = self.cfg;
         let (socks, peer) = self.into_streams();
         SendComm::new(socks, peer, cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    fn listener() -> (TcpListen, Handle) {
+        let cfg = StreamCfg { nstreams: 2, min_chunk: 4096, timeout_s: 30, bufsize: 0 };
+        TcpListen::new("127.0.0.1:0".parse().unwrap(), HandleKind::Tcp, cfg).unwrap()
+    }
+
+    fn hello(h: &Handle, conn_id: u64, stream: u16) -> [u8; HELLO_LEN] {
+        Hello { version: PROTO_VERSION, stream, nstreams: 2, conn_id, nonce: h.nonce }.encode()
+    }
+
+    /// Call accept_streams until it answers something other than "not yet".
+    fn settle(l: &mut TcpListen) -> Result<Option<(Vec<Socket>, SocketAddr)>> {
+        let t0 = Instant::now();
+        loop {
+            match l.accept_streams() {
+                Ok(None) if t0.elapsed() < Duration::from_millis(500) => std::thread::sleep(Duration::from_millis(5)),
+                other => return other,
+            }
+        }
+    }
+
+    #[test]
+    fn peer_closing_a_stream_before_the_rest_arrive_fails_accept() {
+        let (mut l, h) = listener();
+        let mut s0 = TcpStream::connect(h.addr).unwrap();
+        s0.write_all(&hello(&h, 7, 0)).unwrap();
+        assert!(settle(&mut l).unwrap().is_none(), "one of two streams: not yet");
+        drop(s0); // its connect failed before stream 1
+        let e = match settle(&mut l) {
+            Err(e) => e.to_string(),
+            Ok(r) => panic!("accept kept waiting for a connection that cannot complete: {:?}", r.map(|x| x.1)),
+        };
+        assert!(e.contains("closed stream 0 of its 2-stream connection") && e.contains("1 stream(s) had not arrived"), "{e}");
+        // the listener serves the next connection
+        let mut a = TcpStream::connect(h.addr).unwrap();
+        let mut b = TcpStream::connect(h.addr).unwrap();
+        a.write_all(&hello(&h, 8, 0)).unwrap();
+        b.write_all(&hello(&h, 8, 1)).unwrap();
+        assert_eq!(settle(&mut l).unwrap().unwrap().0.len(), 2);
+    }
+
+    #[test]
+    fn an_incomplete_connection_that_is_alive_keeps_its_early_data() {
+        let (mut l, h) = listener();
+        let mut s0 = TcpStream::connect(h.addr).unwrap();
+        s0.write_all(&hello(&h, 9, 0)).unwrap();
+        // the sender may start sending on stream 0 as soon as its hellos are out
+        s0.write_all(b"early bytes").unwrap();
+        assert!(settle(&mut l).unwrap().is_none());
+        let mut s1 = TcpStream::connect(h.addr).unwrap();
+        s1.write_all(&hello(&h, 9, 1)).unwrap();
+        let (socks, _) = settle(&mut l).unwrap().expect("both streams arrived");
+        let mut got = [0u8; 11];
+        let mut n = 0;
+        let t0 = Instant::now();
+        while n < got.len() && t0.elapsed() < Duration::from_secs(5) {
+            if let Ok(Io::Done(k)) = socks[0].read(&mut got[n..]) {
+                n += k;
+            }
+        }
+        assert_eq!(&got, b"early bytes", "the liveness look must not take data");
+        drop(s1);
     }
 }

@@ -374,9 +374,11 @@ impl RecvComm {
             .copied()
             .find(|&id| self.reqs.get(id).is_ok_and(|r| r.specs[..r.n].iter().any(|s| !s.matched && s.tag == h.tag)));
         let Some(id) = target else {
-            if self.reqs.len() == self.reqs.capacity() {
-                // every receive slot is taken and none wants this tag: no
-                // receive NCCL can still post would take it
+            if self.order.len() == self.reqs.capacity() {
+                // every receive slot holds a receive still waiting for
+                // messages and none wants this tag: no receive NCCL can still
+                // post would take it (slots holding finished receives free
+                // up when NCCL tests them)
                 let head = *self.order.front().unwrap();
                 let r = self.reqs.get(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
                 let e = wire::match_recv(&r.specs[..r.n], h.tag, h.size).err().unwrap_or_default();

@@ -315,6 +315,25 @@ impl Socket {
         }
     }
 
+    /// Has the peer closed (or reset) this connection? Looks without taking
+    /// any byte: data waiting to be read is left where it is.
+    pub fn peer_closed(&self) -> std::result::Result<bool, Errno> {
+        let mut b = 0u8;
+        loop {
+            // SAFETY: one writable byte; MSG_PEEK leaves the queue as it is.
+            let r = unsafe { libc::recv(self.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+            if r >= 0 {
+                return Ok(r == 0);
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(false),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Safe read into a byte slice.
     pub fn read(&self, buf: &mut [u8]) -> std::result::Result<Io, Errno> {
         // SAFETY: a &mut slice is valid writable memory.
