@@ -817,7 +817,7 @@ impl Drop for NetnsPair {
 }
 
 /// A silent dead peer (the link cut, no FIN, no RST): both ends must fail
-/// within RUSTNET_SOCKET_TIMEOUT (keepalive + TCP_USER_TIMEOUT), not hang.
+/// within RUSTNET_SOCKET_TIMEOUT (keepalive; the sender's acknowledgement watch), not hang.
 fn link_cut_case() -> Result<String, String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || !sh("ip netns list") {

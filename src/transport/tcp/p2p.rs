@@ -4,6 +4,7 @@
 //! request of the comm with an error naming it.
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use super::sys::{Io, Socket, MAX_IOV};
 use super::StreamCfg;
@@ -54,6 +55,51 @@ struct SendStream {
     q: VecDeque<Piece>,
 }
 
+/// How often a send side waiting on its peer looks at TCP_INFO.
+const ACK_LOOK_EVERY: Duration = Duration::from_millis(200);
+/// How long "owes us an answer and silent past the timeout" must hold: a
+/// window probe to a live receiver is answered within one round trip.
+const ACK_SILENT_FOR: Duration = Duration::from_millis(500);
+
+/// Dead-peer detection for a send side with data in flight: the peer has
+/// not acknowledged anything for `RUSTNET_SOCKET_TIMEOUT` while it owes an
+/// answer. A receiver that is alive but not reading (zero window) answers
+/// the window probes and is never taken for dead. (Sans-IO: the caller
+/// passes what TCP_INFO says.)
+#[derive(Debug, Default)]
+pub struct AckWatch {
+    last_look: Option<Instant>,
+    since: Option<Instant>,
+}
+
+impl AckWatch {
+    /// Time for another look at the sockets?
+    pub fn due(&mut self, now: Instant) -> bool {
+        if self.last_look.is_some_and(|t| now.duration_since(t) < ACK_LOOK_EVERY) {
+            return false;
+        }
+        self.last_look = Some(now);
+        true
+    }
+
+    /// One look: per stream (owes an answer, ms since its last ack).
+    /// `Some(ms)`: the peer is silent past the timeout; fail.
+    pub fn look(&mut self, now: Instant, timeout_ms: u64, streams: impl IntoIterator<Item = (bool, u32)>) -> Option<u32> {
+        let silent = streams.into_iter().filter(|&(owed, ms)| owed && u64::from(ms) >= timeout_ms).map(|(_, ms)| ms).max();
+        match (silent, self.since) {
+            (None, _) => {
+                self.since = None;
+                None
+            }
+            (Some(_), None) => {
+                self.since = Some(now);
+                None
+            }
+            (Some(ms), Some(t)) => (now.duration_since(t) >= ACK_SILENT_FOR).then_some(ms),
+        }
+    }
+}
+
 /// The sending end of a TCP connection.
 pub struct SendComm {
     streams: Vec<SendStream>,
@@ -61,6 +107,8 @@ pub struct SendComm {
     failed: Option<Error>,
     peer: SocketAddr,
     min_chunk: usize,
+    timeout_s: i64,
+    acks: AckWatch,
 }
 
 // SAFETY: the raw pointers in queued pieces are NCCL buffers that stay valid
@@ -77,12 +125,45 @@ impl SendComm {
             failed: None,
             peer,
             min_chunk: cfg.min_chunk,
+            timeout_s: cfg.timeout_s,
+            acks: AckWatch::default(),
         }
     }
 
     /// Peer address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// A send still in flight: is the peer answering?
+    fn watch_acks(&mut self) {
+        let now = Instant::now();
+        if self.failed.is_some() || !self.acks.due(now) {
+            return;
+        }
+        // at most 64 streams per connection (StreamCfg)
+        let mut states = [(false, 0u32); 64];
+        let n = self.streams.len().min(states.len());
+        for (st, o) in self.streams.iter().zip(states.iter_mut()) {
+            match st.sock.ack_state() {
+                Ok(s) => *o = s,
+                Err(e) => {
+                    self.failed = Some(io_error(&self.peer, "TCP_INFO", e));
+                    return;
+                }
+            }
+        }
+        let timeout_ms = self.timeout_s.max(1) as u64 * 1000;
+        if let Some(ms) = self.acks.look(now, timeout_ms, states[..n].iter().copied()) {
+            self.failed = Some(peer_error(
+                &self.peer,
+                format!(
+                    "no acknowledgement for {:.1} s while it owes one (RUSTNET_SOCKET_TIMEOUT={}): peer host down or network cut",
+                    f64::from(ms) / 1000.0,
+                    self.timeout_s
+                ),
+            ));
+        }
     }
 
     /// Number of TCP streams.
@@ -188,6 +269,12 @@ impl SendComm {
             let size = r.size;
             self.reqs.release(id).unwrap();
             return Ok(Some(Completion::one(size)));
+        }
+        self.watch_acks();
+        if let Some(e) = &self.failed {
+            let e = e.clone();
+            let _ = self.reqs.release(id);
+            return Err(e);
         }
         Ok(None)
     }
@@ -467,5 +554,51 @@ impl RecvComm {
             return Ok(Some(c));
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod ack_tests {
+    use super::*;
+
+    #[test]
+    fn a_live_receiver_that_does_not_read_is_not_taken_for_dead() {
+        let mut w = AckWatch::default();
+        let t0 = Instant::now();
+        let ms = |s: u64| t0 + Duration::from_millis(s);
+        // zero window: the last ack is long ago (probe backoff), a probe is
+        // out now and then and answered at once (owed only in one look)
+        for i in 0..100u64 {
+            let owed = i % 10 == 3;
+            assert_eq!(w.look(ms(i * 200), 3000, [(owed, 60_000), (false, 90_000)]), None, "look {i}");
+        }
+    }
+
+    #[test]
+    fn silence_while_owed_past_the_timeout_fails_once_it_persists() {
+        let mut w = AckWatch::default();
+        let t0 = Instant::now();
+        let ms = |s: u64| t0 + Duration::from_millis(s);
+        // owed but acked recently: fine
+        assert_eq!(w.look(ms(0), 3000, [(true, 2999)]), None);
+        // past the timeout: not at the first look...
+        assert_eq!(w.look(ms(200), 3000, [(false, 10), (true, 3100)]), None);
+        assert_eq!(w.look(ms(400), 3000, [(false, 10), (true, 3300)]), None);
+        // ...but once it held for ACK_SILENT_FOR
+        assert_eq!(w.look(ms(700), 3000, [(false, 10), (true, 3600)]), Some(3600));
+        // an answer in between resets it
+        let mut w = AckWatch::default();
+        assert_eq!(w.look(ms(0), 3000, [(true, 5000)]), None);
+        assert_eq!(w.look(ms(300), 3000, [(true, 10)]), None);
+        assert_eq!(w.look(ms(600), 3000, [(true, 5600)]), None);
+    }
+
+    #[test]
+    fn looks_are_rate_limited() {
+        let mut w = AckWatch::default();
+        let t0 = Instant::now();
+        assert!(w.due(t0));
+        assert!(!w.due(t0 + Duration::from_millis(100)));
+        assert!(w.due(t0 + ACK_LOOK_EVERY));
     }
 }

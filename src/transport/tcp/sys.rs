@@ -203,8 +203,13 @@ impl Socket {
             .ok_or_else(|| Error::Internal("getsockname: unknown family".into()))
     }
 
-    /// Options for a data stream: no Nagle, dead-peer detection after
-    /// `timeout_s`, and optional fixed buffer sizes.
+    /// Options for a data stream: no Nagle, keepalive that finds a dead
+    /// peer of an idle connection after `timeout_s`, and optional fixed
+    /// buffer sizes. No TCP_USER_TIMEOUT: since Linux 5.x it also aborts a
+    /// connection whose receiver is alive but has not read for that long
+    /// (zero window), which is a rank busy elsewhere, not a failure; a send
+    /// side with data in flight and no acknowledgement is watched by
+    /// [`SendComm`](super::p2p::SendComm) instead.
     pub fn tune_stream(&self, timeout_s: i64, bufsize: u64) -> Result<()> {
         self.setopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1 as libc::c_int, "TCP_NODELAY")?;
         self.setopt(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1 as libc::c_int, "SO_KEEPALIVE")?;
@@ -212,7 +217,6 @@ impl Socket {
         self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle, "TCP_KEEPIDLE")?;
         self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, idle.max(1), "TCP_KEEPINTVL")?;
         self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2 as libc::c_int, "TCP_KEEPCNT")?;
-        self.setopt(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, (timeout_s * 1000) as libc::c_uint, "TCP_USER_TIMEOUT")?;
         if bufsize > 0 {
             let b = bufsize.min(i32::MAX as u64) as libc::c_int;
             self.setopt(libc::SOL_SOCKET, libc::SO_SNDBUF, b, "SO_SNDBUF")?;
@@ -313,6 +317,23 @@ impl Socket {
                 _ => return Err(e),
             }
         }
+    }
+
+    /// From the kernel's TCP_INFO: whether the peer owes us an answer
+    /// (segments unacknowledged, or window probes unanswered) and the time
+    /// since its last acknowledgement, in ms.
+    pub fn ack_state(&self) -> std::result::Result<(bool, u32), Errno> {
+        // SAFETY: tcp_info is plain data; the kernel fills at most `len` bytes.
+        let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: ti and len are valid for the call.
+        let r = unsafe {
+            libc::getsockopt(self.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&mut ti as *mut libc::tcp_info).cast(), &mut len)
+        };
+        if r != 0 {
+            return Err(Errno::last());
+        }
+        Ok((ti.tcpi_unacked > 0 || ti.tcpi_probes > 0, ti.tcpi_last_ack_recv))
     }
 
     /// Has the peer closed (or reset) this connection? Looks without taking
