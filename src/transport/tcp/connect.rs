@@ -126,41 +126,24 @@ impl TcpListen {
     /// half-way), nothing more will come and waiting would hang this rank's
     /// accept, so that is an error.
     fn check_groups(&mut self) -> Result<()> {
-        let mut failed = None;
-        for (id, g) in &self.groups {
-            for (k, s) in g.streams.iter().enumerate() {
-                let Some(s) = s else { continue };
-                let why = match s.peer_closed() {
-                    Ok(false) => continue,
-                    Ok(true) => "closed".to_string(),
-                    Err(e) => format!("failed ({e})"),
-                };
-                let got = g.streams.iter().filter(|s| s.is_some()).count();
-                failed = Some((
-                    *id,
-                    Error::Remote {
-                        peer: g.peer.to_string(),
-                        what: format!(
-                            "{why} stream {k} of its {}-stream connection while {} stream(s) had not arrived \
-                             (its connect failed part-way; see that rank's log)",
-                            g.nstreams,
-                            g.nstreams - got
-                        ),
-                    },
-                ));
-                break;
-            }
-            if failed.is_some() {
-                break;
-            }
-        }
-        match failed {
-            Some((id, e)) => {
-                self.groups.remove(&id);
-                Err(e)
-            }
-            None => Ok(()),
-        }
+        let closed = self.groups.iter().find_map(|(id, g)| {
+            g.streams.iter().enumerate().find_map(|(k, s)| match s.as_ref()?.peer_closed() {
+                Ok(false) => None,
+                Ok(true) => Some((*id, k, "closed".to_string())),
+                Err(e) => Some((*id, k, format!("failed ({e})"))),
+            })
+        });
+        let Some((id, k, why)) = closed else { return Ok(()) };
+        let g = self.groups.remove(&id).expect("found above");
+        let missing = g.streams.iter().filter(|s| s.is_none()).count();
+        Err(Error::Remote {
+            peer: g.peer.to_string(),
+            what: format!(
+                "{why} stream {k} of its {}-stream connection while {missing} stream(s) had not arrived \
+                 (its connect failed part-way; see that rank's log)",
+                g.nstreams
+            ),
+        })
     }
 
     fn add_stream(&mut self, h: Hello, p: Pending) -> Result<()> {

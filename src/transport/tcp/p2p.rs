@@ -259,24 +259,21 @@ impl SendComm {
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
         self.progress();
-        if let Some(e) = &self.failed {
-            let e = e.clone();
-            let _ = self.reqs.release(id);
-            return Err(e);
-        }
         let r = self.reqs.get(id).unwrap();
-        if r.pieces_left == 0 {
-            let size = r.size;
-            self.reqs.release(id).unwrap();
-            return Ok(Some(Completion::one(size)));
+        let (done, size) = (r.pieces_left == 0, r.size);
+        if !done {
+            self.watch_acks();
         }
-        self.watch_acks();
         if let Some(e) = &self.failed {
             let e = e.clone();
             let _ = self.reqs.release(id);
             return Err(e);
         }
-        Ok(None)
+        if !done {
+            return Ok(None);
+        }
+        self.reqs.release(id).unwrap();
+        Ok(Some(Completion::one(size)))
     }
 }
 
