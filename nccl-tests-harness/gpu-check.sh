@@ -32,7 +32,8 @@
 #   --no-mps: run without MPS (drop-in and data checks only): no verdict.
 # env: PYTHON (default: the first of python3, python, python3.12 that imports
 #      torch), GPU_CHECK_BUDGET_S (default 500), RUSTNET_TRANSPORT for the
-#      plugin run (default socket: the TCP transport), OUT.
+#      plugin run (default socket: the TCP transport), OUT,
+#      GPU_CHECK_MPS_WAIT_S (default 12: how long the new MPS daemon may take to answer).
 # exit: 0 all proven and goal met; 1 goal not met; 2 a failure, refusal or
 #       incomplete result; 3 torch/GPU/kit libraries missing; 4 no verdict:
 #       MPS could not be started or did not serve the ranks.
@@ -76,7 +77,7 @@ while [ $# -gt 0 ]; do
     --no-extras) NO_EXTRAS=1; shift ;;
     --env) EXTRA_ENV+=("--env" "$2"); shift 2 ;;
     --no-mps) USE_MPS=0; shift ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -119,7 +120,7 @@ mps_pids_of() {  # the MPS processes that serve pipe dir $1 (found by their envi
 }
 mps_stop_dir() {  # mps_stop_dir PIPE_DIR: quit that daemon; kill it if it does not go
   local pipe=$1 pids
-  CUDA_MPS_PIPE_DIRECTORY=$pipe mpsctl 10 quit >/dev/null 2>&1
+  CUDA_MPS_PIPE_DIRECTORY=$pipe mpsctl 5 quit >/dev/null 2>&1
   for _ in 1 2 3 4 5 6 7 8 9 10; do
     pids=$(mps_pids_of "$pipe")
     [ -z "$pids" ] && return 0
@@ -183,8 +184,9 @@ if [ "$USE_MPS" = 1 ]; then
     no_verdict "nvidia-cuda-mps-control -d failed: $out"
   fi
   ok=0
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    if mpsctl 5 get_server_list >/dev/null 2>&1; then ok=1; break; fi
+  wait_until=$(( $(date +%s) + ${GPU_CHECK_MPS_WAIT_S:-12} ))
+  while [ "$(date +%s)" -lt "$wait_until" ]; do
+    if mpsctl "$(min 5 "${GPU_CHECK_MPS_WAIT_S:-12}")" get_server_list >/dev/null 2>&1; then ok=1; break; fi
     sleep 0.5
   done
   [ $ok = 1 ] || no_verdict "the MPS control daemon started but does not answer (get_server_list); see $CUDA_MPS_LOG_DIRECTORY/control.log"
@@ -298,7 +300,7 @@ fi
     rep="$OUT/nccl-tests/report.txt"
     if [ -f "$rep" ]; then
       awk '/^median busbw ratio/{on=1} on&&/^$/{exit} on' "$rep"
-      grep -E '^(runs:|MPS:|GOAL|STRETCH|  below|  incomplete|  lowest|  failed|  timeout|  skipped)' "$rep"
+      grep -E '^(runs:|MPS:|GOAL|STRETCH|PARTIAL|  below|  incomplete|  lowest|  failed|  timeout|  skipped)' "$rep"
     else
       echo "nccl-tests: no report (see $OUT/gpu-check.log)"
     fi

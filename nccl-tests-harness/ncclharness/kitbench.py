@@ -67,7 +67,8 @@ from .sizes import format_size, parse_size, size_sweep
 # the sweep; see the budget plan in nccl-tests-harness/README.md).
 DEFAULT_CAPS = {2: 60, 4: 75, 8: 100}
 DEFAULT_ESTIMATES = {2: 8, 4: 12, 8: 20}
-REPORT_RESERVE_S = 10
+# What the goal asks for (a run with less says PARTIAL PLAN next to its verdict).
+FULL_PLAN = {"tests": ("all_reduce", "sendrecv"), "ranks": (2, 4, 8), "repeats": 3}
 
 
 @dataclass
@@ -128,8 +129,10 @@ class Scheduler:
     def __init__(self, budget_s, caps=None, estimates=None, min_cap=30.0, clock=time.monotonic):
         self.clock = clock
         self.deadline = clock() + budget_s
-        self.caps = dict(DEFAULT_CAPS, **(caps or {}))
-        self.estimates = dict(DEFAULT_ESTIMATES, **(estimates or {}))
+        self.caps = dict(DEFAULT_CAPS)
+        self.caps.update(caps or {})
+        self.estimates = dict(DEFAULT_ESTIMATES)
+        self.estimates.update(estimates or {})
         self.min_cap = min_cap
         self.slowest: Dict[tuple, float] = {}     # group -> slowest successful run
         self.dead = {}                            # (coll, n, net) -> why
@@ -318,6 +321,11 @@ def write_outputs(out, results, args, elapsed):
         full = sum(1 for c in covers if c.split("/")[0] == c.split("/")[1])
         text.append(f"MPS: every rank a client in {full} of {len(covers)} runs")
     text.append(describe_verdict(v))
+    if (list(args.tests) != list(FULL_PLAN["tests"]) or list(args.ranks) != list(FULL_PLAN["ranks"])
+            or args.repeats < FULL_PLAN["repeats"]):
+        text.append(f"PARTIAL PLAN: {','.join(args.tests)} at {','.join(map(str, args.ranks))} ranks, "
+                    f"{args.repeats} repeat(s): the verdict above covers only that; the goal needs "
+                    f"all_reduce,sendrecv at 2,4,8 ranks with 3 repeats")
     text.append("files: " + ", ".join(os.path.join(out, f) for f in files + ["report.txt"]))
     body = "\n".join(text)
     with open(os.path.join(out, "report.txt"), "w") as f:

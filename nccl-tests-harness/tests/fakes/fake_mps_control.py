@@ -62,9 +62,12 @@ def main():
                     os.unlink(os.path.join(pipe, name))
                 except FileNotFoundError:
                     pass
-            with open(os.path.join(logdir, "control.log"), "a") as f:
-                f.write(f"[{stamp} Control 4241] Exit\n")
             record("quit", pipe)
+            try:   # the daemon logs where it was started; this client may not know where
+                with open(os.path.join(logdir, "control.log"), "a") as f:
+                    f.write(f"[{stamp} Control 4241] Exit\n")
+            except OSError:
+                pass
         elif cmd:
             print(f"unknown command {cmd}")
             rc = 1
