@@ -20,7 +20,7 @@
 #
 # usage: gpu-check.sh [--plugin-dir DIR] [--kit DIR | --torch] [--quick]
 #                     [--ranks 2,4,8] [--repeats N] [--no-extras] [--env K=V]...
-#                     [--no-mps]
+#                     [--no-mps] [--out DIR] [--bundle DIR]
 #   DIR holds librustnet.so (make-gpu-kit.sh: out/gpu-kit). Default: the kit
 #   this script sits in, else <repo>/out/gpu-kit, else <repo>/target/release.
 #   --kit DIR: the nccl-tests kit (default <repo>/.gpu/nccl-kit if present).
@@ -30,6 +30,10 @@
 #   --ranks/--repeats/--no-extras: a part of the kit plan (e.g. a rerun).
 #   --env K=V: a variable for both networks (e.g. NCCL_NSOCKS_PERTHREAD=4).
 #   --no-mps: run without MPS (drop-in and data checks only): no verdict.
+#   --out DIR: where everything goes (default $OUT, else ./out/gpu-check).
+#   --bundle DIR: at the end (also after a failure or interrupt) put the
+#            main files flat into DIR plus everything as gpu-check-all.tgz
+#            (the device tool returns at most 8 files, 2 folders down).
 # env: PYTHON (default: the first of python3, python, python3.12 that imports
 #      torch), GPU_CHECK_BUDGET_S (default 500), RUSTNET_TRANSPORT for the
 #      plugin run (default socket: the TCP transport), OUT,
@@ -43,10 +47,6 @@ REPO=$(cd "$HERE/.." && pwd)
 T0=$(date +%s)
 BUDGET=${GPU_CHECK_BUDGET_S:-500}
 DEADLINE=$((T0 + BUDGET))
-OUT=${OUT:-$PWD/out/gpu-check}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-exec > >(tee "$OUT/gpu-check.log") 2>&1
 if [ -n "${PYTHON:-}" ]; then
   PY=$PYTHON
 else   # the first python that has torch
@@ -65,6 +65,8 @@ USE_MPS=1
 RANKS=""
 REPEATS=""
 NO_EXTRAS=0
+BUNDLE=""
+OUT_ARG=""
 EXTRA_ENV=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -77,10 +79,16 @@ while [ $# -gt 0 ]; do
     --no-extras) NO_EXTRAS=1; shift ;;
     --env) EXTRA_ENV+=("--env" "$2"); shift 2 ;;
     --no-mps) USE_MPS=0; shift ;;
+    --bundle) BUNDLE=$2; shift 2 ;;
+    --out) OUT_ARG=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+OUT=${OUT_ARG:-${OUT:-$PWD/out/gpu-check}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+exec > >(tee "$OUT/gpu-check.log") 2>&1
 if [ -z "$PLUGIN" ]; then
   for d in "$HERE/.." "$HERE/../out/gpu-kit" "$HERE/../target/release"; do
     if [ -f "$d/librustnet.so" ] || [ -f "$d/libnccl-net-rustnet.so" ]; then PLUGIN=$(cd "$d" && pwd); break; fi
@@ -149,7 +157,34 @@ cleanup() {
     say "MPS: stopped (logs in $OUT/mps/)"
   fi
   [ -n "$MPS_DIR" ] && rm -rf "$MPS_DIR"
+  [ -n "$BUNDLE" ] && bundle "$BUNDLE"
   exit "$rc"
+}
+# shellcheck disable=SC2317  # called from cleanup
+bundle() {  # bundle DIR: the main files flat in DIR (7 at most) + one archive of everything
+  local dir=$1 f
+  mkdir -p "$dir" || return 0
+  for f in summary.txt gpu-check.log nccl-tests/report.txt nccl-tests/summary.csv nccl-tests/runs.csv \
+           nccl-tests/busbw.svg sweep/report.txt sweep/busbw.svg ddp/ddp-report.txt; do
+    [ -f "$OUT/$f" ] && cp "$OUT/$f" "$dir/$(echo "$f" | tr '/' '-')"
+  done
+  tar czf "$dir/gpu-check-all.tgz" -C "$OUT" --exclude=plugin-lib . 2>/dev/null
+  say "bundle: $(find "$dir" -maxdepth 1 -type f | wc -l) files in $dir"
+}
+# Rank processes of an earlier run that was killed (SIGKILL skips the trap;
+# the harness starts each run in its own session) would hold the GPU: every
+# process this script starts carries RUSTNET_GPU_CHECK_RUN in its environment.
+end_leftover_ranks() {
+  local p pids=""
+  for p in /proc/[0-9]*; do
+    [ -O "$p" ] || continue
+    if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -q '^RUSTNET_GPU_CHECK_RUN='; then pids="$pids ${p#/proc/}"; fi
+  done
+  [ -z "$pids" ] && return 0
+  say "ending processes left by an earlier killed run:$pids"
+  # shellcheck disable=SC2086  # a list of pids
+  kill -KILL $pids 2>/dev/null
+  sleep 1
 }
 trap cleanup EXIT
 trap 'say "interrupted"; exit 2' INT TERM HUP
@@ -159,6 +194,8 @@ step() { "$@" & CHILD=$!; wait "$CHILD"; local rc=$?; CHILD=""; return "$rc"; }
 
 no_verdict() { say "NO VERDICT: $*"; say "exit 4 (MPS missing: the one-GPU numbers would measure the GPU scheduler)"; exit 4; }
 
+end_leftover_ranks
+export RUSTNET_GPU_CHECK_RUN="$$-$T0"
 say "gpu-check: mode=$MODE out=$OUT budget=${BUDGET}s plugin=${PLUGIN:-<none>} kit=${KIT:-<none>} transport=$TRANSPORT quick=$QUICK mps=$USE_MPS python=$PY"
 [ -n "$PLUGIN" ] || { say "FAIL: no librustnet.so found; run make-gpu-kit.sh first or pass --plugin-dir"; exit 2; }
 [ -f "$PLUGIN/BUILD-INFO" ] && sed 's/^/  build: /' "$PLUGIN/BUILD-INFO"

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import unittest
@@ -77,7 +78,8 @@ class GpuCheckKit(unittest.TestCase):
 
     def test_full_plan_pass(self):
         t0 = time.monotonic()
-        rc, out = self.run_check()
+        bundle = os.path.join(self.tmp.name, "bundle")
+        rc, out = self.run_check("--bundle", bundle)
         self.assertEqual(rc, 0, out)
         summary = self.read(os.path.join(self.out, "summary.txt"))
         self.assertIn("mode kit", summary)
@@ -101,6 +103,33 @@ class GpuCheckKit(unittest.TestCase):
                   "nccl-tests/results.csv", "nccl-tests/runs.csv", "nccl-tests/busbw.svg", "mps/control.log"):
             self.assertTrue(os.path.exists(os.path.join(self.out, f)), f)
         self.assertLess(time.monotonic() - t0, 200)
+        # what the device tool can return: at most 8 plain files, flat here
+        got = sorted(os.listdir(bundle))
+        self.assertEqual(got, ["gpu-check-all.tgz", "gpu-check.log", "nccl-tests-busbw.svg", "nccl-tests-report.txt",
+                               "nccl-tests-runs.csv", "nccl-tests-summary.csv", "summary.txt"])
+        with tarfile.open(os.path.join(bundle, "gpu-check-all.tgz")) as tf:
+            names = tf.getnames()
+        self.assertIn("./nccl-tests/results.csv", names)
+        self.assertIn("./mps/control.log", names)
+        self.assertTrue(any(n.startswith("./nccl-tests/logs/r40-alltoall-n8-builtin-rep1.") for n in names))
+
+    def test_processes_left_by_a_killed_run_are_ended(self):
+        """A run killed with SIGKILL leaves its rank groups (own sessions) on
+        the GPU; the next run ends what carries the run marker, only that."""
+        marked = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                                  env=dict(os.environ, RUSTNET_GPU_CHECK_RUN="123-456"))
+        unmarked = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        try:
+            rc, out = self.run_check("--ranks", "2", "--repeats", "1", "--no-extras")
+            self.assertEqual(rc, 0, out)
+            self.assertIn(f"ending processes left by an earlier killed run: {marked.pid}", out)
+            self.assertIsNotNone(marked.wait(timeout=10))
+            self.assertIsNone(unmarked.poll())
+        finally:
+            for p in (marked, unmarked):
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
 
     def test_no_mps_tool_refuses_before_running_anything(self):
         rc, out = self.run_check(mps=False)
