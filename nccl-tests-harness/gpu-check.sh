@@ -121,7 +121,7 @@ mps_pids_of() {  # the MPS processes that serve pipe dir $1 (found by their envi
   local p
   for p in /proc/[0-9]*; do
     case "$(cat "$p/comm" 2>/dev/null)" in nvidia-cuda-mps*) ;; *) continue ;; esac
-    if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF "CUDA_MPS_PIPE_DIRECTORY=$1"; then
+    if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qxF "CUDA_MPS_PIPE_DIRECTORY=$1"; then
       echo "${p#/proc/}"
     fi
   done
@@ -178,7 +178,7 @@ end_leftover_ranks() {
   local p pids=""
   for p in /proc/[0-9]*; do
     [ -O "$p" ] || continue
-    if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -q '^RUSTNET_GPU_CHECK_RUN='; then pids="$pids ${p#/proc/}"; fi
+    if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -q '^RUSTNET_GPU_CHECK_RUN='; then pids="$pids ${p#/proc/}"; fi
   done
   [ -z "$pids" ] && return 0
   say "ending processes left by an earlier killed run:$pids"

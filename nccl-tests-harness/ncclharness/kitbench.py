@@ -24,12 +24,13 @@ Every run is proven from NCCL's log (nccllog.py: which network carried it,
 no P2P/SHM), must list N ranks and have #wrong 0 everywhere.
 
 Time: a budget for all runs; each run has a hard timeout (the cap of its
-rank count, or 3x the slowest run of its group so far, at least --min-cap),
-never more than what is left. A run starts only if its estimate (the
+rank count, or 3x the slowest run of its group so far, else of any test at
+that rank count, at least --min-cap), never more than what is left. A run starts only if its estimate (the
 slowest run of its group so far, else a default per rank count) fits in
 what is left; otherwise it is skipped and listed. After a failure or a
-timeout, the later repeats of that (test, ranks, network) are skipped: a
-hang would only repeat.
+timeout, the later repeats of that (test, ranks, network) are skipped, and
+after two timeouts over one network all its remaining runs: a hang would
+only repeat.
 
 Verdict (repstats.py): median busbw plugin >= Socket at every size >= 1 MiB
 for all_reduce and sendrecv at every rank count, each point with all
@@ -67,6 +68,9 @@ from .sizes import format_size, parse_size, size_sweep
 # the sweep; see the budget plan in nccl-tests-harness/README.md).
 DEFAULT_CAPS = {2: 60, 4: 75, 8: 100}
 DEFAULT_ESTIMATES = {2: 8, 4: 12, 8: 20}
+# After this many timed-out runs over one network, its remaining runs are
+# skipped: a systemic hang would otherwise eat the whole budget, cap by cap.
+MAX_TIMEOUTS_PER_NET = 2
 # What the goal asks for (a run with less says PARTIAL PLAN next to its verdict).
 FULL_PLAN = {"tests": ("all_reduce", "sendrecv"), "ranks": (2, 4, 8), "repeats": 3}
 
@@ -135,7 +139,9 @@ class Scheduler:
         self.estimates.update(estimates or {})
         self.min_cap = min_cap
         self.slowest: Dict[tuple, float] = {}     # group -> slowest successful run
+        self.slowest_n: Dict[int, float] = {}     # ranks -> slowest successful run of any test
         self.dead = {}                            # (coll, n, net) -> why
+        self.timeouts: Dict[str, int] = {}        # net -> runs that timed out
 
     def left(self):
         return self.deadline - self.clock()
@@ -153,19 +159,26 @@ class Scheduler:
         key = (spec.collective, spec.nranks, spec.net)
         if key in self.dead:
             return 0, f"skipped: an earlier repeat {self.dead[key]}"
+        if self.timeouts.get(spec.net, 0) >= MAX_TIMEOUTS_PER_NET:
+            return 0, (f"skipped: {self.timeouts[spec.net]} runs over {expected_net_name(spec.net)} "
+                       f"timed out already (a hang that would only repeat)")
         left = self.left()
         est = self.estimate(spec)
         if left < est:
             return 0, f"skipped: budget ({left:.0f}s left, this run needs ~{est:.0f}s)"
         cap = self._cap(spec.nranks)
-        if spec.group in self.slowest:
-            cap = min(cap, max(self.min_cap, 3 * self.slowest[spec.group]))
+        seen = self.slowest.get(spec.group, self.slowest_n.get(spec.nranks))
+        if seen is not None:
+            cap = min(cap, max(self.min_cap, 3 * seen))
         return min(cap, left), None
 
     def record(self, spec, status, seconds):
         if status == "ok":
             self.slowest[spec.group] = max(self.slowest.get(spec.group, 0.0), seconds)
+            self.slowest_n[spec.nranks] = max(self.slowest_n.get(spec.nranks, 0.0), seconds)
         elif status in ("failed", "timeout"):
+            if status == "timeout":
+                self.timeouts[spec.net] = self.timeouts.get(spec.net, 0) + 1
             self.dead[(spec.collective, spec.nranks, spec.net)] = (
                 "timed out" if status == "timeout" else "failed")
 

@@ -80,6 +80,22 @@ class Budget(unittest.TestCase):
         self.assertIn("skipped: budget (15s left, this run needs ~20s)", why)
         self.assertEqual(s.decide(self.spec(2))[1], None)         # 2 ranks: estimate 8 s fits
 
+    def test_first_run_of_a_group_capped_by_its_rank_count_history(self):
+        s = kitbench.Scheduler(400, clock=FakeClock())
+        s.record(self.spec(8, "builtin", "all_reduce"), "ok", 20.0)
+        self.assertEqual(s.decide(self.spec(8, "plugin", "sendrecv")), (60, None))   # 3 x 20, not 100
+        self.assertEqual(s.decide(self.spec(4, "plugin", "sendrecv")), (75, None))   # no 4-rank history
+
+    def test_two_timeouts_over_one_network_stop_that_network(self):
+        s = kitbench.Scheduler(900, clock=FakeClock())
+        s.record(self.spec(2, "plugin", "all_reduce"), "timeout", 60)
+        self.assertIsNone(s.decide(self.spec(4, "plugin", "all_reduce"))[1])
+        s.record(self.spec(4, "plugin", "all_reduce"), "timeout", 75)
+        t, why = s.decide(self.spec(8, "plugin", "sendrecv"))
+        self.assertEqual(t, 0)
+        self.assertIn("2 runs over rustnet timed out already", why)
+        self.assertIsNone(s.decide(self.spec(8, "builtin", "sendrecv"))[1])
+
     def test_after_a_timeout_the_same_run_is_not_repeated(self):
         s = kitbench.Scheduler(400, clock=FakeClock())
         s.record(self.spec(4, "plugin"), "timeout", 75)
@@ -172,7 +188,8 @@ class WithFakeKit(unittest.TestCase):
         self.assertEqual(rc, 2, out)
         runs = {(r["collective"], r["net"], r["rep"]): r for r in self.runs()}
         self.assertEqual(runs[("sendrecv", "plugin", "1")]["status"], "timeout")
-        self.assertIn("timed out after 6s", runs[("sendrecv", "plugin", "1")]["errors"])
+        # capped at the min cap: the 2-rank all_reduce runs before it took well under 1 s
+        self.assertIn("timed out after 3s", runs[("sendrecv", "plugin", "1")]["errors"])
         for rep in ("2", "3"):
             self.assertEqual(runs[("sendrecv", "plugin", rep)]["status"], "skipped")
             self.assertEqual(runs[("sendrecv", "builtin", rep)]["status"], "ok")
