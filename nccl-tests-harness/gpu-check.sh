@@ -20,7 +20,7 @@
 #
 # usage: gpu-check.sh [--plugin-dir DIR] [--kit DIR | --torch] [--quick]
 #                     [--ranks 2,4,8] [--repeats N] [--no-extras] [--env K=V]...
-#                     [--no-mps] [--out DIR] [--bundle DIR]
+#                     [--kitbench "ARGS"] [--no-mps] [--out DIR] [--bundle DIR]
 #   DIR holds librustnet.so (make-gpu-kit.sh: out/gpu-kit). Default: the kit
 #   this script sits in, else <repo>/out/gpu-kit, else <repo>/target/release.
 #   --kit DIR: the nccl-tests kit (default <repo>/.gpu/nccl-kit if present).
@@ -29,6 +29,8 @@
 #            fewer DDP steps): a smoke test.
 #   --ranks/--repeats/--no-extras: a part of the kit plan (e.g. a rerun).
 #   --env K=V: a variable for both networks (e.g. NCCL_NSOCKS_PERTHREAD=4).
+#   --kitbench "ARGS": more options for ncclharness/kitbench.py (e.g. "-n 5 -e 16M");
+#            python3 -m ncclharness.kitbench --help lists them.
 #   --no-mps: run without MPS (drop-in and data checks only): no verdict.
 #   --out DIR: where everything goes (default $OUT, else ./out/gpu-check).
 #   --bundle DIR: at the end (also after a failure or interrupt) put the
@@ -68,6 +70,7 @@ NO_EXTRAS=0
 BUNDLE=""
 OUT_ARG=""
 EXTRA_ENV=()
+KITBENCH_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --plugin-dir) PLUGIN=$2; shift 2 ;;
@@ -78,6 +81,7 @@ while [ $# -gt 0 ]; do
     --repeats) REPEATS=$2; shift 2 ;;
     --no-extras) NO_EXTRAS=1; shift ;;
     --env) EXTRA_ENV+=("--env" "$2"); shift 2 ;;
+    --kitbench) read -r -a more <<< "$2"; KITBENCH_ARGS+=("${more[@]}"); shift 2 ;;
     --no-mps) USE_MPS=0; shift ;;
     --bundle) BUNDLE=$2; shift 2 ;;
     --out) OUT_ARG=$2; shift 2 ;;
@@ -278,7 +282,7 @@ if [ "$MODE" = kit ]; then
   [ -n "$RANKS" ] && args+=(--ranks "$RANKS")
   [ -n "$REPEATS" ] && args+=(--repeats "$REPEATS")
   [ $NO_EXTRAS = 1 ] && args+=(--extras none)
-  args+=("${EXTRA_ENV[@]}")
+  args+=("${EXTRA_ENV[@]}" "${KITBENCH_ARGS[@]}")
   bench_budget=$(( $(left) - 30 ))
   if [ "$bench_budget" -lt 20 ]; then say "FAIL: not enough time left for the nccl-tests runs"; exit 2; fi
   say "nccl-tests from the kit: ${bench_budget}s for all runs (hard limit $(( bench_budget + 15 ))s)"

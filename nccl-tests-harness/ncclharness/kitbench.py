@@ -49,7 +49,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from . import BUILTIN_NET_NAME, PLUGIN_NET_NAME
 from .collectives import COLLECTIVES, parse_collectives

@@ -91,7 +91,7 @@ class GpuCheckScript(unittest.TestCase):
 
     def test_no_plugin(self):
         with tempfile.TemporaryDirectory() as empty:
-            p = subprocess.run(["bash", os.path.join(HARNESS, "gpu-check.sh"), "--plugin-dir", empty],
+            p = subprocess.run(["bash", os.path.join(HARNESS, "gpu-check.sh"), "--torch", "--plugin-dir", empty],
                                env=dict(os.environ, OUT=empty, PYTHON=os.path.join(TESTS, "fakes", "fake_python.sh"),
                                         REAL_PYTHON=sys.executable,
                                         PATH=self.mpsbin + os.pathsep + os.environ["PATH"]),
