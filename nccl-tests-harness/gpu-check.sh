@@ -182,6 +182,7 @@ end_leftover_ranks() {
   local p pids=""
   for p in /proc/[0-9]*; do
     [ -O "$p" ] || continue
+    case "$(cat "$p/comm" 2>/dev/null)" in nvidia-cuda-mps*) continue ;; esac   # MPS: stopped by quit
     if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -q '^RUSTNET_GPU_CHECK_RUN='; then pids="$pids ${p#/proc/}"; fi
   done
   [ -z "$pids" ] && return 0
@@ -221,7 +222,8 @@ if [ "$USE_MPS" = 1 ]; then
   export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPS_DIR/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   MPS_STARTED=1   # from here on the trap stops it, even if -d only half worked
-  if ! out=$(timeout -k 2 20 nvidia-cuda-mps-control -d 2>&1); then
+  # Without the run marker: the daemon is stopped by quit, not by end_leftover_ranks.
+  if ! out=$(env -u RUSTNET_GPU_CHECK_RUN timeout -k 2 20 nvidia-cuda-mps-control -d 2>&1); then
     no_verdict "nvidia-cuda-mps-control -d failed: $out"
   fi
   ok=0

@@ -296,7 +296,9 @@ def _write_csv(path, fields, rows):
 
 def write_outputs(out, results, args, elapsed):
     meas = [m for r in results for m in r.measurements]
-    points = aggregate(meas)
+    judged = set(args.tests)
+    # the judged tests first, then the extras (each group keeps its order)
+    points = sorted(aggregate(meas), key=lambda pt: pt.collective not in judged)
     v = verdict(points, collectives=args.tests, nranks=args.ranks, repeats=args.repeats,
                 sizes=size_sweep(args.min_bytes, args.max_bytes, args.step_factor))
     _write_csv(os.path.join(out, "results.csv"), RESULT_FIELDS, meas)
