@@ -223,8 +223,10 @@ if [ "$USE_MPS" = 1 ]; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   MPS_STARTED=1   # from here on the trap stops it, even if -d only half worked
   # Without the run marker: the daemon is stopped by quit, not by end_leftover_ranks.
-  if ! out=$(env -u RUSTNET_GPU_CHECK_RUN timeout -k 2 20 nvidia-cuda-mps-control -d 2>&1); then
-    no_verdict "nvidia-cuda-mps-control -d failed: $out"
+  # Its output goes to a file, not $(...): a daemon that kept the pipe open
+  # would make the substitution wait for it.
+  if ! env -u RUSTNET_GPU_CHECK_RUN timeout -k 2 20 nvidia-cuda-mps-control -d >"$MPS_DIR/start.out" 2>&1; then
+    no_verdict "nvidia-cuda-mps-control -d failed: $(head -c 500 "$MPS_DIR/start.out")"
   fi
   ok=0
   wait_until=$(( $(date +%s) + ${GPU_CHECK_MPS_WAIT_S:-12} ))

@@ -150,6 +150,19 @@ class GpuCheckKit(unittest.TestCase):
         self.assertIn("the MPS control daemon started but does not answer", out)
         self.assertEqual(set(glob.glob("/tmp/rustnet-mps.*")) - self.before, set())
 
+    def test_daemon_holding_its_output_open_does_not_stall(self):
+        pidfile = os.path.join(self.tmp.name, "holder.pid")
+        t0 = time.monotonic()
+        try:
+            rc, out = self.run_check("--ranks", "2", "--repeats", "1", "--no-extras", FAKE_MPS_HOLD_STDOUT=pidfile)
+            self.assertEqual(rc, 0, out)
+            self.assertLess(time.monotonic() - t0, 25)   # the holder lives 30 s
+        finally:
+            try:
+                os.kill(int(self.read(pidfile, "0")), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
     def test_ranks_not_served_by_mps(self):
         rc, out = self.run_check("--ranks", "2", "--repeats", "1", "--no-extras", FAKE_MPS_IGNORED="1")
         self.assertEqual(rc, 4, out)

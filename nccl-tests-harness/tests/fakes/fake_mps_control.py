@@ -8,7 +8,8 @@
 Without a running daemon, a command fails as the real tool does.
 Knobs: FAKE_MPS_FAIL=1 (-d fails), FAKE_MPS_MUTE=1 (the daemon starts but
 never answers: commands hang), FAKE_MPS_RECORD=<file> (one line per
-start/quit, with the pipe dir)."""
+start/quit, with the pipe dir), FAKE_MPS_HOLD_STDOUT=<pidfile> (-d leaves a
+process behind that holds its stdout/stderr open)."""
 
 import os
 import sys
@@ -38,6 +39,12 @@ def main():
         with open(os.path.join(logdir, "control.log"), "a") as f:
             f.write(f"[{stamp} Control 4241] Starting control daemon using socket {pipe}/control\n")
         record("start", pipe)
+        if os.environ.get("FAKE_MPS_HOLD_STDOUT"):
+            # a daemon that keeps the caller's stdout/stderr open (as a real one may)
+            import subprocess
+            p = subprocess.Popen(["sleep", "30"], start_new_session=True)
+            with open(os.environ["FAKE_MPS_HOLD_STDOUT"], "w") as f:
+                f.write(str(p.pid))
         return 0
     if sys.argv[1:]:
         print(f"fake mps control: unknown option {sys.argv[1:]}", file=sys.stderr)
