@@ -178,12 +178,17 @@ bundle() {  # bundle DIR: the main files flat in DIR (7 at most) + one archive o
 # Rank processes of an earlier run that was killed (SIGKILL skips the trap;
 # the harness starts each run in its own session) would hold the GPU: every
 # process this script starts carries RUSTNET_GPU_CHECK_RUN in its environment.
+# A run still going (its gpu-check.sh alive: another checkout's tests, say) is left alone.
 end_leftover_ranks() {
-  local p pids=""
+  local p pids="" mark owner
   for p in /proc/[0-9]*; do
     [ -O "$p" ] || continue
     case "$(cat "$p/comm" 2>/dev/null)" in nvidia-cuda-mps*) continue ;; esac   # MPS: stopped by quit
-    if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -q '^RUSTNET_GPU_CHECK_RUN='; then pids="$pids ${p#/proc/}"; fi
+    mark=$(tr '\0' '\n' 2>/dev/null < "$p/environ" | sed -n 's/^RUSTNET_GPU_CHECK_RUN=//p')
+    [ -n "$mark" ] || continue
+    owner=${mark%%-*}
+    if [ "$owner" -gt 0 ] 2>/dev/null && kill -0 "$owner" 2>/dev/null; then continue; fi
+    pids="$pids ${p#/proc/}"
   done
   [ -z "$pids" ] && return 0
   say "ending processes left by an earlier killed run:$pids"
@@ -213,12 +218,15 @@ if [ "$USE_MPS" = 1 ]; then
   # Leftovers of an earlier run of this script that was killed (SIGKILL skips the trap).
   for d in /tmp/rustnet-mps.*; do
     if [ ! -d "$d/pipe" ] || [ ! -O "$d" ]; then continue; fi
+    owner=$(cat "$d/owner" 2>/dev/null)
+    if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then continue; fi   # its run is still going
     say "MPS: stopping a leftover daemon of an earlier run ($d)"
     mps_stop_dir "$d/pipe"; rm -rf "$d"
   done
   [ -S /tmp/nvidia-mps/control ] && say "MPS: note: a system daemon also runs (/tmp/nvidia-mps); ours is separate"
   # Short path: the pipe dir holds unix sockets (108-byte limit).
   MPS_DIR=$(mktemp -d /tmp/rustnet-mps.XXXXXX)
+  echo $$ > "$MPS_DIR/owner"
   export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPS_DIR/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   MPS_STARTED=1   # from here on the trap stops it, even if -d only half worked

@@ -36,6 +36,11 @@ Verdict (repstats.py): median busbw plugin >= Socket at every size >= 1 MiB
 for all_reduce and sendrecv at every rank count, each point with all
 repeats on both sides. Stretch: >= 1.2x at >= 16 MiB (printed, not judged).
 
+MPS is not started here: gpu-check.sh starts it, proves from its logs that
+the ranks were its clients, and refuses a verdict otherwise. Run alone, this
+module reports how many ranks of each run the MPS logs saw when
+CUDA_MPS_LOG_DIRECTORY is set, and nothing about MPS otherwise.
+
 Exit: 0 goal met; 1 goal not met; 2 a run failed, was refused, got wrong
 data, or the verdict is incomplete (skipped or missing runs).
 """

@@ -6,6 +6,7 @@ preflight dlopens it)."""
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,17 +117,23 @@ class GpuCheckKit(unittest.TestCase):
     def test_processes_left_by_a_killed_run_are_ended(self):
         """A run killed with SIGKILL leaves its rank groups (own sessions) on
         the GPU; the next run ends what carries the run marker, only that."""
+        gone = subprocess.Popen(["true"])
+        gone.wait()                       # the pid of a gpu-check.sh that is no more
         marked = subprocess.Popen(["sleep", "300"], start_new_session=True,
-                                  env=dict(os.environ, RUSTNET_GPU_CHECK_RUN="123-456"))
+                                  env=dict(os.environ, RUSTNET_GPU_CHECK_RUN=f"{gone.pid}-456"))
+        # a run whose gpu-check.sh is alive (here: this test process) is not touched
+        live = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                                env=dict(os.environ, RUSTNET_GPU_CHECK_RUN=f"{os.getpid()}-456"))
         unmarked = subprocess.Popen(["sleep", "300"], start_new_session=True)
         try:
             rc, out = self.run_check("--ranks", "2", "--repeats", "1", "--no-extras")
             self.assertEqual(rc, 0, out)
-            self.assertIn(f"ending processes left by an earlier killed run: {marked.pid}", out)
+            self.assertIn(f"ending processes left by an earlier killed run: {marked.pid}\n", out)
             self.assertIsNotNone(marked.wait(timeout=10))
             self.assertIsNone(unmarked.poll())
+            self.assertIsNone(live.poll())
         finally:
-            for p in (marked, unmarked):
+            for p in (marked, live, unmarked):
                 if p.poll() is None:
                     p.kill()
                 p.wait()
@@ -214,6 +221,11 @@ class GpuCheckKit(unittest.TestCase):
         self.assert_no_rank_left()
 
     def test_leftover_daemon_of_a_killed_run_is_stopped(self):
+        live = tempfile.mkdtemp(prefix="rustnet-mps.", dir="/tmp")   # a run still going: left alone
+        os.makedirs(os.path.join(live, "pipe"))
+        with open(os.path.join(live, "owner"), "w") as f:
+            f.write(str(os.getpid()))
+        self.addCleanup(shutil.rmtree, live, True)
         old = tempfile.mkdtemp(prefix="rustnet-mps.", dir="/tmp")
         env = self.env(CUDA_MPS_PIPE_DIRECTORY=os.path.join(old, "pipe"), CUDA_MPS_LOG_DIRECTORY=os.path.join(old, "log"))
         subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True)
@@ -223,6 +235,7 @@ class GpuCheckKit(unittest.TestCase):
         self.assertIn("PARTIAL PLAN", out)
         self.assertIn(f"MPS: stopping a leftover daemon of an earlier run ({old})", out)
         self.assertFalse(os.path.exists(old))
+        self.assertTrue(os.path.exists(live))
         lines = self.read(self.mpsrec).split()
         self.assertEqual(lines[0:4], ["start", os.path.join(old, "pipe"), "quit", os.path.join(old, "pipe")])
 
