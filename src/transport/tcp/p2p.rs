@@ -185,6 +185,10 @@ impl SendComm {
         let nchunks = wire::chunks(buf.len, self.streams.len(), self.min_chunk).count().max(1);
         let Some(id) = self.reqs.alloc(SendReq { size: buf.len, pieces_left: nchunks }) else { return Ok(None) };
         let hdr = MsgHeader { tag, size: buf.len as u64 }.encode();
+        // Write at once only where nothing was queued before: a stream with
+        // pieces still queued found its socket full at its last try, and a
+        // write now would most likely only return EAGAIN.
+        let idle = self.streams.iter().all(|st| st.q.is_empty());
         if buf.len == 0 {
             self.streams[0].q.push_back(Piece { req: id, hdr, hdr_len: HDR_LEN, data: std::ptr::null(), len: 0, done: 0 });
         }
@@ -194,13 +198,17 @@ impl SendComm {
             let data = unsafe { buf.ptr.add(off) } as *const u8;
             self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0 });
         }
-        self.progress();
+        if idle {
+            self.progress();
+        }
         Ok(Some(id))
     }
 
-    /// Move bytes until every stream would block or is idle. Queued pieces
-    /// go out in one gather write where they can (many small messages, one
-    /// system call).
+    /// Move bytes until every stream has written all it has queued, or took
+    /// less than offered (its socket buffer is full: the next write would
+    /// only say EAGAIN, so it waits for the next call). Queued pieces go out
+    /// in one gather write where they can (many small messages, one system
+    /// call).
     pub fn progress(&mut self) {
         if self.failed.is_some() {
             return;
@@ -228,8 +236,10 @@ impl SendComm {
                 }
                 // SAFETY: headers live in the queued pieces (not moved during
                 // the call); data are NCCL buffers kept valid by the isend contract.
+                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 match unsafe { st.sock.writev_raw(&iov[..n]) } {
                     Ok(Io::Done(mut wrote)) => {
+                        let short = wrote < offered;
                         while wrote > 0 {
                             let p = st.q.front_mut().expect("wrote more than queued");
                             let left = p.hdr_len + p.len - p.done;
@@ -243,6 +253,9 @@ impl SendComm {
                                     r.pieces_left -= 1;
                                 }
                             }
+                        }
+                        if short {
+                            break;
                         }
                     }
                     Ok(_) => break,
@@ -313,6 +326,13 @@ pub struct RecvComm {
     failed: Option<Error>,
     peer: SocketAddr,
     min_chunk: usize,
+    /// The last message header announced a payload worth reading straight
+    /// into NCCL's buffer: read the next header alone (16 bytes), not a
+    /// staging buffer full of payload that would then be copied.
+    big: bool,
+    /// Stream 0 gave less than asked in this progress call: it is drained,
+    /// another read would only say EAGAIN.
+    drained: bool,
 }
 
 // SAFETY: as for SendComm: raw pointers are NCCL receive buffers valid until
@@ -337,6 +357,8 @@ impl RecvComm {
             failed: None,
             peer,
             min_chunk: cfg.min_chunk,
+            big: false,
+            drained: false,
         }
     }
 
@@ -370,7 +392,8 @@ impl RecvComm {
         }
         let Some(id) = self.reqs.alloc(r) else { return Ok(None) };
         self.order.push_back(id);
-        self.progress();
+        // No I/O here (as NCCL's socket transport): the data of a receive
+        // just posted is rarely there yet, and `test` reads it anyway.
         Ok(Some(id))
     }
 
@@ -383,6 +406,9 @@ impl RecvComm {
     /// Read more of stream 0 into the staging buffer (after moving what is
     /// left to its front). Small messages then cost one system call for many.
     fn refill(&mut self) -> Result<Step> {
+        if self.drained {
+            return Ok(Step::Blocked);
+        }
         if self.stage_lo > 0 {
             self.stage.copy_within(self.stage_lo..self.stage_hi, 0);
             self.stage_hi -= self.stage_lo;
@@ -390,9 +416,13 @@ impl RecvComm {
         }
         let peer = self.peer;
         let hi = self.stage_hi;
-        match self.streams[0].sock.read(&mut self.stage[hi..]) {
+        // a header after a large message: read just the header, its payload
+        // then goes straight to NCCL's buffer
+        let want = if self.big && self.streams[0].q.is_empty() && hi < HDR_LEN { HDR_LEN - hi } else { STAGE_LEN - hi };
+        match self.streams[0].sock.read(&mut self.stage[hi..hi + want]) {
             Ok(Io::Done(n)) => {
                 self.stage_hi += n;
+                self.drained = n < want;
                 Ok(Step::Progress)
             }
             Ok(Io::Again) => Ok(Step::Blocked),
@@ -419,9 +449,22 @@ impl RecvComm {
                 self.stage_lo += n;
                 n
             } else if need >= DIRECT_READ {
-                // SAFETY: as above.
-                match unsafe { st0.sock.read_raw(x.ptr.add(x.got), need) } {
-                    Ok(Io::Done(n)) => n,
+                if self.drained {
+                    return Ok(Step::Blocked);
+                }
+                // The payload's end and the next message's header in one
+                // call: the header lands in the (empty) staging buffer.
+                self.stage_lo = 0;
+                self.stage_hi = 0;
+                let hdr = (self.stage.as_mut_ptr(), HDR_LEN);
+                // SAFETY: as above; the staging buffer is ours, HDR_LEN <= STAGE_LEN,
+                // and it does not overlap NCCL's buffer.
+                match unsafe { st0.sock.read_raw2((x.ptr.add(x.got), need), hdr) } {
+                    Ok(Io::Done(n)) => {
+                        self.drained = n < need + HDR_LEN;
+                        self.stage_hi = n.saturating_sub(need);
+                        n.min(need)
+                    }
                     Ok(Io::Again) => return Ok(Step::Blocked),
                     Ok(Io::Eof) => return Err(peer_error(&peer, "closed the connection in the middle of a message")),
                     Err(e) => return Err(io_error(&peer, "receive", e)),
@@ -474,6 +517,7 @@ impl RecvComm {
         let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
         self.stage_lo += HDR_LEN;
         let size = h.size as usize;
+        self.big = size >= DIRECT_READ;
         r.specs[i].matched = true;
         r.sizes[i] = size;
         r.unmatched -= 1;
@@ -496,6 +540,7 @@ impl RecvComm {
         if self.failed.is_some() {
             return;
         }
+        self.drained = false;
         loop {
             match self.step_stream0() {
                 Ok(Step::Progress) => continue,
@@ -509,6 +554,7 @@ impl RecvComm {
                 // SAFETY: inside a posted receive buffer, as above.
                 match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
                     Ok(Io::Done(n)) => {
+                        let short = n < x.len - x.got;
                         x.got += n;
                         if x.got == x.len {
                             let req = x.req;
@@ -516,6 +562,10 @@ impl RecvComm {
                             if let Ok(r) = self.reqs.get_mut(req) {
                                 r.pieces_left -= 1;
                             }
+                        }
+                        if short {
+                            // drained: the next read would say EAGAIN
+                            break;
                         }
                     }
                     Ok(Io::Again) => break,

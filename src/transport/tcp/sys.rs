@@ -257,6 +257,40 @@ impl Socket {
         }
     }
 
+    /// Non-blocking scatter read into two raw pieces: the first filled
+    /// before the second (one system call for a payload's end and the next
+    /// header).
+    ///
+    /// # Safety
+    /// Each `(ptr, len)` must be writable memory valid for the call, and the
+    /// two must not overlap.
+    pub unsafe fn read_raw2(&self, a: (*mut u8, usize), b: (*mut u8, usize)) -> std::result::Result<Io, Errno> {
+        let mut iov = [
+            libc::iovec { iov_base: a.0 as *mut libc::c_void, iov_len: a.1 },
+            libc::iovec { iov_base: b.0 as *mut libc::c_void, iov_len: b.1 },
+        ];
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::recvmsg(self.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return if a.1 + b.1 == 0 { Ok(Io::Done(0)) } else { Ok(Io::Eof) };
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Non-blocking gather write of up to two raw pieces (MSG_NOSIGNAL: a dead
     /// peer is an EPIPE error, never a signal).
     ///
