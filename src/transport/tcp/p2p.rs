@@ -649,3 +649,135 @@ mod ack_tests {
         assert!(w.due(t0 + ACK_LOOK_EVERY));
     }
 }
+
+#[cfg(test)]
+mod data_tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// `n` connected stream pairs over loopback, optionally with tiny socket
+    /// buffers so that reads and writes come back short.
+    fn comms(n: usize, bufsize: u64) -> (SendComm, RecvComm) {
+        let (l, addr) = Socket::listen(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)).unwrap();
+        let mut tx = Vec::new();
+        let mut rx = Vec::new();
+        for _ in 0..n {
+            let c = Socket::connect_start(addr).unwrap();
+            let t0 = Instant::now();
+            let a = loop {
+                if let Some((a, _)) = l.accept().unwrap() {
+                    break a;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10));
+            };
+            while !c.connect_done(&addr).unwrap() {}
+            c.tune_stream(10, bufsize).unwrap();
+            a.tune_stream(10, bufsize).unwrap();
+            tx.push(c);
+            rx.push(a);
+        }
+        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize };
+        (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
+    }
+
+    /// Sends `sizes` in order with up to 8 in flight each way, testing only
+    /// the oldest request of each side (NCCL's proxy), and checks every byte
+    /// and every reported size.
+    fn replay(n: usize, bufsize: u64, sizes: &[usize]) {
+        let (mut s, mut r) = comms(n, bufsize);
+        let src: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &z)| (0..z).map(|i| (i * 31 + k * 7) as u8).collect()).collect();
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&z| vec![0xEE; z + 8]).collect();
+        let (mut ps, mut ds, mut pr, mut dr) = (0, 0, 0, 0);
+        let mut sq = VecDeque::new();
+        let mut rq = VecDeque::new();
+        let t0 = Instant::now();
+        while dr < sizes.len() || ds < sizes.len() {
+            while pr < sizes.len() && pr - dr < 8 {
+                let b = RecvBuf { buf: RawBuf { ptr: dst[pr].as_mut_ptr(), len: dst[pr].len() }, tag: 5 };
+                // SAFETY: dst outlives the loop, which ends only when every receive is done.
+                let Some(id) = (unsafe { r.irecv(&[b]) }.unwrap()) else { break };
+                rq.push_back(id);
+                pr += 1;
+            }
+            while ps < sizes.len() && ps - ds < 8 {
+                let b = RawBuf { ptr: src[ps].as_ptr() as *mut u8, len: sizes[ps] };
+                // SAFETY: as above, for src.
+                let Some(id) = (unsafe { s.isend(b, 5) }.unwrap()) else { break };
+                sq.push_back(id);
+                ps += 1;
+            }
+            if let Some(&id) = sq.front() {
+                if let Some(c) = s.test(id).unwrap() {
+                    assert_eq!(c.sizes[0], sizes[ds]);
+                    sq.pop_front();
+                    ds += 1;
+                }
+            }
+            if let Some(&id) = rq.front() {
+                if let Some(c) = r.test(id).unwrap() {
+                    assert_eq!((c.n, c.sizes[0]), (1, sizes[dr]), "message {dr}");
+                    assert_eq!(&dst[dr][..sizes[dr]], &src[dr][..], "message {dr} of {} bytes", sizes[dr]);
+                    assert!(dst[dr][sizes[dr]..].iter().all(|&b| b == 0xEE), "message {dr} wrote past its size");
+                    rq.pop_front();
+                    dr += 1;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "stuck: sent {ds}, received {dr} of {}", sizes.len());
+        }
+    }
+
+    /// Large and small messages mixed: headers read alone after a large
+    /// message, a payload's end and the next header in one read, small
+    /// messages batched through the staging buffer, empty messages.
+    const MIX: &[usize] = &[
+        0,
+        1,
+        16,
+        DIRECT_READ - 1,
+        DIRECT_READ,
+        DIRECT_READ + 1,
+        512 << 10,
+        3,
+        0,
+        512 << 10,
+        512 << 10,
+        100,
+        STAGE_LEN - HDR_LEN,
+        STAGE_LEN,
+        STAGE_LEN + 1,
+        7,
+        1 << 20,
+        17,
+        64,
+        (1 << 20) + 5,
+        0,
+        33_333,
+    ];
+
+    #[test]
+    fn mixed_sizes_arrive_exactly_on_one_stream() {
+        replay(1, 0, MIX);
+    }
+
+    #[test]
+    fn mixed_sizes_arrive_exactly_through_tiny_socket_buffers() {
+        // every read and write comes back short; headers split across reads
+        // (megabytes through a 4 KiB window on loopback crawl on the
+        // persist timer: the large ones are left to the other tests)
+        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
+        replay(1, 4096, &small);
+    }
+
+    #[test]
+    fn mixed_sizes_arrive_exactly_striped_over_streams() {
+        replay(3, 0, MIX);
+        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
+        replay(2, 4096, &small);
+    }
+
+    #[test]
+    fn many_step_sized_messages_in_a_row() {
+        let sizes: Vec<usize> = (0..200).map(|i| if i % 50 == 49 { 1000 } else { 512 << 10 }).collect();
+        replay(1, 0, &sizes);
+    }
+}
