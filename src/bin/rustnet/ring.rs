@@ -42,18 +42,22 @@ options:
   --inflight N      requests in flight per connection and direction (default 8)
   --bytes N         bytes each rank sends per run (default 128M)
   --reps N          repeats; median [min-max] reported (default 3)
-  --nets LIST       of plugin,nccl0,ncclN,raw (default all four)
+  --nets LIST       of plugin,pluginB,nccl0,ncclN,raw (default all but pluginB,
+                    which --plugin-b adds)
   --nccl-threads T  helper threads of nccl-socket(N threads) (default 2)
   --nccl-socks S    sockets per helper thread of it (default 2)
   --csv FILE        every point as CSV
   --svg FILE        busbw and CPU s/GB against size, per ring size
   --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
+  --plugin-b PATH   a second plugin .so measured interleaved with the first
+                    (e.g. the previous build), net \"pluginB\"
   --abi N           vtable version (default 8)
 The plugin reads its usual variables (NCCL_SOCKET_IFNAME defaults to lo here).";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum NetKind {
     Plugin,
+    PluginB,
     Nccl0,
     NcclN,
     Raw,
@@ -63,13 +67,16 @@ impl NetKind {
     fn key(self) -> &'static str {
         match self {
             NetKind::Plugin => "plugin",
+            NetKind::PluginB => "pluginB",
             NetKind::Nccl0 => "nccl0",
             NetKind::NcclN => "ncclN",
             NetKind::Raw => "raw",
         }
     }
     fn from_key(s: &str) -> Option<NetKind> {
-        [NetKind::Plugin, NetKind::Nccl0, NetKind::NcclN, NetKind::Raw].into_iter().find(|k| k.key().eq_ignore_ascii_case(s))
+        [NetKind::Plugin, NetKind::PluginB, NetKind::Nccl0, NetKind::NcclN, NetKind::Raw]
+            .into_iter()
+            .find(|k| k.key().eq_ignore_ascii_case(s))
     }
 }
 
@@ -87,6 +94,7 @@ pub struct Opts {
     csv: Option<PathBuf>,
     svg: Option<PathBuf>,
     plugin: PathBuf,
+    plugin_b: Option<PathBuf>,
     abi: u32,
 }
 
@@ -104,8 +112,10 @@ fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
         csv: None,
         svg: None,
         plugin: driver::default_plugin_path(),
+        plugin_b: None,
         abi: 8,
     };
+    let mut nets_given = false;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -129,6 +139,7 @@ fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
             "--bytes" => o.bytes = parse_size(&val("--bytes")?).ok_or("bad --bytes")?,
             "--reps" => o.reps = num(val("--reps")?, "--reps")?,
             "--nets" => {
+                nets_given = true;
                 o.nets = val("--nets")?
                     .split(',')
                     .map(|s| NetKind::from_key(s.trim()).ok_or(format!("unknown net {s:?} (plugin, nccl0, ncclN, raw)")))
@@ -139,9 +150,16 @@ fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
             "--csv" => o.csv = Some(val("--csv")?.into()),
             "--svg" => o.svg = Some(val("--svg")?.into()),
             "--plugin" => o.plugin = val("--plugin")?.into(),
+            "--plugin-b" => o.plugin_b = Some(val("--plugin-b")?.into()),
             "--abi" => o.abi = num(val("--abi")?, "--abi")? as u32,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
+    }
+    if o.plugin_b.is_some() && !nets_given {
+        o.nets.insert(1, NetKind::PluginB);
+    }
+    if o.nets.contains(&NetKind::PluginB) && o.plugin_b.is_none() {
+        return Err("net pluginB needs --plugin-b PATH".into());
     }
     if o.ranks.is_empty() || o.ranks.iter().any(|&n| !(2..=64).contains(&n)) {
         return Err("--ranks: ring sizes 2..64".into());
@@ -162,6 +180,10 @@ impl Opts {
     fn label(&self, k: NetKind) -> String {
         match k {
             NetKind::Plugin => "plugin".into(),
+            NetKind::PluginB => format!(
+                "plugin B ({})",
+                self.plugin_b.as_ref().and_then(|p| p.file_name()).map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+            ),
             NetKind::Nccl0 => "nccl-socket(0 threads)".into(),
             NetKind::NcclN => format!("nccl-socket({} threads x {} socks)", self.nthreads, self.nsocks),
             NetKind::Raw => "raw TCP (1M writes)".into(),
@@ -370,6 +392,41 @@ pub fn rank_main(args: Vec<String>) -> i32 {
     }
 }
 
+/// Listen, swap handles through the coordinator, connect `conns` times to
+/// the next rank and accept as many from the previous one; register buffers.
+fn plugin_setup<'a>(k: NetKind, p: &'a Plugin, ctl: &mut Ctl, bufs: &mut Bufs, conns: usize) -> Result<(PluginNet<'a>, Ptr), String> {
+    let (h, l) = p.listen(0).map_err(|e| e.to_string())?;
+    ctl.send(&format!("ADDR {} {}", k.key(), hex(&h))).map_err(|e| e.to_string())?;
+    let peer = unhex(&ctl.expect(&format!("PEER {}", k.key()))?).ok_or("bad plugin handle")?;
+    let mut hs: Vec<[u8; 128]> = (0..conns).map(|_| peer.clone().try_into().unwrap()).collect();
+    let (mut sends, mut recvs): (Vec<Option<Ptr>>, Vec<Ptr>) = (vec![None; conns], Vec::new());
+    let t0 = Instant::now();
+    while sends.iter().any(Option::is_none) || recvs.len() < conns {
+        for (s, h) in sends.iter_mut().zip(hs.iter_mut()) {
+            if s.is_none() {
+                *s = p.connect(0, h).map_err(|e| e.to_string())?;
+            }
+        }
+        if recvs.len() < conns {
+            if let Some(r) = p.accept(l).map_err(|e| e.to_string())? {
+                recvs.push(r);
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("plugin connect/accept not done after 60 s".into());
+        }
+        std::thread::yield_now();
+    }
+    let sends: Vec<Ptr> = sends.into_iter().map(Option::unwrap).collect();
+    let mut smh = Vec::new();
+    let mut rmh = Vec::new();
+    for c in 0..conns {
+        smh.push(p.reg_mr(sends[c], bufs.send[c].as_mut_ptr(), bufs.send[c].len()).map_err(|e| e.to_string())?);
+        rmh.push(p.reg_mr(recvs[c], bufs.recv[c].as_mut_ptr(), bufs.recv[c].len()).map_err(|e| e.to_string())?);
+    }
+    Ok((PluginNet { p, sends, recvs, smh, rmh }, l))
+}
+
 fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
     let mut ctl = Ctl::new(TcpStream::connect(coord).map_err(|e| format!("connect {coord}: {e}"))?).map_err(|e| e.to_string())?;
     ctl.send(&format!("HELLO {me}")).map_err(|e| e.to_string())?;
@@ -378,47 +435,18 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
     let mut bufs =
         Bufs { send: (0..o.conns).map(|_| vec![me as u8; w * ms]).collect(), recv: (0..o.conns).map(|_| vec![0u8; w * ms]).collect() };
     // set up every network once: listen, tell the coordinator, connect to the next rank
-    let plugin = if o.nets.contains(&NetKind::Plugin) {
-        let p = Plugin::open(&o.plugin, o.abi)?;
-        p.init().map_err(|e| format!("plugin init: {e}"))?;
-        Some(p)
-    } else {
-        None
-    };
-    let mut pnet = None;
-    let mut listen_comm = None;
-    if let Some(p) = &plugin {
-        let (h, l) = p.listen(0).map_err(|e| e.to_string())?;
-        listen_comm = Some(l);
-        ctl.send(&format!("ADDR plugin {}", hex(&h))).map_err(|e| e.to_string())?;
-        let peer = unhex(&ctl.expect("PEER plugin")?).ok_or("bad plugin handle")?;
-        let mut hs: Vec<[u8; 128]> = (0..o.conns).map(|_| peer.clone().try_into().unwrap()).collect();
-        let (mut sends, mut recvs): (Vec<Option<Ptr>>, Vec<Ptr>) = (vec![None; o.conns], Vec::new());
-        let t0 = Instant::now();
-        while sends.iter().any(Option::is_none) || recvs.len() < o.conns {
-            for (s, h) in sends.iter_mut().zip(hs.iter_mut()) {
-                if s.is_none() {
-                    *s = p.connect(0, h).map_err(|e| e.to_string())?;
-                }
-            }
-            if recvs.len() < o.conns {
-                if let Some(r) = p.accept(l).map_err(|e| e.to_string())? {
-                    recvs.push(r);
-                }
-            }
-            if t0.elapsed() > Duration::from_secs(60) {
-                return Err("plugin connect/accept not done after 60 s".into());
-            }
-            std::thread::yield_now();
+    let mut plugins: Vec<(NetKind, Plugin)> = Vec::new();
+    for (k, path) in [(NetKind::Plugin, Some(&o.plugin)), (NetKind::PluginB, o.plugin_b.as_ref())] {
+        if let (true, Some(path)) = (o.nets.contains(&k), path) {
+            let p = Plugin::open(path, o.abi)?;
+            p.init().map_err(|e| format!("plugin {} init: {e}", path.display()))?;
+            plugins.push((k, p));
         }
-        let sends: Vec<Ptr> = sends.into_iter().map(Option::unwrap).collect();
-        let mut smh = Vec::new();
-        let mut rmh = Vec::new();
-        for c in 0..o.conns {
-            smh.push(p.reg_mr(sends[c], bufs.send[c].as_mut_ptr(), bufs.send[c].len()).map_err(|e| e.to_string())?);
-            rmh.push(p.reg_mr(recvs[c], bufs.recv[c].as_mut_ptr(), bufs.recv[c].len()).map_err(|e| e.to_string())?);
-        }
-        pnet = Some(PluginNet { p, sends, recvs, smh, rmh });
+    }
+    let mut pnets: Vec<(NetKind, PluginNet, Ptr)> = Vec::new();
+    for (k, p) in &plugins {
+        let (net, l) = plugin_setup(*k, p, &mut ctl, &mut bufs, o.conns)?;
+        pnets.push((*k, net, l));
     }
     let mut nccl: Vec<(NetKind, NcclNet)> = Vec::new();
     for k in [NetKind::Nccl0, NetKind::NcclN] {
@@ -462,7 +490,10 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
         let count: usize = f[3].parse().map_err(|_| "bad count")?;
         let (c0, t0) = (cpu_seconds(), Instant::now());
         let r = match k {
-            NetKind::Plugin => drive(pnet.as_mut().ok_or("no plugin")?, &mut bufs, o.conns, size, count, w),
+            NetKind::Plugin | NetKind::PluginB => {
+                let n = &mut pnets.iter_mut().find(|(kk, _, _)| *kk == k).ok_or("no plugin")?.1;
+                drive(n, &mut bufs, o.conns, size, count, w)
+            }
             NetKind::Nccl0 | NetKind::NcclN => {
                 let n = &mut nccl.iter_mut().find(|(kk, _)| *kk == k).ok_or("no nccl-socket")?.1;
                 drive(n, &mut bufs, o.conns, size, count, w)
@@ -482,16 +513,14 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
         }
     }
     drop(nccl);
-    if let Some(n) = pnet {
+    for (_, n, l) in pnets {
         for c in 0..o.conns {
             let _ = n.p.dereg_mr(n.sends[c], n.smh[c]);
             let _ = n.p.dereg_mr(n.recvs[c], n.rmh[c]);
             let _ = n.p.close_send(n.sends[c]);
             let _ = n.p.close_recv(n.recvs[c]);
         }
-        if let Some(l) = listen_comm {
-            let _ = n.p.close_listen(l);
-        }
+        let _ = n.p.close_listen(l);
     }
     Ok(())
 }
@@ -575,6 +604,9 @@ fn start_ring(o: &Opts, n: usize) -> Result<Ring, String> {
         cmd.args(["--nets", &o.nets.iter().map(|k| k.key()).collect::<Vec<_>>().join(",")]);
         cmd.args(["--nccl-threads", &o.nthreads.to_string(), "--nccl-socks", &o.nsocks.to_string()]);
         cmd.arg("--plugin").arg(&o.plugin).args(["--abi", &o.abi.to_string()]);
+        if let Some(b) = &o.plugin_b {
+            cmd.arg("--plugin-b").arg(b);
+        }
         if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
             cmd.env("NCCL_SOCKET_IFNAME", "lo");
         }
@@ -722,7 +754,7 @@ fn table(rows: &[Row], nnets: usize) -> String {
         "\nbusbw GB/s (= bytes each rank sent / time; all_reduce busbw on a ring) and CPU s/GB (user+sys of all ranks per GB sent): median [min-max]\n",
     );
     out +=
-        &format!("{:>3} {:>6}  {:<36} {:>22} {:>8} {:>24} {:>8}\n", "N", "size", "net", "busbw GB/s", "vs nccl0", "CPU s/GB", "vs nccl0");
+        &format!("{:>3} {:>6}  {:<40} {:>22} {:>8} {:>24} {:>8}\n", "N", "size", "net", "busbw GB/s", "vs nccl0", "CPU s/GB", "vs nccl0");
     for grp in rows.chunks(nnets.max(1)) {
         let base = grp.iter().find(|r| r.net.starts_with("nccl-socket(0"));
         for r in grp {
@@ -731,7 +763,7 @@ fn table(rows: &[Row], nnets: usize) -> String {
                 None => ("-".into(), "-".into()),
             };
             out += &format!(
-                "{:>3} {:>6}  {:<36} {:>22} {:>8} {:>24} {:>8}\n",
+                "{:>3} {:>6}  {:<40} {:>22} {:>8} {:>24} {:>8}\n",
                 r.ranks,
                 human(r.size),
                 r.net,
