@@ -26,6 +26,8 @@ pub struct StreamCfg {
     pub timeout_s: i64,
     /// SO_SNDBUF/SO_RCVBUF (0 = autotune).
     pub bufsize: u64,
+    /// One helper thread per comm moves its bytes (RUSTNET_SOCKET_HELPER).
+    pub helper: bool,
 }
 
 impl StreamCfg {
@@ -37,6 +39,7 @@ impl StreamCfg {
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
+            helper: cfg.socket_helper.get() == 1,
         }
     }
 }

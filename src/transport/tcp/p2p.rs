@@ -6,7 +6,13 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::sys::{Io, Socket, MAX_IOV};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::sys::{self, EventFd, Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::proto::pool::{Pool, ReqId};
@@ -100,8 +106,8 @@ impl AckWatch {
     }
 }
 
-/// The sending end of a TCP connection.
-pub struct SendComm {
+/// The sending end of a TCP connection, driven by whoever holds it.
+pub struct SendCore {
     streams: Vec<SendStream>,
     reqs: Pool<SendReq>,
     failed: Option<Error>,
@@ -114,12 +120,12 @@ pub struct SendComm {
 // SAFETY: the raw pointers in queued pieces are NCCL buffers that stay valid
 // until their request completes (the isend contract); the comm is only used
 // by one thread at a time (behind the boundary's mutex).
-unsafe impl Send for SendComm {}
+unsafe impl Send for SendCore {}
 
-impl SendComm {
+impl SendCore {
     /// Build from connected streams.
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
-        SendComm {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendCore {
+        SendCore {
             streams: socks.into_iter().map(|sock| SendStream { sock, q: VecDeque::with_capacity(SEND_SLOTS) }).collect(),
             reqs: Pool::new(SEND_SLOTS),
             failed: None,
@@ -175,7 +181,7 @@ impl SendComm {
     ///
     /// # Safety
     /// `buf` must stay readable until `test` reports this request done or failed.
-    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, eager: bool) -> Result<Option<ReqId>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -198,7 +204,7 @@ impl SendComm {
             let data = unsafe { buf.ptr.add(off) } as *const u8;
             self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0 });
         }
-        if idle {
+        if idle && eager {
             self.progress();
         }
         Ok(Some(id))
@@ -269,9 +275,12 @@ impl SendComm {
     }
 
     /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
-    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+    /// With `io` false the caller only looks (a helper thread moves the bytes).
+    pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
         self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
-        self.progress();
+        if io {
+            self.progress();
+        }
         let r = self.reqs.get(id).unwrap();
         let (done, size) = (r.pieces_left == 0, r.size);
         if !done {
@@ -287,6 +296,23 @@ impl SendComm {
         }
         self.reqs.release(id).unwrap();
         Ok(Some(Completion::one(size)))
+    }
+}
+
+impl Drive for SendCore {
+    fn progress(&mut self) {
+        SendCore::progress(self)
+    }
+    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        let mut n = 0;
+        for st in self.streams.iter().filter(|st| !st.q.is_empty()) {
+            out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+            n += 1;
+        }
+        n
     }
 }
 
@@ -313,8 +339,8 @@ struct RecvStream {
     q: VecDeque<Expect>,
 }
 
-/// The receiving end of a TCP connection.
-pub struct RecvComm {
+/// The receiving end of a TCP connection, driven by whoever holds it.
+pub struct RecvCore {
     streams: Vec<RecvStream>,
     reqs: Pool<RecvReq>,
     /// Posted receives that still wait for messages, in posting order.
@@ -337,17 +363,17 @@ pub struct RecvComm {
 
 // SAFETY: as for SendComm: raw pointers are NCCL receive buffers valid until
 // completion, and the comm is used by one thread at a time.
-unsafe impl Send for RecvComm {}
+unsafe impl Send for RecvCore {}
 
 enum Step {
     Progress,
     Blocked,
 }
 
-impl RecvComm {
+impl RecvCore {
     /// Build from accepted streams.
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
-        RecvComm {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvCore {
+        RecvCore {
             streams: socks.into_iter().map(|sock| RecvStream { sock, q: VecDeque::with_capacity(MAX_REQUESTS * MAX_RECVS) }).collect(),
             reqs: Pool::new(MAX_REQUESTS),
             order: VecDeque::with_capacity(MAX_REQUESTS),
@@ -583,9 +609,12 @@ impl RecvComm {
     }
 
     /// `Ok(Some(sizes))` when every buffer of the receive is filled.
-    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+    /// With `io` false the caller only looks (a helper thread moves the bytes).
+    pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
         self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
-        self.progress();
+        if io {
+            self.progress();
+        }
         if let Some(e) = &self.failed {
             let e = e.clone();
             if self.reqs.release(id).is_ok() {
@@ -601,6 +630,259 @@ impl RecvComm {
             return Ok(Some(c));
         }
         Ok(None)
+    }
+}
+
+impl Drive for RecvCore {
+    fn progress(&mut self) {
+        RecvCore::progress(self)
+    }
+    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        let mut n = 0;
+        for (i, st) in self.streams.iter().enumerate() {
+            // stream 0 is worth waiting on while a piece is expected, or a
+            // receive is posted and no whole header is staged (a staged
+            // header that no posted receive takes waits for the next post)
+            let want = !st.q.is_empty() || i == 0 && !self.order.is_empty() && self.stage_hi - self.stage_lo < HDR_LEN;
+            if want {
+                out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+// ---------------------------------------------------------------- helper thread
+
+/// What a helper thread needs from a comm core.
+pub trait Drive: Send + 'static {
+    /// Move what can move now without blocking.
+    fn progress(&mut self);
+    /// The sockets worth waiting on, and for what; how many were written.
+    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize;
+}
+
+struct Shared<T> {
+    core: Mutex<T>,
+    stop: AtomicBool,
+    /// Bumped after every post: a helper about to sleep sees it changed.
+    posts: AtomicU64,
+    sleeping: AtomicBool,
+    wake: EventFd,
+}
+
+/// A comm core driven by its own thread (RUSTNET_SOCKET_HELPER=1): it sleeps
+/// in poll(2) on the sockets that can move and on an eventfd that posts
+/// ring, so neither it nor the caller spins on EAGAIN; `test` only looks.
+/// The thread is joined when the comm is dropped (NCCL's close).
+pub struct Helper<T: Drive> {
+    sh: Arc<Shared<T>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Longest sleep of an idle helper (it re-checks its stop flag at least this often).
+const HELPER_NAP_MS: i32 = 100;
+
+fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
+    let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 65];
+    while !sh.stop.load(Ordering::SeqCst) {
+        let seen = sh.posts.load(Ordering::SeqCst);
+        let n = {
+            let mut c = sh.core.lock();
+            c.progress();
+            c.wait_set(&mut fds[1..])
+        };
+        fds[0] = libc::pollfd { fd: sh.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        sh.sleeping.store(true, Ordering::SeqCst);
+        if sh.posts.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
+            // errors surface through the core on its next progress
+            let _ = sys::poll(&mut fds[..n + 1], HELPER_NAP_MS);
+        }
+        sh.sleeping.store(false, Ordering::SeqCst);
+        if fds[0].revents != 0 {
+            sh.wake.drain();
+        }
+    }
+}
+
+impl<T: Drive> Helper<T> {
+    fn start(core: T, what: &str) -> Result<Helper<T>> {
+        let sh = Arc::new(Shared {
+            core: Mutex::new(core),
+            stop: AtomicBool::new(false),
+            posts: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
+            wake: EventFd::new()?,
+        });
+        let s2 = sh.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("rustnet-tcp-{what}"))
+            .spawn(move || helper_loop(s2))
+            .map_err(|e| Error::Internal(format!("start the TCP helper thread: {e}")))?;
+        Ok(Helper { sh, thread: Some(thread) })
+    }
+
+    /// Tell the helper there is new work.
+    fn posted(&self) {
+        self.sh.posts.fetch_add(1, Ordering::SeqCst);
+        if self.sh.sleeping.load(Ordering::SeqCst) {
+            self.sh.wake.notify();
+        }
+    }
+}
+
+impl<T: Drive> Drop for Helper<T> {
+    fn drop(&mut self) {
+        self.sh.stop.store(true, Ordering::SeqCst);
+        self.sh.wake.notify();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The sending end of a TCP connection: driven from `test` (NCCL's proxy
+/// thread), or by a helper thread.
+pub enum SendComm {
+    /// The caller of isend/test moves the bytes.
+    Direct(SendCore),
+    /// A helper thread moves them.
+    Helper(Helper<SendCore>),
+}
+
+impl SendComm {
+    /// Build from connected streams.
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
+        let core = SendCore::new(socks, peer, cfg);
+        if cfg.helper {
+            let peer = core.peer;
+            match Helper::start(core, "send") {
+                Ok(h) => return SendComm::Helper(h),
+                Err(e) => {
+                    tracing::warn!("{e}; sending to {peer} from the caller's thread instead");
+                    return SendComm::new_direct_after_failure(peer);
+                }
+            }
+        }
+        SendComm::Direct(core)
+    }
+
+    fn new_direct_after_failure(peer: SocketAddr) -> SendComm {
+        // the core moved into the failed start; a comm that fails every call says why
+        let mut c = SendCore::new(Vec::new(), peer, StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false });
+        c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
+        SendComm::Direct(c)
+    }
+
+    /// Peer address.
+    pub fn peer(&self) -> SocketAddr {
+        match self {
+            SendComm::Direct(c) => c.peer,
+            SendComm::Helper(h) => h.sh.core.lock().peer,
+        }
+    }
+
+    /// Number of TCP streams.
+    pub fn nstreams(&self) -> usize {
+        match self {
+            SendComm::Direct(c) => c.nstreams(),
+            SendComm::Helper(h) => h.sh.core.lock().nstreams(),
+        }
+    }
+
+    /// Queue a send; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// `buf` must stay readable until `test` reports this request done or failed.
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+        match self {
+            // SAFETY: forwarded from our caller.
+            SendComm::Direct(c) => unsafe { c.isend(buf, tag, true) },
+            SendComm::Helper(h) => {
+                // SAFETY: forwarded from our caller.
+                let r = unsafe { h.sh.core.lock().isend(buf, tag, false) };
+                if matches!(r, Ok(Some(_))) {
+                    h.posted();
+                }
+                r
+            }
+        }
+    }
+
+    /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        match self {
+            SendComm::Direct(c) => c.test(id, true),
+            SendComm::Helper(h) => h.sh.core.lock().test(id, false),
+        }
+    }
+}
+
+/// The receiving end of a TCP connection: driven from `test`, or by a
+/// helper thread.
+pub enum RecvComm {
+    /// The caller of irecv/test moves the bytes.
+    Direct(RecvCore),
+    /// A helper thread moves them.
+    Helper(Helper<RecvCore>),
+}
+
+impl RecvComm {
+    /// Build from accepted streams.
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
+        let core = RecvCore::new(socks, peer, cfg);
+        if cfg.helper {
+            match Helper::start(core, "recv") {
+                Ok(h) => return RecvComm::Helper(h),
+                Err(e) => {
+                    tracing::warn!("{e}; receiving from {peer} from the caller's thread instead");
+                    let mut c =
+                        RecvCore::new(Vec::new(), peer, StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false });
+                    c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
+                    return RecvComm::Direct(c);
+                }
+            }
+        }
+        RecvComm::Direct(core)
+    }
+
+    /// Peer address.
+    pub fn peer(&self) -> SocketAddr {
+        match self {
+            RecvComm::Direct(c) => c.peer,
+            RecvComm::Helper(h) => h.sh.core.lock().peer,
+        }
+    }
+
+    /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// Every buffer must stay writable until `test` reports this request done or failed.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
+        match self {
+            // SAFETY: forwarded from our caller.
+            RecvComm::Direct(c) => unsafe { c.irecv(bufs) },
+            RecvComm::Helper(h) => {
+                // SAFETY: forwarded from our caller.
+                let r = unsafe { h.sh.core.lock().irecv(bufs) };
+                if matches!(r, Ok(Some(_))) {
+                    h.posted();
+                }
+                r
+            }
+        }
+    }
+
+    /// `Ok(Some(sizes))` when every buffer of the receive is filled.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        match self {
+            RecvComm::Direct(c) => c.test(id, true),
+            RecvComm::Helper(h) => h.sh.core.lock().test(id, false),
+        }
     }
 }
 
@@ -657,7 +939,7 @@ mod data_tests {
 
     /// `n` connected stream pairs over loopback, optionally with tiny socket
     /// buffers so that reads and writes come back short.
-    fn comms(n: usize, bufsize: u64) -> (SendComm, RecvComm) {
+    fn comms(n: usize, bufsize: u64, helper: bool) -> (SendComm, RecvComm) {
         let (l, addr) = Socket::listen(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)).unwrap();
         let mut tx = Vec::new();
         let mut rx = Vec::new();
@@ -676,7 +958,7 @@ mod data_tests {
             tx.push(c);
             rx.push(a);
         }
-        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize };
+        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize, helper };
         (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
     }
 
@@ -684,7 +966,11 @@ mod data_tests {
     /// the oldest request of each side (NCCL's proxy), and checks every byte
     /// and every reported size.
     fn replay(n: usize, bufsize: u64, sizes: &[usize]) {
-        let (mut s, mut r) = comms(n, bufsize);
+        replay_with(n, bufsize, false, sizes)
+    }
+
+    fn replay_with(n: usize, bufsize: u64, helper: bool, sizes: &[usize]) {
+        let (mut s, mut r) = comms(n, bufsize, helper);
         let src: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &z)| (0..z).map(|i| (i * 31 + k * 7) as u8).collect()).collect();
         let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&z| vec![0xEE; z + 8]).collect();
         let (mut ps, mut ds, mut pr, mut dr) = (0, 0, 0, 0);
@@ -695,14 +981,14 @@ mod data_tests {
             while pr < sizes.len() && pr - dr < 8 {
                 let b = RecvBuf { buf: RawBuf { ptr: dst[pr].as_mut_ptr(), len: dst[pr].len() }, tag: 5 };
                 // SAFETY: dst outlives the loop, which ends only when every receive is done.
-                let Some(id) = (unsafe { r.irecv(&[b]) }.unwrap()) else { break };
+                let Some(id) = unsafe { r.irecv(&[b]) }.unwrap() else { break };
                 rq.push_back(id);
                 pr += 1;
             }
             while ps < sizes.len() && ps - ds < 8 {
                 let b = RawBuf { ptr: src[ps].as_ptr() as *mut u8, len: sizes[ps] };
                 // SAFETY: as above, for src.
-                let Some(id) = (unsafe { s.isend(b, 5) }.unwrap()) else { break };
+                let Some(id) = unsafe { s.isend(b, 5) }.unwrap() else { break };
                 sq.push_back(id);
                 ps += 1;
             }
@@ -779,5 +1065,47 @@ mod data_tests {
     fn many_step_sized_messages_in_a_row() {
         let sizes: Vec<usize> = (0..200).map(|i| if i % 50 == 49 { 1000 } else { 512 << 10 }).collect();
         replay(1, 0, &sizes);
+    }
+
+    #[test]
+    fn helper_threads_move_mixed_sizes_exactly() {
+        replay_with(1, 0, true, MIX);
+        replay_with(3, 0, true, MIX);
+        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
+        replay_with(2, 4096, true, &small);
+        let sizes: Vec<usize> = (0..100).map(|i| if i % 25 == 24 { 10 } else { 512 << 10 }).collect();
+        replay_with(2, 0, true, &sizes);
+    }
+
+    #[test]
+    fn helper_threads_are_joined_when_the_comms_close() {
+        let (s, r) = comms(2, 0, true);
+        let (SendComm::Helper(hs), RecvComm::Helper(hr)) = (&s, &r) else { panic!("RUSTNET_SOCKET_HELPER=1 gave no helper") };
+        // the thread holds the shared state while it runs: once the comm
+        // is dropped nothing may hold it, i.e. the thread was joined
+        let (ws, wr) = (Arc::downgrade(&hs.sh), Arc::downgrade(&hr.sh));
+        assert_eq!((ws.strong_count(), wr.strong_count()), (2, 2), "helper threads not running");
+        drop((s, r));
+        assert!(ws.upgrade().is_none() && wr.upgrade().is_none(), "a helper thread outlived its comm");
+        let (s2, r2) = comms(1, 0, false);
+        assert!(matches!((&s2, &r2), (SendComm::Direct(_), RecvComm::Direct(_))));
+    }
+
+    #[test]
+    fn a_helper_receiver_reports_a_dead_peer() {
+        let (s, mut r) = comms(1, 0, true);
+        let mut buf = vec![0u8; 1 << 20];
+        // SAFETY: buf outlives the receive (we wait for its failure below).
+        let id = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: buf.as_mut_ptr(), len: buf.len() }, tag: 1 }]) }.unwrap().unwrap();
+        drop(s);
+        let t0 = Instant::now();
+        loop {
+            match r.test(id) {
+                Err(e) => return assert!(e.to_string().contains("closed"), "{e}"),
+                Ok(Some(_)) => panic!("a receive completed without data"),
+                Ok(None) => assert!(t0.elapsed() < Duration::from_secs(10), "dead peer not noticed"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -402,6 +402,53 @@ impl Socket {
     }
 }
 
+/// An eventfd: how a thread posting work wakes a helper thread asleep in poll.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// A non-blocking, close-on-exec eventfd.
+    pub fn new() -> Result<EventFd> {
+        // SAFETY: plain eventfd(2); the descriptor is owned below.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }, || "eventfd".into())?;
+        // SAFETY: a fresh descriptor nothing else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Wake the waiter (its next poll sees POLLIN).
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: 8 readable bytes; a full counter (EAGAIN) already wakes the waiter.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reset the counter after a wake-up.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: 8 writable bytes; EAGAIN (already zero) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// poll(2) on `fds` for at most `timeout_ms`; EINTR counts as a wake-up.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> std::result::Result<usize, Errno> {
+    // SAFETY: fds is a valid array of fds.len() pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = Errno::last();
+        return if e.0 == libc::EINTR { Ok(0) } else { Err(e) };
+    }
+    Ok(r as usize)
+}
+
 /// An IP interface as `getifaddrs` reports it.
 #[derive(Debug, Clone)]
 pub struct IfAddr {
