@@ -803,9 +803,14 @@ impl SendComm {
             // SAFETY: forwarded from our caller.
             SendComm::Direct(c) => unsafe { c.isend(buf, tag, true) },
             SendComm::Helper(h) => {
+                let mut c = h.sh.core.lock();
+                // the caller writes what fits at once (no hand-off for a
+                // small message); the helper takes over what is left
                 // SAFETY: forwarded from our caller.
-                let r = unsafe { h.sh.core.lock().isend(buf, tag, false) };
-                if matches!(r, Ok(Some(_))) {
+                let r = unsafe { c.isend(buf, tag, true) };
+                let left = c.streams.iter().any(|st| !st.q.is_empty());
+                drop(c);
+                if left && matches!(r, Ok(Some(_))) {
                     h.posted();
                 }
                 r
@@ -817,7 +822,12 @@ impl SendComm {
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         match self {
             SendComm::Direct(c) => c.test(id, true),
-            SendComm::Helper(h) => h.sh.core.lock().test(id, false),
+            // the helper holds the lock while it moves bytes: the request
+            // is then not done yet; else the caller moves what it can
+            SendComm::Helper(h) => match h.sh.core.try_lock() {
+                Some(mut c) => c.test(id, true),
+                None => Ok(None),
+            },
         }
     }
 }
@@ -881,7 +891,10 @@ impl RecvComm {
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         match self {
             RecvComm::Direct(c) => c.test(id, true),
-            RecvComm::Helper(h) => h.sh.core.lock().test(id, false),
+            RecvComm::Helper(h) => match h.sh.core.try_lock() {
+                Some(mut c) => c.test(id, true),
+                None => Ok(None),
+            },
         }
     }
 }
