@@ -352,6 +352,8 @@ knobs! {
     socket_min_chunk: Bytes = "RUSTNET_SOCKET_MIN_CHUNK", default "64K", accepts "a byte count, optionally with K, M or G";
     /// SO_SNDBUF/SO_RCVBUF for TCP streams; 0 leaves the kernel's autotuning in charge.
     socket_bufsize: Bytes = "RUSTNET_SOCKET_BUFSIZE", default "0", accepts "a byte count, optionally with K, M or G";
+    /// 1: every TCP comm gets one helper thread that moves what the caller could not (a full socket, data still to come), asleep in poll(2) while nothing can move; small messages still go out from the caller without a hand-off. The thread is joined on close. 0: the caller of isend/irecv/test moves every byte, as NCCL's socket transport does with zero helper threads. -1: 1 on hosts with at least 8 CPUs, else 0. See docs/tcp-performance.md.
+    socket_helper: Int<-1, 1> = "RUSTNET_SOCKET_HELPER", default "-1", accepts "-1 (auto), 0 or 1";
     /// Seconds after which a silent TCP peer is declared dead: keepalive on idle streams, and on a sender no acknowledgement while one is owed. A receiver that is alive but not reading is not silent (it answers window probes) and is waited for.
     socket_timeout: Int<1, 86400> = "RUSTNET_SOCKET_TIMEOUT", default "30", accepts "seconds, 1..86400";
     /// RDMA devices and ports to use, in NCCL's syntax (`mlx5_0:1,mlx5_1`, `^mlx5_2`, `=mlx5_1`).

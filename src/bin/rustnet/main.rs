@@ -12,6 +12,9 @@ mod agent;
 mod bench;
 mod bisect;
 mod ctl;
+mod ncclsock;
+mod plot;
+mod ring;
 
 fn doctor(args: Vec<String>) -> i32 {
     let mut o = rustnet::doctor::Opts::default();

@@ -245,7 +245,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn listener() -> (TcpListen, Handle) {
-        let cfg = StreamCfg { nstreams: 2, min_chunk: 4096, timeout_s: 30, bufsize: 0 };
+        let cfg = StreamCfg { nstreams: 2, min_chunk: 4096, timeout_s: 30, bufsize: 0, helper: false };
         TcpListen::new("127.0.0.1:0".parse().unwrap(), HandleKind::Tcp, cfg).unwrap()
     }
 

@@ -15,6 +15,13 @@ pub use connect::{TcpConnecting, TcpListen};
 pub use device::NetIf;
 pub use p2p::{RecvComm, SendComm};
 
+/// RUSTNET_SOCKET_HELPER=-1 starts helper threads on hosts with at least
+/// this many CPUs: there a thread per comm finds a core of its own, while on
+/// a small host it competes with the proxy and the application (on 2 cores
+/// it moved 2-4x the bytes of NCCL's loop under NCCL's pattern but spent
+/// 1.1-1.6x the CPU per byte; docs/tcp-performance.md).
+pub const HELPER_AUTO_MIN_CPUS: usize = 8;
+
 /// Per-connection stream settings from the knob table.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamCfg {
@@ -26,6 +33,8 @@ pub struct StreamCfg {
     pub timeout_s: i64,
     /// SO_SNDBUF/SO_RCVBUF (0 = autotune).
     pub bufsize: u64,
+    /// One helper thread per comm moves its bytes (RUSTNET_SOCKET_HELPER).
+    pub helper: bool,
 }
 
 impl StreamCfg {
@@ -37,6 +46,11 @@ impl StreamCfg {
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
+            helper: match cfg.socket_helper.get() {
+                0 => false,
+                1 => true,
+                _ => std::thread::available_parallelism().map_or(1, |n| n.get()) >= HELPER_AUTO_MIN_CPUS,
+            },
         }
     }
 }

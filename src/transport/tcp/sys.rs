@@ -257,6 +257,40 @@ impl Socket {
         }
     }
 
+    /// Non-blocking scatter read into two raw pieces: the first filled
+    /// before the second (one system call for a payload's end and the next
+    /// header).
+    ///
+    /// # Safety
+    /// Each `(ptr, len)` must be writable memory valid for the call, and the
+    /// two must not overlap.
+    pub unsafe fn read_raw2(&self, a: (*mut u8, usize), b: (*mut u8, usize)) -> std::result::Result<Io, Errno> {
+        let mut iov = [
+            libc::iovec { iov_base: a.0 as *mut libc::c_void, iov_len: a.1 },
+            libc::iovec { iov_base: b.0 as *mut libc::c_void, iov_len: b.1 },
+        ];
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::recvmsg(self.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return if a.1 + b.1 == 0 { Ok(Io::Done(0)) } else { Ok(Io::Eof) };
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Non-blocking gather write of up to two raw pieces (MSG_NOSIGNAL: a dead
     /// peer is an EPIPE error, never a signal).
     ///
@@ -366,6 +400,53 @@ impl Socket {
         // SAFETY: a slice is valid readable memory.
         unsafe { self.write_raw2((buf.as_ptr(), buf.len()), (std::ptr::null(), 0)) }
     }
+}
+
+/// An eventfd: how a thread posting work wakes a helper thread asleep in poll.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// A non-blocking, close-on-exec eventfd.
+    pub fn new() -> Result<EventFd> {
+        // SAFETY: plain eventfd(2); the descriptor is owned below.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }, || "eventfd".into())?;
+        // SAFETY: a fresh descriptor nothing else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Wake the waiter (its next poll sees POLLIN).
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: 8 readable bytes; a full counter (EAGAIN) already wakes the waiter.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reset the counter after a wake-up.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: 8 writable bytes; EAGAIN (already zero) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// poll(2) on `fds` for at most `timeout_ms`; EINTR counts as a wake-up.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> std::result::Result<usize, Errno> {
+    // SAFETY: fds is a valid array of fds.len() pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = Errno::last();
+        return if e.0 == libc::EINTR { Ok(0) } else { Err(e) };
+    }
+    Ok(r as usize)
 }
 
 /// An IP interface as `getifaddrs` reports it.
