@@ -26,6 +26,10 @@ pub struct StreamCfg {
     pub timeout_s: i64,
     /// SO_SNDBUF/SO_RCVBUF (0 = autotune).
     pub bufsize: u64,
+    /// Connection set-up timeout, seconds (`RUSTNET_CONNECT_TIMEOUT`).
+    pub connect_timeout_s: i64,
+    /// Accepted connections without a valid hello a listener keeps (`RUSTNET_LISTEN_MAX_STRANGERS`).
+    pub max_strangers: usize,
 }
 
 impl StreamCfg {
@@ -37,6 +41,8 @@ impl StreamCfg {
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
+            connect_timeout_s: cfg.connect_timeout.get(),
+            max_strangers: cfg.listen_max_strangers.get() as usize,
         }
     }
 }
