@@ -85,19 +85,19 @@ fn nofile_hard() -> u64 {
 
 /// Highest open descriptor + 1.
 fn fd_top() -> u64 {
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
-        .max()
-        .unwrap_or(0)
-        + 1
+    std::fs::read_dir("/proc/self/fd").unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok()).max().unwrap_or(0) + 1
 }
 
 /// connect and accept interleaved (as NCCL's one-thread paths do) until both
 /// are done; accept must never fail. The time it took.
 fn serve(p: &Plugin, h: &mut [u8; HANDLE_SIZE], l: Ptr, limit: Duration) -> (Ptr, Ptr, Duration) {
+    serve_from(p, h, l, None, limit)
+}
+
+/// [`serve`] with a connect that may already have completed.
+fn serve_from(p: &Plugin, h: &mut [u8; HANDLE_SIZE], l: Ptr, mut s: Option<Ptr>, limit: Duration) -> (Ptr, Ptr, Duration) {
     let t0 = Instant::now();
-    let (mut s, mut r) = (None, None);
+    let mut r = None;
     while s.is_none() || r.is_none() {
         if s.is_none() {
             s = p.connect(0, h).unwrap_or_else(|e| panic!("connect failed after {:?}: {e}", t0.elapsed()));
@@ -163,9 +163,9 @@ fn child_fd_exhaustion() {
     //    descriptors in use, the real peer queued behind the strangers.
     let (mut h, l) = p.listen(0).unwrap();
     let strangers: Vec<TcpStream> = (0..400).map(|_| TcpStream::connect(addr_of(&h)).unwrap()).collect();
-    assert!(p.connect(0, &mut h).unwrap().is_none());
+    let s0 = p.connect(0, &mut h).unwrap();
     set_nofile(fd_top() + 200);
-    let (s, r, took) = serve(&p, &mut h, l, Duration::from_secs(10));
+    let (s, r, took) = serve_from(&p, &mut h, l, s0, Duration::from_secs(10));
     println!("MEASURE strangers_hold_fds served_after_ms={:.1}", took.as_secs_f64() * 1e3);
     transfer(&p, s, r);
     p.close_send(s).unwrap();
@@ -178,7 +178,7 @@ fn child_fd_exhaustion() {
     //    an error) while it lasts, and serves the peer once they are free.
     for round in 0..3 {
         let (mut h, l) = p.listen(0).unwrap();
-        assert!(p.connect(0, &mut h).unwrap().is_none());
+        let mut s0 = p.connect(0, &mut h).unwrap();
         set_nofile(fd_top() + 50);
         let mut filler = Vec::new();
         while let Ok(f) = std::fs::File::open("/dev/null") {
@@ -192,10 +192,14 @@ fn child_fd_exhaustion() {
                 Ok(Some(_)) => panic!("accepted with no descriptor free"),
                 Err(e) => panic!("accept failed while descriptors were exhausted (must be back-pressure): {e}"),
             }
-            assert!(p.connect(0, &mut h).unwrap().is_none(), "connect completed before the listener accepted");
+            if s0.is_none() {
+                s0 = p.connect(0, &mut h).unwrap();
+            }
         }
+        // (connect waits for the acceptance: no_send_completes_toward_a_listener_that_never_accepted)
+        assert!(s0.is_none(), "connect completed before the listener accepted");
         drop(filler);
-        let (s, r, took) = serve(&p, &mut h, l, Duration::from_secs(10));
+        let (s, r, took) = serve_from(&p, &mut h, l, s0, Duration::from_secs(10));
         println!("MEASURE round={round} not_yet_calls={calls} recovered_after_ms={:.2}", took.as_secs_f64() * 1e3);
         transfer(&p, s, r);
         p.close_send(s).unwrap();
@@ -366,7 +370,10 @@ fn child_vanishing_syns() {
 fn no_send_completes_toward_a_listener_that_never_accepted() {
     let (_, err) = child("child_wrong_listener", &[("RUSTNET_CONNECT_TIMEOUT", "2")]);
     assert!(err.contains("refused the connection") && err.contains("stale handle"), "stale nonce: no reason given; stderr:\n{err}");
-    assert!(err.contains("did not accept the connection within RUSTNET_CONNECT_TIMEOUT=2"), "silent server: no reason given; stderr:\n{err}");
+    assert!(
+        err.contains("did not accept the connection within RUSTNET_CONNECT_TIMEOUT=2"),
+        "silent server: no reason given; stderr:\n{err}"
+    );
 }
 
 /// Connect with `h` and, if that completes, try a 64 KiB send: it must not
