@@ -81,14 +81,18 @@ impl Rejections {
             return;
         }
         self.last = Some(now);
+        let (p, why) = &self.named[0];
         if self.count == 1 {
-            let (p, why) = &self.named[0];
             tracing::warn!("listener {listener}: rejected connection from {p}: {why}");
         } else {
-            let list: Vec<String> = self.named.iter().map(|(p, w)| format!("{p} ({w})")).collect();
-            let more = self.count - self.named.len() as u64;
-            let more = if more > 0 { format!("; and {more} more") } else { String::new() };
-            tracing::warn!("listener {listener}: rejected {} connections: {}{more}", self.count, list.join("; "));
+            let list: Vec<String> = self.named[1..].iter().map(|(p, w)| format!("{p} ({w})")).collect();
+            let unnamed = self.count - self.named.len() as u64;
+            let unnamed = if unnamed > 0 { format!("; {unnamed} not named") } else { String::new() };
+            tracing::warn!(
+                "listener {listener}: rejected connection from {p}: {why}; and {} more: {}{unnamed}",
+                self.count - 1,
+                list.join("; ")
+            );
         }
         self.count = 0;
         self.named.clear();
