@@ -210,7 +210,7 @@ impl TcpListen {
                     if evicted < EVICT_PER_CALL {
                         if let Some(p) = self.pop_oldest() {
                             evicted += 1;
-                            let why = format!("no hello yet, closed to free a descriptor ({errno})");
+                            let why = "no hello yet; closed to free a descriptor (accept: out of descriptors)".to_string();
                             self.refuse(p, Verdict::TooMany, why);
                             continue;
                         }
