@@ -35,6 +35,10 @@ pub struct StreamCfg {
     pub bufsize: u64,
     /// One helper thread per comm moves its bytes (RUSTNET_SOCKET_HELPER).
     pub helper: bool,
+    /// Connection set-up timeout, seconds (`RUSTNET_CONNECT_TIMEOUT`).
+    pub connect_timeout_s: i64,
+    /// Accepted connections without a valid hello a listener keeps (`RUSTNET_LISTEN_MAX_STRANGERS`).
+    pub max_strangers: usize,
 }
 
 impl StreamCfg {
@@ -51,6 +55,8 @@ impl StreamCfg {
                 1 => true,
                 _ => std::thread::available_parallelism().map_or(1, |n| n.get()) >= HELPER_AUTO_MIN_CPUS,
             },
+            connect_timeout_s: cfg.connect_timeout.get(),
+            max_strangers: cfg.listen_max_strangers.get() as usize,
         }
     }
 }

@@ -773,7 +773,11 @@ impl SendComm {
 
     fn new_direct_after_failure(peer: SocketAddr) -> SendComm {
         // the core moved into the failed start; a comm that fails every call says why
-        let mut c = SendCore::new(Vec::new(), peer, StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false });
+        let mut c = SendCore::new(
+            Vec::new(),
+            peer,
+            StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false, connect_timeout_s: 60, max_strangers: 256 },
+        );
         c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
         SendComm::Direct(c)
     }
@@ -850,8 +854,19 @@ impl RecvComm {
                 Ok(h) => return RecvComm::Helper(h),
                 Err(e) => {
                     tracing::warn!("{e}; receiving from {peer} from the caller's thread instead");
-                    let mut c =
-                        RecvCore::new(Vec::new(), peer, StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false });
+                    let mut c = RecvCore::new(
+                        Vec::new(),
+                        peer,
+                        StreamCfg {
+                            nstreams: 0,
+                            min_chunk: 1,
+                            timeout_s: 1,
+                            bufsize: 0,
+                            helper: false,
+                            connect_timeout_s: 60,
+                            max_strangers: 256,
+                        },
+                    );
                     c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
                     return RecvComm::Direct(c);
                 }
@@ -971,7 +986,7 @@ mod data_tests {
             tx.push(c);
             rx.push(a);
         }
-        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize, helper };
+        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize, helper, connect_timeout_s: 60, max_strangers: 256 };
         (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
     }
 

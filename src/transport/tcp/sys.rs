@@ -499,3 +499,67 @@ pub fn if_index(name: &str) -> u32 {
     // SAFETY: c is a valid NUL-terminated string.
     unsafe { libc::if_nametoindex(c.as_ptr()) }
 }
+
+// ------------------------------------------------ listener bookkeeping (connection set-up)
+
+/// Most readiness events one [`Poller::ready`] call returns.
+pub const POLL_BATCH: usize = 64;
+
+/// An epoll set over a listener's not-yet-identified connections, so that a
+/// call to `accept` costs what is ready, not what is attached (level
+/// triggered; each socket is known by a caller's token).
+#[derive(Debug)]
+pub struct Poller {
+    fd: OwnedFd,
+}
+
+impl Poller {
+    /// A new, empty set.
+    pub fn new() -> Result<Poller> {
+        // SAFETY: plain epoll_create1(2); the returned fd is owned below.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }, || "epoll_create1".into())?;
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        Ok(Poller { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Watch `s` for input or hang-up, reported as `token`.
+    pub fn add(&self, s: &Socket, token: u64) -> Result<()> {
+        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
+        // SAFETY: both fds are open; ev is valid for the call.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) }, || "epoll_ctl(ADD)".into())
+            .map(|_| ())
+    }
+
+    /// Stop watching `s` (before it is handed on; closing it also does).
+    pub fn remove(&self, s: &Socket) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: both fds are open; ev is valid (kernels before 2.6.9 want non-NULL).
+        // A failure leaves nothing to undo: the socket was not in the set.
+        let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, s.as_raw_fd(), &mut ev) };
+    }
+
+    /// Tokens of the sockets with something to read (or closed), without waiting.
+    pub fn ready(&self, out: &mut [u64; POLL_BATCH]) -> Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; POLL_BATCH];
+        loop {
+            // SAFETY: evs has room for POLL_BATCH events; zero timeout.
+            let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), POLL_BATCH as libc::c_int, 0) };
+            if r < 0 && Errno::last().0 == libc::EINTR {
+                continue;
+            }
+            let n = cvt(r, || "epoll_wait".into())? as usize;
+            for (o, e) in out.iter_mut().zip(&evs[..n]) {
+                *o = e.u64;
+            }
+            return Ok(n);
+        }
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` of this process, for messages (None: unlimited or unknown).
+pub fn nofile_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid out-pointer for the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
+}
