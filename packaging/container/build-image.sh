@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEB=$(readlink -f "$1"); OUT=${2:-out/pkg}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+command -v podman >/dev/null || { echo "build-image: podman is missing (apt-get install podman runc)" >&2; exit 1; }
 . packaging/container/podman-env.sh
 VERSION=$(dpkg-deb -f "$DEB" Version | sed 's/-[^-]*$//')
 STAGE=$(mktemp -d)

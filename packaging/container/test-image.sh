@@ -83,3 +83,4 @@ assert t and t[0]["status"] == "Pass" and t[0]["detail"].startswith("socket"), f
 print("  doctor --json: verdict", d["verdict"], "| plugin:", t[0]["detail"], "| export_env:", d["export_env"])
 PY
 rm -rf "$OUTD"
+$PODMAN image prune -f >/dev/null 2>&1 || true   # earlier builds of the layer, untagged by this one
