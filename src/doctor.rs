@@ -25,7 +25,7 @@ pub enum Status {
 /// One line of the report.
 #[derive(Debug, Clone)]
 pub struct Check {
-    /// Layer: env, rdma, gid, link, topo, gpu, host, plugin.
+    /// Layer: env, rdma, gid, fabric, counters, link, topo, gpu, host, plugin.
     pub layer: &'static str,
     /// What was checked.
     pub what: String,
