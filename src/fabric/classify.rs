@@ -282,7 +282,7 @@ pub fn classify(d: &Delta) -> Vec<Finding> {
     } else if out.is_empty() && d.secs.is_some() {
         out.push(Finding { kind: Kind::Traffic, severity: Severity::Info, text: format!("idle: no counter moved on {on}") });
     }
-    out.sort_by(|a, b| b.severity.cmp(&a.severity));
+    out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
 }
 
