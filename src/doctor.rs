@@ -532,7 +532,7 @@ pub fn tools(o: &Opts) -> (crate::fabric::counters::Ethtool, crate::fabric::loss
     let live = o.sysfs == Path::new("/sys");
     let why = "the sysfs root is not /sys, so the live netdevs do not match it";
     let e = o.ethtool.clone().unwrap_or_else(|| if live { Ethtool::detect() } else { Ethtool::Skip(format!("ethtool not run: {why}")) });
-    let d = o.dcb.clone().unwrap_or_else(|| if live { DcbTool::detect() } else { DcbTool::Skip(format!("dcb not run: {why}")) });
+    let d = o.dcb.clone().unwrap_or_else(|| if live { DcbTool::detect() } else { DcbTool::Skip(format!("DCB not read: {why}")) });
     (e, d)
 }
 

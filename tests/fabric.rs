@@ -150,7 +150,7 @@ fn doctor_names_error_counters_and_tools_it_could_not_run() {
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("[ethtool not run: the sysfs root is not /sys"), "{out}");
-    assert!(out.contains("cannot read eth2's DCB state: dcb not run: the sysfs root is not /sys"), "{out}");
+    assert!(out.contains("cannot read eth2's DCB state: DCB not read: the sysfs root is not /sys"), "{out}");
 }
 
 fn watch(t: &Tree, args: &[&str]) -> std::process::Child {

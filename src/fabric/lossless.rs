@@ -1,7 +1,7 @@
 //! The lossless-Ethernet (RoCE) checks of `rustnet doctor`: MTU (netdev vs
 //! the port's active RoCE MTU vs the peer's), the PFC-enabled priorities and
-//! the DSCP-to-priority map (as iproute2's `dcb` reads them from the
-//! kernel's DCB netlink), ECN for RoCE per priority (mlx5's
+//! the DSCP-to-priority map (from the kernel's DCB netlink, as iproute2's
+//! `dcb` reads them, or from `dcb`'s output), ECN for RoCE per priority (mlx5's
 //! `/sys/class/net/<dev>/ecn/roce_np|roce_rp/enable/<prio>`), and whether the
 //! traffic class the plugin puts on the wire (`NCCL_IB_TC`; DSCP = TC >> 2)
 //! lands on a priority that is PFC- and ECN-enabled.
@@ -214,7 +214,7 @@ pub fn qos_checks(p: &PortQos, t: &Traffic) -> Vec<Out> {
                 format!("{l} PFC / DSCP map"),
                 Status::Warn,
                 format!("cannot read {nd}'s DCB state: {e}"),
-                "install iproute2's dcb, and check the driver has DCB support (mlx5: CONFIG_MLX5_CORE_EN_DCB)",
+                "check the driver has DCB support (mlx5: CONFIG_MLX5_CORE_EN_DCB) and that this runs in the netdev's namespace",
             ));
             None
         }
@@ -336,23 +336,18 @@ pub fn qos_checks(p: &PortQos, t: &Traffic) -> Vec<Out> {
 /// How to read DCB state.
 #[derive(Debug, Clone)]
 pub enum DcbTool {
-    /// Run iproute2's `dcb` (this path or name).
+    /// Ask the kernel over DCB netlink ([`super::dcbnl`]), as `dcb` does.
+    Netlink,
+    /// Run iproute2's `dcb` (this path or name) and parse its output.
     Run(String),
     /// Do not, for this reason.
     Skip(String),
 }
 
 impl DcbTool {
-    /// `dcb` when on PATH.
+    /// The live default: netlink.
     pub fn detect() -> DcbTool {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).chain(["/usr/sbin".into(), "/sbin".into()]).any(|d| d.join("dcb").is_file()))
-            .unwrap_or(false);
-        if found {
-            DcbTool::Run("dcb".into())
-        } else {
-            DcbTool::Skip("no dcb binary (iproute2 5.11 or later)".into())
-        }
+        DcbTool::Netlink
     }
 }
 
@@ -399,9 +394,10 @@ fn run_dcb(bin: &str, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// DCB state of `netdev` through the `dcb` tool.
+/// DCB state of `netdev`: over netlink, or through the `dcb` tool.
 pub fn read_dcb(tool: &DcbTool, netdev: &str) -> Result<Dcb, String> {
     let bin = match tool {
+        DcbTool::Netlink => return super::dcbnl::query(netdev),
         DcbTool::Run(b) => b.as_str(),
         DcbTool::Skip(why) => return Err(why.clone()),
     };

@@ -37,15 +37,16 @@ fn doctor(args: Vec<String>) -> i32 {
             "--dcb" => o.dcb = Some(watch::dcb_arg(it.next())),
             "-h" | "--help" => {
                 println!(
-                    "rustnet doctor [--json] [--export-env] [--sysfs ROOT] [--peer-mtu BYTES] [--ethtool PATH|none] [--dcb PATH|none]\n\
+                    "rustnet doctor [--json] [--export-env] [--sysfs ROOT] [--peer-mtu BYTES] [--ethtool PATH|none] [--dcb netlink|PATH|none]\n\
                      Checks RDMA devices and ports, GIDs and the one the plugin will use, the lossless-Ethernet\n\
                      setup (MTU, PFC, DSCP map, ECN for NCCL_IB_TC), the NIC's counters, PCI/NUMA placement,\n\
                      GPUDirect readiness, locked memory, /dev/infiniband, IP interfaces and the NCCL/RUSTNET\n\
                      variables in effect. Exit status: 0 pass, 1 warnings, 2 failures.\n\
                      --export-env prints the export lines an init container can inject.\n\
                      --peer-mtu: the peer's netdev MTU, to check the path MTU both ends agree on.\n\
-                     --ethtool / --dcb: the tools that read pause counters and PFC/DSCP (default: from PATH\n\
-                     for the live /sys, none for another --sysfs root)."
+                     --ethtool: what reads the pause counters (default: ethtool on PATH); --dcb: where PFC and\n\
+                     the DSCP map come from (default: DCB netlink; a PATH runs iproute2's dcb). Both default\n\
+                     to none when --sysfs points at another tree."
                 );
                 return 0;
             }

@@ -19,10 +19,11 @@ pub fn ethtool_arg(v: Option<String>) -> Ethtool {
     }
 }
 
-/// `--dcb PATH|none`.
+/// `--dcb netlink|PATH|none`.
 pub fn dcb_arg(v: Option<String>) -> DcbTool {
     match v.as_deref() {
-        None | Some("none") => DcbTool::Skip("dcb not run (--dcb none)".into()),
+        None | Some("none") => DcbTool::Skip("DCB not read (--dcb none)".into()),
+        Some("netlink") => DcbTool::Netlink,
         Some(p) => DcbTool::Run(p.to_string()),
     }
 }
