@@ -556,8 +556,8 @@ fn verbs_active_mtus() -> BTreeMap<(String, u8), u32> {
 fn fabric_checks(o: &Opts, cfg: &Config, ports: &[PortInfo], r: &mut Report) {
     use crate::fabric::{classify, counters, lossless};
     let (ethtool, dcb) = tools(o);
-    let mtus = if o.probe_plugin { verbs_active_mtus() } else { BTreeMap::new() };
     let roce: Vec<&PortInfo> = ports.iter().filter(|p| p.selected && p.link_layer == "Ethernet" && p.netdev.is_some()).collect();
+    let mtus = if o.probe_plugin && !roce.is_empty() { verbs_active_mtus() } else { BTreeMap::new() };
     let qos: Vec<lossless::PortQos> = roce
         .iter()
         .map(|p| {
