@@ -9,11 +9,13 @@
 //! - `rustnet doctor`: the fabric explained layer by layer, PASS/WARN/FAIL with fixes.
 //! - `rustnet watch`: the NIC's own counters as rates, named (congestion, PFC, loss, link).
 //! - `rustnet knobs`: every variable the plugin reads, its default and meaning.
+// The fabric's health: the NIC's counters as rates (`rustnet watch`).
+mod watch;
+
 mod agent;
 mod bench;
 mod bisect;
 mod ctl;
-mod watch;
 
 fn doctor(args: Vec<String>) -> i32 {
     let mut o = rustnet::doctor::Opts::default();
