@@ -283,8 +283,9 @@ impl SendCore {
     /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
     /// With `io` false the caller only looks (a helper thread moves the bytes).
     pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
-        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
-        if io {
+        let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
+        // already sent in an earlier gather write: no system call to say so
+        if io && r.pieces_left > 0 {
             self.progress();
         }
         let r = self.reqs.get(id).unwrap();
@@ -617,8 +618,9 @@ impl RecvCore {
     /// `Ok(Some(sizes))` when every buffer of the receive is filled.
     /// With `io` false the caller only looks (a helper thread moves the bytes).
     pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
-        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
-        if io {
+        let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
+        // already filled by an earlier read: no system call to say so
+        if io && (r.unmatched > 0 || r.pieces_left > 0) {
             self.progress();
         }
         if let Some(e) = &self.failed {
