@@ -21,6 +21,8 @@ use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MA
 
 /// Staging buffer for stream 0 (headers and small payloads).
 const STAGE_LEN: usize = 64 << 10;
+/// Bytes one gather write offers before it stops adding queued pieces.
+const WRITE_BATCH: usize = 1 << 20;
 /// Payload remainders at least this large are read straight into NCCL's buffer.
 const DIRECT_READ: usize = 16 << 10;
 
@@ -223,10 +225,14 @@ impl SendCore {
         for st in &mut self.streams {
             while !st.q.is_empty() {
                 let mut n = 0;
+                let mut offered = 0;
                 for p in st.q.iter() {
-                    if n + 2 > MAX_IOV {
+                    // one call moves at most about WRITE_BATCH: a single
+                    // thread that also receives gets back to its reads soon
+                    if n + 2 > MAX_IOV || offered >= WRITE_BATCH {
                         break;
                     }
+                    offered += p.hdr_len + p.len - p.done;
                     if p.done < p.hdr_len {
                         iov[n] = (p.hdr[p.done..].as_ptr(), p.hdr_len - p.done);
                         n += 1;
@@ -277,8 +283,9 @@ impl SendCore {
     /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
     /// With `io` false the caller only looks (a helper thread moves the bytes).
     pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
-        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
-        if io {
+        let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
+        // already sent in an earlier gather write: no system call to say so
+        if io && r.pieces_left > 0 {
             self.progress();
         }
         let r = self.reqs.get(id).unwrap();
@@ -611,8 +618,9 @@ impl RecvCore {
     /// `Ok(Some(sizes))` when every buffer of the receive is filled.
     /// With `io` false the caller only looks (a helper thread moves the bytes).
     pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
-        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
-        if io {
+        let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
+        // already filled by an earlier read: no system call to say so
+        if io && (r.unmatched > 0 || r.pieces_left > 0) {
             self.progress();
         }
         if let Some(e) = &self.failed {
