@@ -346,7 +346,7 @@ knobs! {
     socket_family: Family = "NCCL_SOCKET_FAMILY", default "any", accepts "AF_INET or AF_INET6";
     /// TCP streams per helper thread; with NCCL_SOCKET_NTHREADS=0 the total number of streams per connection.
     nsocks_per_thread: Int<1, 64> = "NCCL_NSOCKS_PERTHREAD", default "1", accepts "an integer 1..64";
-    /// Accepted for compatibility with NCCL's socket transport: librustnet drives every stream from the caller of test(), and opens max(1, NCCL_SOCKET_NTHREADS) x NCCL_NSOCKS_PERTHREAD streams per connection.
+    /// Accepted for compatibility with NCCL's socket transport: librustnet opens max(1, NCCL_SOCKET_NTHREADS) x NCCL_NSOCKS_PERTHREAD streams per connection, all driven by the caller of test() or by the comm's one helper thread (RUSTNET_SOCKET_HELPER), never by several threads.
     socket_nthreads: Int<0, 16> = "NCCL_SOCKET_NTHREADS", default "0", accepts "an integer 0..16";
     /// Smallest piece a TCP message is split into when striped over several streams.
     socket_min_chunk: Bytes = "RUSTNET_SOCKET_MIN_CHUNK", default "64K", accepts "a byte count, optionally with K, M or G";
