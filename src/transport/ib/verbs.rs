@@ -18,8 +18,6 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use once_cell::sync::OnceCell;
-
 use super::ffi::*;
 use crate::error::{Errno, Error, Result};
 
@@ -79,7 +77,16 @@ pub struct Lib {
     pub reg_dmabuf_mr: Option<FnRegDmabufMr>,
 }
 
-static LIB: OnceCell<std::result::Result<Lib, String>> = OnceCell::new();
+static LIB: crate::unload::Global<std::result::Result<Lib, String>> = crate::unload::Global::new();
+
+/// Unload: forget the table (libibverbs itself stays loaded, see [`Lib::load`]).
+///
+/// # Safety
+/// As [`crate::unload::Global::clear`].
+pub(crate) unsafe fn release() {
+    // SAFETY: forwarded.
+    unsafe { LIB.clear() };
+}
 
 fn dlerror_string() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated thread-local string.
