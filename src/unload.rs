@@ -27,6 +27,12 @@ pub struct Global<T> {
 // only mutation, requires (unsafe) that no other thread uses the value.
 unsafe impl<T: Send + Sync> Sync for Global<T> {}
 
+impl<T> Default for Global<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<T> Global<T> {
     /// Empty.
     pub const fn new() -> Self {
@@ -60,6 +66,16 @@ impl<T> Global<T> {
 }
 
 static TEARING_DOWN: AtomicBool = AtomicBool::new(false);
+/// Set by the first `init` through a vtable: this copy serves NCCL (or a
+/// driver) and owns the state above. A program that links the crate and
+/// uses it directly (the tool, tests) never sets it, and [`on_unload`]
+/// leaves its state alone at exit, whatever its threads are doing.
+static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// Called by the vtables' `init`.
+pub(crate) fn serving() {
+    SERVING.store(true, Ordering::Relaxed);
+}
 static IN_CALL: AtomicUsize = AtomicUsize::new(0);
 
 /// A call without a handle (init, devices, listen, connect, close...) is
@@ -85,6 +101,9 @@ impl Drop for InCall {
 
 /// Runs when the library is unloaded (`dlclose`) or the process exits.
 extern "C" fn on_unload() {
+    if !SERVING.load(Ordering::Relaxed) {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         // NCCL's logger may be gone already (exit): plain stderr from here on
         crate::log::set_nccl_logger(None);

@@ -254,8 +254,8 @@ fn plugin_mapped() -> bool {
 /// process: after each dlclose the plugin is really gone from the address
 /// space, and fds, threads and RSS stay flat after a warm-up.
 fn reload_many(version: u32) {
-    let n = env_u64("RUSTNET_CONF_RELOADS", 500) as usize;
-    let warm = (n / 10).clamp(5, 50);
+    let n = (env_u64("RUSTNET_CONF_RELOADS", 500) as usize).max(2);
+    let warm = (n / 10).clamp(5, 50).min(n - 1);
     let say = |s: String| {
         println!("{s}");
         std::io::stdout().flush().unwrap();
@@ -656,8 +656,8 @@ fn peer_main(role: String) {
         "connect_churn" => {
             // One process, one plugin: N listen/connect/accept/one message/close
             // cycles over loopback; fds, threads and RSS flat after a warm-up.
-            let n = env_u64("RUSTNET_CONF_CONNECTS", 10000) as usize;
-            let warm = (n / 10).clamp(10, 500);
+            let n = (env_u64("RUSTNET_CONF_CONNECTS", 10000) as usize).max(2);
+            let warm = (n / 10).clamp(10, 500).min(n - 1);
             let mut base = None;
             let t0 = Instant::now();
             for c in 0..n {

@@ -16,6 +16,7 @@ pub(crate) const NET_NAME: &std::ffi::CStr = c"rustnet";
 /// init: remember NCCL's logger, parse the knobs, choose the transport.
 pub(crate) fn init(logger: Option<crate::log::NcclLogger>) -> ncclResult_t {
     crate::log::set_nccl_logger(logger);
+    crate::unload::serving();
     guard("init", || plugin::init().map(|_| ()))
 }
 
