@@ -364,4 +364,44 @@ mod tests {
         assert_eq!((r as u64 >> 48) & 0xff, 200);
         assert!(r as u64 >> 56 == 0);
     }
+
+    fn mr() -> MemHandle {
+        MemHandle { buf: crate::transport::RawBuf::EMPTY, kind: crate::transport::MemKind::Host, ib: None, ib_rails: Vec::new() }
+    }
+
+    #[test]
+    fn stale_and_wrong_kind_are_named_without_reading_the_object() {
+        let h = mr_new(mr()).unwrap();
+        assert!(mr_ref(h, "isend").is_ok());
+        let e = listen_ref(h, "accept").err().unwrap().to_string();
+        assert!(e.contains("is a memory handle, not a listen comm"), "{e}");
+        drop(mr_take(h, "deregMr").unwrap());
+        let e = mr_take(h, "deregMr").err().unwrap().to_string();
+        assert!(e.contains("already deregistered"), "{e}");
+        // the slot is reused by the next handle, the old value stays dead
+        let h2 = mr_new(mr()).unwrap();
+        assert_ne!(h, h2);
+        assert!(mr_ref(h, "isend").is_err());
+        assert!(mr_ref(h2, "isend").is_ok());
+        drop(mr_take(h2, "deregMr").unwrap());
+        for junk in [0x10usize, 0xdead_beef, usize::MAX, &h as *const _ as usize] {
+            assert!(mr_ref(junk as *mut c_void, "isend").is_err());
+            assert!(req_decode(junk as *mut c_void).is_err());
+        }
+    }
+
+    #[test]
+    fn lookup_cost() {
+        // what the data path pays per handle check (printed; loose bound)
+        let h = mr_new(mr()).unwrap();
+        let n = 10_000_000u32;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(mr_ref(std::hint::black_box(h), "isend").unwrap());
+        }
+        let ns = t.elapsed().as_nanos() as f64 / n as f64;
+        println!("handle lookup: {ns:.2} ns");
+        assert!(ns < 200.0, "a handle lookup costs {ns:.1} ns");
+        drop(mr_take(h, "deregMr").unwrap());
+    }
 }
