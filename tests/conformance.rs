@@ -262,6 +262,8 @@ fn reload_many(version: u32) {
     };
     let mut base = None;
     let t0 = Instant::now();
+    let th_start = thread_count();
+    let mut pinned = None;
     for c in 0..n {
         let p = open_plugin(version);
         let run = || -> Result<(), String> {
@@ -279,8 +281,16 @@ fn reload_many(version: u32) {
         }
         drop(p);
         if plugin_mapped() {
-            say(format!("FAIL cycle {c}: librustnet.so is still mapped after dlclose (something pins it)"));
-            std::process::exit(1);
+            // Threads the plugin started (the verbs async-event watchers)
+            // carry thread-local destructors that keep the library loaded
+            // while they live; the next dlopen then reuses that copy. Any
+            // other reason to stay mapped is a failure.
+            let th = thread_count();
+            if th <= th_start {
+                say(format!("FAIL cycle {c}: librustnet.so is still mapped after dlclose with no plugin thread alive"));
+                std::process::exit(1);
+            }
+            pinned.get_or_insert(th - th_start);
         }
         if c + 1 == warm {
             base = Some((fd_count(), thread_count(), rss_kib()));
@@ -289,10 +299,14 @@ fn reload_many(version: u32) {
     let (fd0, th0, rss0) = base.unwrap();
     let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
     let line = format!(
-        "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%, {:+.0} B/cycle) after {warm} warm-up cycles, unmapped after every dlclose",
+        "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%, {:+.0} B/cycle) after {warm} warm-up cycles, {}",
         t0.elapsed().as_secs_f64(),
         (rss1 as f64 - rss0 as f64) * 100.0 / rss0 as f64,
-        (rss1 as f64 - rss0 as f64) * 1024.0 / (n - warm) as f64
+        (rss1 as f64 - rss0 as f64) * 1024.0 / (n - warm) as f64,
+        match pinned {
+            None => "unmapped after every dlclose".to_string(),
+            Some(k) => format!("kept mapped by {k} plugin thread(s) (verbs async events) and reused by the next dlopen"),
+        }
     );
     if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * 1.01 {
         say(format!("FAIL growth: {line}"));
@@ -740,44 +754,59 @@ fn peer_main(role: String) {
         }
         "panic_mid" => {
             // RUSTNET_FAULT_PANIC names a point inside isend or test, after
-            // the transport changed its state: the call fails with
-            // ncclInternalError, every later call on that comm fails too
-            // (naming the panic), other comms carry on, close frees it all.
+            // the transport changed its state. A sends and checks: the call
+            // fails with ncclInternalError, every later call on that comm
+            // fails too (naming the panic), its other comm carries on, close
+            // frees it all. B only receives (driving its receive with test,
+            // as NCCL does: a receiver-driven transport needs it to move).
             let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
             let (s, r, l) = peer.connect_pair();
             let mut b = vec![5u8; 64 << 10];
             let mh = peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap();
             let mut rb = vec![0u8; 64 << 10];
             let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), rb.len()).unwrap();
-            let rq = loop {
-                if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), rb.len(), 1, rmh)]).unwrap() {
-                    break q;
-                }
-            };
             let mut out = Vec::new();
-            // the failing call: isend itself, or the test of a started send
-            let t0 = Instant::now();
-            let first = 'outer: loop {
-                match peer.p.isend(s, b.as_mut_ptr(), b.len(), 1, mh) {
-                    Ok(None) => {}
-                    Ok(Some(q)) => loop {
-                        match peer.p.test(q, &mut [0]) {
-                            Ok(true) => break 'outer ("none", 0),
-                            Ok(false) => {}
-                            Err(e) => break 'outer ("test", e.code),
-                        }
-                    },
-                    Err(e) => break ("isend", e.code),
-                }
-                assert!(t0.elapsed() < Duration::from_secs(30), "isend never started");
-            };
-            out.push(format!("{}={}", first.0, first.1));
-            out.push(format!("later_isend={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
-            out.push(format!("later_regMr={}", code(peer.p.reg_mr(s, b.as_mut_ptr(), 16).map(|_| ()))));
-            // the receive comm is another comm: the sender's panic does not fail it
-            // (irecv, not test: an armed test:progressed would panic on it too)
-            let _ = rq;
-            out.push(format!("recv_comm_irecv={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 2, rmh)]).map(|_| ()))));
+            if role == "A" {
+                // the failing call: isend itself, or the test of a started send
+                let t0 = Instant::now();
+                let first = 'outer: loop {
+                    match peer.p.isend(s, b.as_mut_ptr(), b.len(), 1, mh) {
+                        Ok(None) => {}
+                        Ok(Some(q)) => loop {
+                            match peer.p.test(q, &mut [0]) {
+                                Ok(true) => break 'outer ("none", 0),
+                                Ok(false) => {}
+                                Err(e) => break 'outer ("test", e.code),
+                            }
+                            assert!(t0.elapsed() < Duration::from_secs(60), "send never completed");
+                        },
+                        Err(e) => break ("isend", e.code),
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(60), "isend never started");
+                };
+                out.push(format!("{}={}", first.0, first.1));
+                out.push(format!("later_isend={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
+                out.push(format!("later_regMr={}", code(peer.p.reg_mr(s, b.as_mut_ptr(), 16).map(|_| ()))));
+                // the receive comm is another comm: the sender's panic does not fail it
+                out.push(format!("recv_comm_irecv={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 2, rmh)]).map(|_| ()))));
+            } else {
+                let rq = loop {
+                    if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), rb.len(), 1, rmh)]).unwrap() {
+                        break q;
+                    }
+                };
+                // until it completes (or fails: an armed test:progressed panics here too)
+                let t0 = Instant::now();
+                let end = loop {
+                    match peer.p.test(rq, &mut [0; 8]) {
+                        Ok(true) => break 0,
+                        Ok(false) if t0.elapsed() < Duration::from_secs(15) => {}
+                        Ok(false) => break -1,
+                        Err(e) => break e.code,
+                    }
+                };
+                out.push(format!("recv={end}"));
+            }
             peer.say("CYCLE");
             peer.hear("GO");
             out.push(format!("deregMr={}", code(peer.p.dereg_mr(s, mh))));

@@ -255,7 +255,7 @@ pub(crate) unsafe fn test(request: VoidPtr, done: *mut c_int, sizes: *mut c_int)
         // SAFETY: out-pointer from NCCL.
         let d = unsafe { out(done, "test", "done")? };
         *d = 0;
-        let (c, _, id) = handles::req_decode(request)?;
+        let (c, id) = handles::req_decode(request)?;
         c.check_usable()?;
         if let Some(comp) = c.test(id)? {
             *d = 1;

@@ -296,9 +296,9 @@ pub(crate) fn req_encode(comm: *mut c_void, id: ReqId) -> *mut c_void {
     (REQ | slot_bits | gen << 24 | (id.slot as u64) << 40 | (id.gen as u64) << 48) as *mut c_void
 }
 
-/// The comm handle and request id a request value names; the comm is live.
+/// The comm and request id a request value names; the comm is live.
 #[inline]
-pub(crate) fn req_decode<'a>(r: *mut c_void) -> Result<(&'a Comm, *mut c_void, ReqId)> {
+pub(crate) fn req_decode<'a>(r: *mut c_void) -> Result<(&'a Comm, ReqId)> {
     let v = r as u64;
     let bad = || Error::InvalidArg(format!("test: {r:p} is not a librustnet request"));
     if v & 0xf != REQ || v >> 56 != 0 {
@@ -312,9 +312,8 @@ pub(crate) fn req_decode<'a>(r: *mut c_void) -> Result<(&'a Comm, *mut c_void, R
         return Err(Error::InvalidArg(format!("test: request {r:p} belongs to a comm that was closed")));
     }
     let id = ReqId { slot: (v >> 40) as u8, gen: (v >> 48) as u8 };
-    let handle = (kind | i << 4 | (st >> 8) << (4 + SLOT_BITS)) as *mut c_void;
     // SAFETY: a live comm slot holds a Comm box (as in comm_ref).
-    Ok((unsafe { &*(sl.obj.load(Ordering::Relaxed) as *const Comm) }, handle, id))
+    Ok((unsafe { &*(sl.obj.load(Ordering::Relaxed) as *const Comm) }, id))
 }
 
 /// The live comm a comm handle or a request value names, if any (for the

@@ -79,13 +79,18 @@ pub struct Lib {
 
 static LIB: crate::unload::Global<std::result::Result<Lib, String>> = crate::unload::Global::new();
 
-/// Unload: forget the table (libibverbs itself stays loaded, see [`Lib::load`]).
+/// Unload: forget why libibverbs could not be loaded. A loaded table stays:
+/// the async-event threads (device.rs) may still call through it until
+/// they notice their device is gone (libibverbs itself stays loaded, see
+/// [`Lib::load`]; the table holds no heap memory).
 ///
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
-    // SAFETY: forwarded.
-    unsafe { LIB.clear() };
+    if matches!(LIB.get(), Some(Err(_))) {
+        // SAFETY: forwarded; without a library no thread uses it.
+        unsafe { LIB.clear() };
+    }
 }
 
 fn dlerror_string() -> String {
