@@ -264,10 +264,15 @@ fn reload_many(version: u32) {
     let t0 = Instant::now();
     let th_start = thread_count();
     let mut pinned = None;
+    // RUSTNET_CONF_RELOAD_CONNECT=0: dlopen/init/dlclose only
+    let connect = env_u64("RUSTNET_CONF_RELOAD_CONNECT", 1) != 0;
     for c in 0..n {
         let p = open_plugin(version);
         let run = || -> Result<(), String> {
             p.init().map_err(|e| e.to_string())?;
+            if !connect {
+                return Ok(());
+            }
             let (mut h, l) = p.listen(0).map_err(|e| e.to_string())?;
             let (s, r) = p.connect_accept(0, &mut h, l, Duration::from_secs(30))?;
             one_message(&p, s, r, c as u8)?;
