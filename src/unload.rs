@@ -5,8 +5,8 @@
 //!
 //! - Logging keeps no heap state at all (`log.rs`: a static logger).
 //! - Process-wide state that owns heap memory lives in a [`Global`], which
-//!   [`on_unload`] can empty.
-//! - [`on_unload`] runs from `.fini_array`: at `dlclose` and at process exit.
+//!   `on_unload` can empty.
+//! - `on_unload` runs from `.fini_array`: at `dlclose` and at process exit.
 //!   It frees only when nothing can still use the state: no handle alive (a
 //!   live handle means NCCL may still call with it, e.g. a proxy thread at
 //!   exit), no connect attempt pending, and no other call inside the plugin

@@ -3,7 +3,7 @@
 //! Every vtable slot is a few lines: [`guard`] catches panics and maps errors,
 //! the `ptr_*` helpers reject NULLs and decode, and the core does the work.
 //! Comms, listen comms and memory handles are numbered slots of one table
-//! ([`handles`]), checked per kind without touching freed memory; request
+//! (`handles.rs`), checked per kind without touching freed memory; request
 //! values name (comm slot, comm generation, request slot, request generation).
 #![allow(clippy::missing_safety_doc)]
 
