@@ -10,7 +10,7 @@
 //!   It frees only when nothing can still use the state: no handle alive (a
 //!   live handle means NCCL may still call with it, e.g. a proxy thread at
 //!   exit), no connect attempt pending, and no other call inside the plugin
-//!   (calls without a handle count themselves in [`enter`]; a call that
+//!   (calls without a handle count themselves in `enter`; a call that
 //!   starts after teardown began is refused). Otherwise it keeps everything:
 //!   a leak at exit costs nothing, a free under a running thread would crash.
 use std::cell::UnsafeCell;
