@@ -2,6 +2,8 @@
 # Every test: unit tests, the two-process conformance suite over the built
 # .so (TCP on loopback), then the verbs suite inside the soft-RoCE VM.
 #   RUSTNET_SKIP_VM=1  skip the VM part (said loudly; CI never sets it)
+#   RUSTNET_CI_SOAK_SECONDS=180, RUSTNET_CI_SOAK_VM_SECONDS=60: the short soaks
+#     (scripts/soak.sh; the full 30-minute one is run by hand, not here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -19,6 +21,8 @@ echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
 echo "== nccl-tests / PyTorch harness (parsers, busbw math, fallback refusal; no GPU needed)"
 python3 -m unittest discover -s nccl-tests-harness/tests 2>&1 | tail -n 3
+echo "== soak, ${RUSTNET_CI_SOAK_SECONDS:-180} s over TCP (namespaces + veth; peer kill/restart, link cut, link flap; every byte checked)"
+SOAK_SECONDS=${RUSTNET_CI_SOAK_SECONDS:-180} SOAK_VM_SECONDS=0 SOAK_OUT=target/soak-ci scripts/soak.sh
 if [ "${RUSTNET_SKIP_VM:-0}" = 1 ]; then
   echo "!! SKIPPED: verbs suite in the soft-RoCE VM (RUSTNET_SKIP_VM=1)"
   exit 0
@@ -26,6 +30,8 @@ fi
 if [ -x tests/rxe-vm/verbs-suite.sh ]; then
   echo "== verbs suite in the soft-RoCE VM"
   tests/rxe-vm/verbs-suite.sh
+  echo "== soak, ${RUSTNET_CI_SOAK_VM_SECONDS:-60} s over verbs in the soft-RoCE VM (1% loss on the veths, same faults)"
+  SOAK_TCP=0 SOAK_VM_SECONDS=${RUSTNET_CI_SOAK_VM_SECONDS:-60} SOAK_OUT=target/soak-ci scripts/soak.sh
 else
   echo "!! SKIPPED: tests/rxe-vm/verbs-suite.sh not present"
 fi
