@@ -9,7 +9,7 @@
 #   TCP   two network namespaces joined by a veth (root + iproute2; else
 #         loopback, and the link faults are skipped loudly); faults: peer B
 #         SIGKILLed and restarted, link cut for 2 x RUSTNET_SOCKET_TIMEOUT + 2 s
-#         (both ends must fail, naming the peer), link flapped for 1 s (both
+#         (both ends must fail, naming the peer), link flapped for 0.5 s (both
 #         ends must survive with every byte intact).
 #   VM    soft-RoCE (tests/rxe-vm), rxe0/veth0 <-> rxe1/veth1, RUSTNET_TRANSPORT=ib,
 #         1% loss (netem) on both veths for the whole run, the same faults
@@ -43,7 +43,7 @@ if [ "$vm_secs" != 0 ]; then
     echo "[soak] verbs part in the soft-RoCE VM: $vm_secs s, loss ${SOAK_VM_LOSS:-1%}"
     mkdir -p "$out/vm"
     guest=$(printf '%q ' env RUSTNET_TRANSPORT=ib SOAK_NET=vm "SOAK_SECONDS=$vm_secs" "SOAK_OUT=$out/vm" \
-      "SOAK_LOSS=${SOAK_VM_LOSS:-1%}" "NCCL_IB_TIMEOUT=${SOAK_VM_IB_TIMEOUT:-14}" \
+      "SOAK_LOSS=${SOAK_VM_LOSS-1%}" "NCCL_IB_TIMEOUT=${SOAK_VM_IB_TIMEOUT:-14}" \
       "SOAK_MAX_BIG=${SOAK_VM_MAX_BIG:-1048576}" "SOAK_MAX_ROUNDS=${SOAK_VM_MAX_ROUNDS:-8}" \
       "SOAK_CYCLE_TIMEOUT_S=${SOAK_VM_CYCLE_TIMEOUT_S:-300}" "SOAK_FAULT_EVERY_S=${SOAK_VM_FAULT_EVERY_S:-30}" \
       "SOAK_SAMPLE_S=5" "SOAK_SEED=${SOAK_SEED:-1}" \

@@ -17,6 +17,12 @@ pub fn sig3(v: f64) -> String {
     format!("{v:.decimals$}")
 }
 
+/// 1, 2 or 5 times a power of ten, at least `raw`: a tick step people read.
+pub fn nice_step(raw: f64) -> f64 {
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * p).find(|&v| v >= raw * (1.0 - 1e-9)).unwrap_or(10.0 * p)
+}
+
 /// One line of a [`panels`] chart.
 pub struct Series {
     /// Legend text.
@@ -51,7 +57,7 @@ pub struct Marker {
 pub fn panels(title: &str, x_label: &str, panels: &[Panel], markers: &[Marker], gap: f64) -> String {
     let (w, left, right, ph, top) = (900.0f64, 70.0f64, 170.0f64, 130.0f64, 50.0f64);
     let pw = w - left - right;
-    let h = top + panels.len() as f64 * (ph + 40.0) + 40.0;
+    let h = top + panels.len() as f64 * (ph + 40.0) + 50.0;
     let xs = panels.iter().flat_map(|p| p.series.iter().flat_map(|s| s.points.iter().map(|q| q.0))).chain(markers.iter().map(|m| m.x));
     let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
     for x in xs {
@@ -82,21 +88,32 @@ pub fn panels(title: &str, x_label: &str, panels: &[Panel], markers: &[Marker], 
         if !y0.is_finite() {
             (y0, y1) = (0.0, 1.0);
         }
-        // from zero when the data sits close to it, else a 10% margin
-        y0 = if y0 >= 0.0 && y0 < 0.5 * y1 { 0.0 } else { y0 - 0.1 * (y1 - y0).max(1.0) };
-        y1 += 0.1 * (y1 - y0).max(1.0);
+        // from zero when the data sits close to it; ends on round ticks
+        if y0 >= 0.0 && y0 < 0.5 * y1 {
+            y0 = 0.0;
+        }
+        let step = nice_step((y1 - y0).max(1e-9) / 4.0);
+        y0 = (y0 / step).floor() * step;
+        y1 = ((y1 / step).floor() + 1.0) * step;
+        let ticks = ((y1 - y0) / step).round() as usize;
         let sy = |y: f64| y_top + ph - ph * (y - y0) / (y1 - y0);
         s += &format!("<text x=\"{left:.0}\" y=\"{:.1}\" font-weight=\"bold\">{}</text>\n", y_top - 5.0, xml(&p.title));
         s += &format!("<rect x=\"{left:.0}\" y=\"{y_top:.1}\" width=\"{pw:.0}\" height=\"{ph:.0}\" fill=\"none\" stroke=\"#999\"/>\n");
-        for t in 0..=4 {
-            let v = y0 + (y1 - y0) * t as f64 / 4.0;
+        for t in 0..=ticks {
+            let v = y0 + step * t as f64;
             let y = sy(v);
             s += &format!("<line x1=\"{left:.0}\" y1=\"{y:.1}\" x2=\"{:.0}\" y2=\"{y:.1}\" stroke=\"#eee\"/>\n", left + pw);
             s += &format!(
                 "<text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
                 left - 4.0,
                 y + 4.0,
-                if v < 0.0 { format!("-{}", sig3(-v)) } else { sig3(v) }
+                if step >= 1.0 {
+                    format!("{v:.0}")
+                } else if v < 0.0 {
+                    format!("-{}", sig3(-v))
+                } else {
+                    sig3(v)
+                }
             );
         }
         for m in markers {
@@ -143,17 +160,18 @@ pub fn panels(title: &str, x_label: &str, panels: &[Panel], markers: &[Marker], 
             seen.push((&m.label, &m.color));
         }
     }
-    for (i, (l, c)) in seen.iter().enumerate() {
-        let ly = top + 16.0 + ph + 24.0 + 14.0 * i as f64;
+    // marker legend: one row under the x axis
+    let mut lx = left;
+    let ly = y_axis + 34.0;
+    for (l, c) in &seen {
         s += &format!(
-            "<line x1=\"{:.0}\" y1=\"{:.1}\" x2=\"{:.0}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-width=\"2\"/><text x=\"{:.0}\" y=\"{ly:.1}\">{}</text>\n",
-            left + pw + 10.0,
-            ly - 12.0,
-            left + pw + 10.0,
+            "<line x1=\"{lx:.0}\" y1=\"{:.1}\" x2=\"{lx:.0}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-width=\"2\"/><text x=\"{:.0}\" y=\"{ly:.1}\">{}</text>\n",
+            ly - 11.0,
             ly + 2.0,
-            left + pw + 16.0,
+            lx + 6.0,
             xml(l)
         );
+        lx += 30.0 + 7.0 * l.len() as f64;
     }
     s += "</svg>\n";
     s
@@ -170,6 +188,15 @@ mod tests {
         assert_eq!(sig3(11.34), "11.3");
         assert_eq!(sig3(1234.0), "1234");
         assert_eq!(sig3(0.0), "0");
+    }
+
+    #[test]
+    fn tick_steps_are_round() {
+        assert_eq!(nice_step(0.7), 1.0);
+        assert_eq!(nice_step(1.3), 2.0);
+        assert_eq!(nice_step(3.0), 5.0);
+        assert_eq!(nice_step(2000.0), 2000.0);
+        assert_eq!(nice_step(0.03), 0.05);
     }
 
     #[test]
