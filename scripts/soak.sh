@@ -13,7 +13,9 @@
 #         ends must survive with every byte intact).
 #   VM    soft-RoCE (tests/rxe-vm), rxe0/veth0 <-> rxe1/veth1, RUSTNET_TRANSPORT=ib,
 #         1% loss (netem) on both veths for the whole run, the same faults
-#         (the cut/flap take veth1 down). Runs under `flock /tmp/rxe-vm.lock`.
+#         (the cut/flap take veth1 down; a flap fails the verbs comms too, as
+#         the plugin fails every comm of a port that reports IBV_EVENT_PORT_ERR).
+#         Runs under `flock /tmp/rxe-vm.lock`.
 #
 # Knobs: SOAK_SECONDS (1800, TCP part), SOAK_VM_SECONDS (300; 0 = skip the VM),
 # SOAK_TCP=0 (skip TCP), SOAK_VM_LOSS (1%), SOAK_VM_IB_TIMEOUT (14: 67 ms

@@ -10,7 +10,7 @@ pub fn xml(s: &str) -> String {
 /// Three significant digits (0.00441, 0.000236, 11.3): small values stay
 /// readable in the same unit as large ones.
 pub fn sig3(v: f64) -> String {
-    if !(v > 0.0) || !v.is_finite() {
+    if !v.is_finite() || v <= 0.0 {
         return "0".into();
     }
     let decimals = (2 - v.log10().floor() as i32).clamp(0, 9) as usize;
