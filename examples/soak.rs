@@ -476,6 +476,16 @@ impl Net {
             sh("tc qdisc del dev veth0 root; tc qdisc del dev veth1 root");
         }
     }
+    /// The out-of-band address of a peer (what its errors name).
+    fn ip(&self, role: char) -> &'static str {
+        match (self, role) {
+            (Net::Loopback, _) => "127.0.0.1",
+            (Net::Netns { .. }, 'A') => "10.79.0.1",
+            (Net::Netns { .. }, _) => "10.79.0.2",
+            (Net::Vm, 'A') => "10.199.0.1",
+            (Net::Vm, _) => "10.199.0.2",
+        }
+    }
     fn can_cut(&self) -> bool {
         *self != Net::Loopback
     }
@@ -1028,7 +1038,9 @@ impl Coordinator {
                 "err" if fault_hit => {
                     // the failure must be reported with the peer named
                     let err = self.peer(role).stderr_since(marks[i]);
-                    if err.lines().any(|l| l.contains("WARN") && l.contains("peer ")) {
+                    // "peer <addr>: ..." (a failed comm), or the address itself (a refused connect)
+                    let other = self.net.ip(if role == 'A' { 'B' } else { 'A' });
+                    if err.lines().any(|l| l.contains("WARN") && (l.contains("peer ") || l.contains(other))) {
                         self.tally.named_peer += 1;
                     }
                     self.tally.expected_errors += 1;
