@@ -88,9 +88,13 @@ pub fn panels(title: &str, x_label: &str, panels: &[Panel], markers: &[Marker], 
         if !y0.is_finite() {
             (y0, y1) = (0.0, 1.0);
         }
-        // from zero when the data sits close to it; ends on round ticks
-        if y0 >= 0.0 && y0 < 0.5 * y1 {
+        // from zero when the data sits close to it or is flat (a constant
+        // thread count); ends on round ticks
+        if y0 >= 0.0 && (y0 < 0.5 * y1 || y1 - y0 < 1e-9) {
             y0 = 0.0;
+        }
+        if y1 - y0 < 1e-9 {
+            y1 = y0 + 1.0;
         }
         let step = nice_step((y1 - y0).max(1e-9) / 4.0);
         y0 = (y0 / step).floor() * step;
@@ -214,5 +218,17 @@ mod tests {
         assert_eq!(path.matches('M').count(), 2, "{path}");
         assert!(s.contains("peer killed"));
         assert_eq!(s.matches("<svg").count(), 1);
+    }
+
+    #[test]
+    fn a_flat_series_gets_an_axis_from_zero() {
+        let p = Panel {
+            title: "threads".into(),
+            series: vec![Series { name: "A".into(), color: "blue".into(), points: vec![(0.0, 2.0), (9.0, 2.0)] }],
+        };
+        let s = panels("t", "s", &[p], &[], 10.0);
+        // ticks from 0 past 2 (not "2.00" twice on a zero-height axis)
+        assert!(s.contains("text-anchor=\"end\">0</text>") && s.contains("text-anchor=\"end\">2.00</text>"), "{s}");
+        assert_eq!(s.matches("text-anchor=\"end\">2.00</text>").count(), 1, "{s}");
     }
 }
