@@ -12,22 +12,27 @@
 #       reports it.
 #
 # ASan needs a nightly toolchain (-Zsanitizer); it is installed with rustup
-# when missing. Where that is impossible the ASan part is SKIPPED with the
+# when missing. RUSTNET_ASAN_TOOLCHAIN picks one (default nightly; a dated
+# one, e.g. nightly-2026-05-19, pins it should a newer nightly break the flags). Where that is impossible the ASan part is SKIPPED with the
 # reason, loudly, and valgrind still runs. valgrind comes from apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${RUSTNET_SANITIZE:-all}
 leaks=${RUSTNET_SANITIZE_LEAKS:-0}
+tc=${RUSTNET_ASAN_TOOLCHAIN:-nightly}
 logs=$(mktemp -d /tmp/rustnet-sanitize.XXXXXX)
 host=$(rustc -vV | awk '/^host:/{print $2}')
 fail=0
 
 asan() {
   echo "== sanitize: AddressSanitizer (nightly, -Zsanitizer=address, target/asan)"
-  if ! rustup run nightly rustc -V >/dev/null 2>&1; then
-    echo "nightly toolchain missing: rustup toolchain install nightly --profile minimal"
-    if ! timeout 600 rustup toolchain install nightly --profile minimal >"$logs/rustup.log" 2>&1; then
-      echo "!! SKIPPED: ASan: the nightly toolchain cannot be installed here ($(tail -n 1 "$logs/rustup.log")); valgrind still runs"
+  if ! rustup run "$tc" rustc -V >/dev/null 2>&1; then
+    echo "toolchain $tc missing: rustup toolchain install $tc --profile minimal"
+    # judged by the result, not rustup's exit code (its self-update check
+    # may fail after a good install)
+    timeout 600 rustup toolchain install "$tc" --profile minimal --no-self-update >"$logs/rustup.log" 2>&1 || true
+    if ! rustup run "$tc" rustc -V >/dev/null 2>&1; then
+      echo "!! SKIPPED: ASan: the toolchain $tc cannot be installed here ($(tail -n 1 "$logs/rustup.log")); valgrind still runs"
       return 0
     fi
   fi
@@ -37,16 +42,16 @@ asan() {
   # only, and the dlopen'ed ASan .so resolves __asan_* from it.
   export RUSTFLAGS="-Zsanitizer=address -Clink-arg=-Wl,--export-dynamic"
   export CARGO_TARGET_DIR=target/asan
-  cargo +nightly test --release --target "$host" --test conformance --test fuzz_calls --no-run --quiet
+  cargo "+$tc" test --release --target "$host" --test conformance --test fuzz_calls --no-run --quiet
   echo "built in $((SECONDS - t0)) s"
   mkdir -p "$logs/asan"
   # every process (the peers inherit it) writes its report to a file:
   # a report from a peer that was killed after DONE is not lost
   export ASAN_OPTIONS="log_path=$logs/asan/asan:detect_leaks=$leaks:halt_on_error=1:detect_stack_use_after_return=1"
   local rc=0
-  cargo +nightly test --release --target "$host" --test conformance 2>&1 | tail -n 25 || rc=1
+  cargo "+$tc" test --release --target "$host" --test conformance 2>&1 | tail -n 25 || rc=1
   RUSTNET_FUZZ_CALLS_SECS=${RUSTNET_SANITIZE_FUZZ_SECS:-15} \
-    cargo +nightly test --release --target "$host" --test fuzz_calls 2>&1 | tail -n 6 || rc=1
+    cargo "+$tc" test --release --target "$host" --test fuzz_calls 2>&1 | tail -n 6 || rc=1
   unset RUSTFLAGS CARGO_TARGET_DIR ASAN_OPTIONS
   if ls "$logs"/asan/asan.* >/dev/null 2>&1; then
     for f in "$logs"/asan/asan.*; do
