@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rustnet::driver::{self, Plugin, Ptr};
 
-const FIXED_SEEDS: [u64; 6] = [1, 2, 3, 0xdead_beef, 0x5eed_0f_f022, 42];
+const FIXED_SEEDS: [u64; 6] = [1, 2, 3, 0xdead_beef, 0x005e_ed0f_f022, 42];
 const CANARY: u8 = 0xa5;
 const TAIL: usize = 16;
 
@@ -456,7 +456,7 @@ impl Child {
                 // a tag no receive will ever post
                 let mut x = vec![1u8; 100];
                 if let Ok(m) = p.reg_mr(c.s, x.as_mut_ptr(), 100) {
-                    if let Ok(Some(q)) = p.isend(c.s, x.as_mut_ptr(), 100, 0x0bad_7a9, m) {
+                    if let Ok(Some(q)) = p.isend(c.s, x.as_mut_ptr(), 100, 0x00ba_d7a9, m) {
                         c.sends.push_back(SendReq { req: q, _buf: x, mh: m });
                     } else {
                         self.graveyard.push(x);

@@ -20,7 +20,7 @@ use rustnet::proto::handle::{Handle, HandleKind, HANDLE_SIZE, PROTO_VERSION};
 use rustnet::proto::ib_meta::Meta;
 use rustnet::proto::wire::{Hello, MsgHeader};
 
-const FIXED_SEED: u64 = 0x5eed_0f_f022;
+const FIXED_SEED: u64 = 0x005e_ed0f_f022;
 
 struct Rng(u64);
 

@@ -446,7 +446,7 @@ pub fn fifo(data: &[u8]) {
         let mut out = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
         for lane in 0..nl {
             let k = fifo::plan_lane(&g, lane, nl, fail, &mut out);
-            assert!(k >= 1 && k <= MAX_LANE_WRS);
+            assert!((1..=MAX_LANE_WRS).contains(&k));
             assert!(out[k - 1].imm.is_some(), "a lane's last write carries the immediate");
             for w in &out[..k] {
                 if let WrKind::Data { elem, off, len } = w.kind {
@@ -460,8 +460,8 @@ pub fn fifo(data: &[u8]) {
             assert_eq!(imm.slot as u64, g.seq % FIFO_DEPTH as u64);
         }
         if fail.is_none() {
-            for e in 0..g.n {
-                assert_eq!(covered[e], if g.is_eager(e) { 0 } else { g.sizes[e] as usize }, "element {e}");
+            for (e, &bytes) in covered.iter().enumerate().take(g.n) {
+                assert_eq!(bytes, if g.is_eager(e) { 0 } else { g.sizes[e] as usize }, "element {e}");
             }
         }
     }
