@@ -2,8 +2,6 @@
 # Every test: unit tests, the two-process conformance suite over the built
 # .so (TCP on loopback), then the verbs suite inside the soft-RoCE VM.
 #   RUSTNET_SKIP_VM=1  skip the VM part (said loudly; CI never sets it)
-#   RUSTNET_SKIP_SANITIZE=1  skip ASan/valgrind (said loudly; CI never sets it)
-#   RUSTNET_FUZZ_SECS, RUSTNET_FUZZ_CALLS_SECS  fuzz budgets (docs/fuzzing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -19,6 +17,9 @@ fi
 echo "exports: $syms; NEEDED: $(readelf -d target/release/librustnet.so | awk '/NEEDED/{print $5}' | tr '\n' ' ')"
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
+# Fuzzing and sanitizers (docs/fuzzing.md): budgets RUSTNET_FUZZ_SECS (per
+# decoder target) and RUSTNET_FUZZ_CALLS_SECS; RUSTNET_SKIP_SANITIZE=1 skips
+# ASan/valgrind (said loudly; CI never sets it).
 echo "== fuzz: decoders (stable driver, ${RUSTNET_FUZZ_SECS:-20} s per target) and call sequences through the .so (${RUSTNET_FUZZ_CALLS_SECS:-60} s)"
 RUSTNET_FUZZ_SECS=${RUSTNET_FUZZ_SECS:-20} cargo test --release --test fuzz_decoders -- --nocapture 2>&1
 RUSTNET_FUZZ_CALLS_SECS=${RUSTNET_FUZZ_CALLS_SECS:-60} cargo test --release --test fuzz_calls 2>&1 | grep -vE '^seed [0-9]+ \.\.\. ok'
