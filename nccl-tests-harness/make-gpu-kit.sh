@@ -7,9 +7,22 @@
 # Then, with the device tool:  command "bash nccl-tests-harness/gpu-check.sh",
 # carry ["out/gpu-kit"]  (or copy the kit anywhere and run
 # bash <kit>/nccl-tests-harness/gpu-check.sh).
+#   --nccl-kit SRC  also copy the prebuilt nccl-tests kit (e.g.
+#                   ../shared/gpu/nccl-kit) to .gpu/nccl-kit (git-ignored),
+#                   where gpu-check.sh finds it; then carry [".gpu", "out/gpu-kit"].
 set -eu
 cd "$(dirname "$0")/.."
+NCCL_KIT_SRC=""
+if [ "${1:-}" = --nccl-kit ]; then NCCL_KIT_SRC=$2; shift 2; fi
 KIT=${1:-out/gpu-kit}
+if [ -n "$NCCL_KIT_SRC" ]; then
+  [ -x "$NCCL_KIT_SRC/bin/all_reduce_perf" ] || { echo "make-gpu-kit.sh: no nccl-kit at $NCCL_KIT_SRC" >&2; exit 2; }
+  rm -rf .gpu/nccl-kit
+  mkdir -p .gpu
+  cp -a "$NCCL_KIT_SRC" .gpu/nccl-kit
+  chmod -R u+w .gpu/nccl-kit   # the shared copy is read-only; a later rm -rf must work
+  echo "nccl-kit: .gpu/nccl-kit ($(du -sh .gpu/nccl-kit | cut -f1))"
+fi
 cargo build --release --quiet
 rm -rf "$KIT"
 mkdir -p "$KIT/nccl-tests-harness"

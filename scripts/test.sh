@@ -1,7 +1,9 @@
 #!/bin/bash
 # Every test: unit tests, the two-process conformance suite over the built
-# .so (TCP on loopback), then the verbs suite inside the soft-RoCE VM.
-#   RUSTNET_SKIP_VM=1  skip the VM part (said loudly; CI never sets it)
+# .so (TCP on loopback), the packaging checks (scripts/package-check.sh), then
+# the verbs suite inside the soft-RoCE VM.
+#   RUSTNET_SKIP_VM=1         skip the VM part (said loudly; CI never sets it)
+#   RUSTNET_SKIP_PACKAGING=1  skip scripts/package-check.sh (said loudly; CI never sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -31,6 +33,12 @@ else
 fi
 echo "== nccl-tests / PyTorch harness (parsers, busbw math, fallback refusal; no GPU needed)"
 python3 -m unittest discover -s nccl-tests-harness/tests 2>&1 | tail -n 3
+if [ "${RUSTNET_SKIP_PACKAGING:-0}" = 1 ]; then
+  echo "!! SKIPPED: packaging checks (RUSTNET_SKIP_PACKAGING=1)"
+else
+  echo "== packaging: .deb in a clean Debian root, wheel in a fresh venv, OCI layer in a container, Kubernetes manifests"
+  scripts/package-check.sh
+fi
 if [ "${RUSTNET_SKIP_VM:-0}" = 1 ]; then
   echo "!! SKIPPED: verbs suite in the soft-RoCE VM (RUSTNET_SKIP_VM=1)"
   exit 0

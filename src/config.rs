@@ -352,8 +352,14 @@ knobs! {
     socket_min_chunk: Bytes = "RUSTNET_SOCKET_MIN_CHUNK", default "64K", accepts "a byte count, optionally with K, M or G";
     /// SO_SNDBUF/SO_RCVBUF for TCP streams; 0 leaves the kernel's autotuning in charge.
     socket_bufsize: Bytes = "RUSTNET_SOCKET_BUFSIZE", default "0", accepts "a byte count, optionally with K, M or G";
-    /// Seconds after which a silent TCP peer is declared dead: keepalive on idle streams, and on a sender no acknowledgement while one is owed. A receiver that is alive but not reading is not silent (it answers window probes) and is waited for.
+    /// 1: every TCP comm gets one helper thread that moves what the caller could not (a full socket, data still to come), asleep in poll(2) while nothing can move; small messages still go out from the caller without a hand-off. The thread is joined on close. 0: the caller of isend/irecv/test moves every byte, as NCCL's socket transport does with zero helper threads. -1: 1 when this process has at least 4 CPUs per rank on its host (CPUs it may run on / ranks from the launcher's LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, PMI_LOCAL_SIZE or SLURM_NTASKS_PER_NODE, else 1), else 0; the INFO log says which and why. See docs/tcp-performance.md.
+    socket_helper: Int<-1, 1> = "RUSTNET_SOCKET_HELPER", default "-1", accepts "-1 (auto), 0 or 1";
+    /// Seconds after which a silent TCP peer is declared dead: keepalive on idle streams, and on a sender no acknowledgement while one is owed. A receiver that is alive but not reading is not silent (it answers window probes) and is waited for. Also how long a listener keeps an accepted connection whose hello has not arrived.
     socket_timeout: Int<1, 86400> = "RUSTNET_SOCKET_TIMEOUT", default "30", accepts "seconds, 1..86400";
+    /// Seconds one connection set-up may take, on TCP data streams and on the verbs out-of-band socket: the TCP handshake (SYNs that vanish), then on TCP the listener's confirmation that its accept took the connection. The default is NCCL's own socket connect budget: NCCL_SOCKET_RETRY_CNT=34 retries sleeping 100, 200, ... 3400 ms (NCCL_SOCKET_RETRY_SLEEP_MSEC=100), about 60 s.
+    connect_timeout: Int<1, 86400> = "RUSTNET_CONNECT_TIMEOUT", default "60", accepts "seconds, 1..86400";
+    /// Connections one listen port holds that have not yet sent a valid hello (strangers, or peers whose hello is still on its way); beyond it the oldest is closed with a WARN. Such a connection is also closed when its hello is not complete RUSTNET_SOCKET_TIMEOUT seconds after it was accepted. Neither limit touches connections whose hello carried the listener's nonce.
+    listen_max_strangers: Int<1, 65536> = "RUSTNET_LISTEN_MAX_STRANGERS", default "256", accepts "an integer 1..65536";
     /// RDMA devices and ports to use, in NCCL's syntax (`mlx5_0:1,mlx5_1`, `^mlx5_2`, `=mlx5_1`).
     ib_hca: NameList = "NCCL_IB_HCA", default "", accepts "a comma list of device[:port] names or prefixes, optionally starting with ^ and/or =";
     /// RoCE GID index; -1 selects automatically (IPv4 RoCE v2 preferred).

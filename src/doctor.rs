@@ -25,7 +25,7 @@ pub enum Status {
 /// One line of the report.
 #[derive(Debug, Clone)]
 pub struct Check {
-    /// Layer: env, rdma, gid, link, topo, gpu, host, plugin.
+    /// Layer: env, rdma, gid, fabric, counters, link, topo, gpu, host, plugin.
     pub layer: &'static str,
     /// What was checked.
     pub what: String,
@@ -125,13 +125,29 @@ pub struct Opts {
     pub dev: PathBuf,
     /// Environment (normally the process's).
     pub env: BTreeMap<String, String>,
-    /// Also initialise the plugin in this process and report its devices.
+    /// Also initialise the plugin in this process and report its devices
+    /// (and ask verbs for each port's active MTU).
     pub probe_plugin: bool,
+    /// How to read `ethtool -S`; `None`: `ethtool` on PATH when `sysfs` is
+    /// `/sys`, else skipped (a fixture tree has no live netdevs).
+    pub ethtool: Option<crate::fabric::counters::Ethtool>,
+    /// How to read the DCB state (PFC, DSCP map); `None`: as for `ethtool`.
+    pub dcb: Option<crate::fabric::lossless::DcbTool>,
+    /// The peer's netdev MTU, when known (`--peer-mtu`).
+    pub peer_mtu: Option<u32>,
 }
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { sysfs: "/sys".into(), dev: "/dev".into(), env: std::env::vars().collect(), probe_plugin: true }
+        Opts {
+            sysfs: "/sys".into(),
+            dev: "/dev".into(),
+            env: std::env::vars().collect(),
+            probe_plugin: true,
+            ethtool: None,
+            dcb: None,
+            peer_mtu: None,
+        }
     }
 }
 
@@ -364,6 +380,8 @@ pub fn run(o: &Opts) -> Report {
             );
         }
     }
+    // ---- lossless Ethernet and the NIC's own counters
+    fabric_checks(o, &cfg, &ports, &mut r);
     // ---- topology
     // nearest-NIC answers consider the ports the plugin would use
     let nics: Vec<(String, String)> =
@@ -507,6 +525,82 @@ pub fn run(o: &Opts) -> Report {
     r
 }
 
+/// The ethtool / dcb tools to use: the caller's, else the ones on PATH for
+/// the live `/sys`, else none (a fixture tree has no live netdevs to ask).
+pub fn tools(o: &Opts) -> (crate::fabric::counters::Ethtool, crate::fabric::lossless::DcbTool) {
+    use crate::fabric::{counters::Ethtool, lossless::DcbTool};
+    let live = o.sysfs == Path::new("/sys");
+    let why = "the sysfs root is not /sys, so the live netdevs do not match it";
+    let e = o.ethtool.clone().unwrap_or_else(|| if live { Ethtool::detect() } else { Ethtool::Skip(format!("ethtool not run: {why}")) });
+    let d = o.dcb.clone().unwrap_or_else(|| if live { DcbTool::detect() } else { DcbTool::Skip(format!("DCB not read: {why}")) });
+    (e, d)
+}
+
+/// Active MTU in bytes of every (device, port) verbs can open.
+fn verbs_active_mtus() -> BTreeMap<(String, u8), u32> {
+    let mut m = BTreeMap::new();
+    let Ok(lib) = crate::transport::ib::verbs::Lib::get() else { return m };
+    let Ok(devs) = lib.open_all() else { return m };
+    for (name, ctx) in devs {
+        let Ok(ctx) = ctx else { continue };
+        let n = ctx.query_device().map(|a| a.phys_port_cnt).unwrap_or(1);
+        for port in 1..=n {
+            if let Ok(a) = ctx.query_port(port) {
+                m.insert((name.clone(), port), crate::proto::ib_meta::mtu_bytes(a.active_mtu.clamp(1, 5) as u8));
+            }
+        }
+    }
+    m
+}
+
+fn fabric_checks(o: &Opts, cfg: &Config, ports: &[PortInfo], r: &mut Report) {
+    use crate::fabric::{classify, counters, lossless};
+    let (ethtool, dcb) = tools(o);
+    let roce: Vec<&PortInfo> = ports.iter().filter(|p| p.selected && p.link_layer == "Ethernet" && p.netdev.is_some()).collect();
+    let mtus = if o.probe_plugin && !roce.is_empty() { verbs_active_mtus() } else { BTreeMap::new() };
+    let qos: Vec<lossless::PortQos> = roce
+        .iter()
+        .map(|p| {
+            let label = format!("{}:{}", p.dev, p.port);
+            let nd = p.netdev.as_deref().unwrap_or_default();
+            lossless::gather(&o.sysfs, &label, nd, p.pci.is_none(), mtus.get(&(p.dev.clone(), p.port)).copied(), &dcb)
+        })
+        .collect();
+    let traffic = lossless::Traffic::from_knobs(cfg.ib_tc.get(), cfg.ib_sl.get());
+    let mut outs = lossless::mtu_checks(&qos, o.peer_mtu);
+    for q in &qos {
+        outs.extend(lossless::qos_checks(q, &traffic));
+    }
+    for c in outs {
+        r.add("fabric", c.what, c.status, c.detail, c.fix);
+    }
+    // The NIC's counters once: totals since the driver loaded, named.
+    for p in ports.iter().filter(|p| p.selected) {
+        let pc = counters::read(&o.sysfs, &p.dev, p.port, p.netdev.as_deref(), &ethtool);
+        let label = format!("{}:{} counters", p.dev, p.port);
+        let n = pc.counters.len() + pc.hw.len() + pc.eth.len();
+        let found = classify::classify(&counters::Delta::totals(&pc));
+        let worst = found.iter().map(|f| f.severity).max();
+        let status = if worst >= Some(classify::Severity::Warn) { Status::Warn } else { Status::Pass };
+        let mut detail = if n == 0 {
+            "the driver exposes no counters/ or hw_counters/".to_string()
+        } else if found.is_empty() {
+            format!("{n} counters, all zero")
+        } else {
+            format!("{n} counters; {}", found.iter().map(|f| f.text.as_str()).collect::<Vec<_>>().join("; "))
+        };
+        if let Some(note) = &pc.eth_note {
+            detail.push_str(&format!(" [{note}]"));
+        }
+        let fix = if status == Status::Warn {
+            format!("totals since the driver loaded: see whether they still rise under load with `rustnet watch` (here: {})", p.dev)
+        } else {
+            String::new()
+        };
+        r.add("counters", label, status, detail, fix);
+    }
+}
+
 fn host_checks(o: &Opts, r: &mut Report, have_rdma: bool) {
     let ib = o.dev.join("infiniband");
     if have_rdma {
@@ -611,6 +705,8 @@ pub fn render(r: &Report) -> String {
                     "env" => "environment",
                     "rdma" => "RDMA devices and ports",
                     "gid" => "RoCE GID choice (what the plugin will use)",
+                    "fabric" => "lossless Ethernet: MTU, PFC, DSCP map, ECN for the plugin's traffic class",
+                    "counters" => "the NIC's own counters (totals since the driver loaded)",
                     "topo" => "PCI / NUMA topology",
                     "gpu" => "GPUDirect RDMA",
                     "host" => "host limits and device files",

@@ -450,7 +450,9 @@ impl Plugin {
 
 /// Where the built plugin lies: `$RUSTNET_PLUGIN`, else `librustnet.so` next
 /// to the running executable, one directory up (cargo's `deps/`), or in
-/// `../lib` (the `make install` layout: `bin/rustnet`, `lib/librustnet.so`).
+/// `../lib` (the `make install` layout: `bin/rustnet`, `lib/librustnet.so`),
+/// or in `../lib/<arch>-linux-gnu` (the Debian package: `/usr/bin/rustnet`,
+/// `/usr/lib/x86_64-linux-gnu/librustnet.so`).
 pub fn default_plugin_path() -> std::path::PathBuf {
     if let Ok(p) = std::env::var("RUSTNET_PLUGIN") {
         return p.into();
@@ -458,7 +460,8 @@ pub fn default_plugin_path() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     let up = dir.parent().map(Path::to_path_buf).unwrap_or_default();
-    for d in [dir.clone(), up.clone(), up.join("lib")] {
+    let multiarch = up.join("lib").join(format!("{}-linux-gnu", std::env::consts::ARCH));
+    for d in [dir.clone(), up.clone(), up.join("lib"), multiarch] {
         let p = d.join("librustnet.so");
         if p.exists() {
             return p;

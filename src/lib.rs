@@ -16,6 +16,7 @@ pub mod config;
 pub mod doctor;
 pub mod driver;
 pub mod error;
+pub mod fabric;
 pub mod gpu;
 pub mod log;
 pub mod plugin;

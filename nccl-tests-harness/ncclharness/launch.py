@@ -78,6 +78,18 @@ def run_group(specs, timeout_s, fail_fast_grace=30.0, cwd=None, follow=None):
     before they are ended. follow: index of a spec whose log is echoed live.
     Returns the list of Proc."""
     procs = []
+    try:
+        return _run_group(procs, specs, timeout_s, fail_fast_grace, cwd, follow)
+    except BaseException:
+        # Interrupted (SIGTERM turned into an exception, Ctrl-C): the groups
+        # run in their own sessions, so nobody else would end them.
+        for p in procs:
+            if p.popen is not None and p.popen.poll() is None:
+                _end_group(p.popen, grace=2.0)
+        raise
+
+
+def _run_group(procs, specs, timeout_s, fail_fast_grace, cwd, follow):
     start = time.monotonic()
     for argv, env, log_path in specs:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)

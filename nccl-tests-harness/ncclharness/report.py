@@ -208,12 +208,25 @@ def _series(measurements):
     return out
 
 
-def svg_plot(path, measurements, title, labels=None, goal_min_size=GOAL_MIN_SIZE):
-    """busbw (y, linear) against size (x, log2), one panel per collective.
+def _ranges(measurements):
+    """{(collective, net, size): (lo, hi)} for measurements that carry a
+    range (busbw_lo/busbw_hi: repeated runs, busbw being their median)."""
+    out = {}
+    for m in measurements:
+        if m.get("busbw_lo") is not None and m.get("busbw_hi") is not None:
+            out[(m["collective"], m["net"], int(m["size"]))] = (float(m["busbw_lo"]), float(m["busbw_hi"]))
+    return out
+
+
+def svg_plot(path, measurements, title, labels=None, goal_min_size=GOAL_MIN_SIZE, order=None):
+    """busbw (y, linear) against size (x, log2), one panel per collective
+    (or per `order` entry, in that order). A measurement with busbw_lo and
+    busbw_hi gets a vertical bar for that range around its point.
     Written by hand so no plotting library is needed."""
     labels = labels or {"plugin": "rustnet", "builtin": "Socket"}
     series = _series(measurements)
-    colls = _order(series.keys())
+    ranges = _ranges(measurements)
+    colls = [c for c in order if c in series] if order else _order(series.keys())
     if not colls:
         raise ValueError("nothing to plot")
     ncols = min(3, len(colls))
@@ -246,7 +259,7 @@ def svg_plot(path, measurements, title, labels=None, goal_min_size=GOAL_MIN_SIZE
         lo, hi = math.log2(sizes[0]), math.log2(sizes[-1])
         if hi == lo:
             lo, hi = lo - 1, hi + 1
-        ymax = max(v for _, v in pts_all)
+        ymax = max([v for _, v in pts_all] + [hi for (c, _n, _s), (_lo, hi) in ranges.items() if c == coll])
         step = _nice_step(ymax if ymax > 0 else 1.0)
         ytop = step * max(1, math.ceil((ymax if ymax > 0 else 1.0) / step))
 
@@ -294,6 +307,12 @@ def svg_plot(path, measurements, title, labels=None, goal_min_size=GOAL_MIN_SIZE
             poly = " ".join(f"{X(s):.1f},{Y(b):.1f}" for s, b in pts)
             el.append(f'<polyline points="{poly}" fill="none" stroke="{st["color"]}" stroke-width="2"{dash}/>')
             for s, b in pts:
+                rng = ranges.get((coll, net, s))
+                if rng:
+                    dx = 3 if net == "plugin" else -3   # side by side, not on top of each other
+                    el.append(f'<line class="range" x1="{X(s) + dx:.1f}" y1="{Y(rng[0]):.1f}" '
+                              f'x2="{X(s) + dx:.1f}" y2="{Y(rng[1]):.1f}" stroke="{st["color"]}" '
+                              f'stroke-width="1.5" opacity="0.7"/>')
                 el.append(_marker(st["marker"], X(s), Y(b), st["color"],
                                   tip=f"{labels[net]} {format_size(s)}: {b:.3f} GB/s"))
     el.append("</svg>")

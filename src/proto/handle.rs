@@ -24,8 +24,10 @@ use crate::error::{Error, Result};
 pub const HANDLE_SIZE: usize = 128;
 /// Handle magic: "RUSTNETH".
 pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"RUSTNETH");
-/// Wire protocol version; both sides must agree exactly.
-pub const PROTO_VERSION: u16 = 2;
+/// Wire protocol version; both sides must agree exactly. 3: the TCP
+/// listener answers every hello (accepted, or why not) and `connect`
+/// completes only on an acceptance.
+pub const PROTO_VERSION: u16 = 3;
 
 /// Which transport a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,11 @@
 //! TCP wire format and the pure rules around it (no I/O here).
 //!
 //! A TCP connection is `nstreams` sockets. Each socket starts with a 32-byte
-//! [`Hello`]. Then stream 0 carries, per message, a 16-byte [`MsgHeader`]
+//! [`Hello`], which the listener answers with a 16-byte [`Reply`] (accepted,
+//! or why not; on the verbs out-of-band socket only a refusal is answered: the
+//! receiver's metadata is its acceptance). The connector's `connect` completes
+//! only once every stream is accepted, so no send can complete toward a
+//! listener that never took the connection. Then stream 0 carries, per message, a 16-byte [`MsgHeader`]
 //! followed by chunk 0 of the payload; stream `j` carries chunk `j`. The chunk
 //! plan is a pure function of (size, nstreams, min_chunk), so both ends agree
 //! without telling each other.
@@ -10,6 +14,10 @@
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"RNHELLO1");
 /// Size of [`Hello`] on the wire.
 pub const HELLO_LEN: usize = 32;
+/// Reply magic: "RNREPLY1".
+pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"RNREPLY1");
+/// Size of [`Reply`] on the wire.
+pub const REPLY_LEN: usize = 16;
 /// Header magic (per message).
 pub const HDR_MAGIC: u32 = 0x524e_4d53; // "RNMS"
 /// Size of [`MsgHeader`] on the wire.
@@ -30,6 +38,91 @@ pub struct Hello {
     pub nonce: u64,
 }
 
+/// Why a listener refused a connection (or 0: it took it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Verdict {
+    /// The listener took the stream.
+    Accepted = 0,
+    /// The hello carried another listener's nonce.
+    WrongNonce = 1,
+    /// The hello speaks another protocol version.
+    Version = 2,
+    /// The bytes are not a well-formed hello.
+    Malformed = 3,
+    /// Too many connections without a hello were waiting (RUSTNET_LISTEN_MAX_STRANGERS).
+    TooMany = 4,
+    /// The hello did not arrive in time (the listener's RUSTNET_SOCKET_TIMEOUT).
+    Late = 5,
+    /// The stream does not fit the connection it names.
+    Inconsistent = 6,
+}
+
+impl Verdict {
+    /// What the connecting side should be told.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Verdict::Accepted => "accepted",
+            Verdict::WrongNonce => {
+                "the handle's nonce belongs to no listener of that process: a stale handle (the listener it named was closed \
+                 and another librustnet listener now has its port)"
+            }
+            Verdict::Version => "it speaks another librustnet protocol version: run the same librustnet on every node",
+            Verdict::Malformed => "our hello was malformed",
+            Verdict::TooMany => "too many connections without a hello were waiting at it (RUSTNET_LISTEN_MAX_STRANGERS there)",
+            Verdict::Late => "our hello did not arrive within its RUSTNET_SOCKET_TIMEOUT",
+            Verdict::Inconsistent => "our stream did not fit the connection it named",
+        }
+    }
+
+    fn from_code(c: u16) -> Option<Verdict> {
+        use Verdict::*;
+        [Accepted, WrongNonce, Version, Malformed, TooMany, Late, Inconsistent].into_iter().find(|v| *v as u16 == c)
+    }
+}
+
+/// The listener's answer to a [`Hello`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    /// Accepted or why not.
+    pub verdict: Verdict,
+    /// The listener's protocol version.
+    pub version: u16,
+}
+
+impl Reply {
+    /// Encode.
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut b = [0u8; REPLY_LEN];
+        b[0..8].copy_from_slice(&REPLY_MAGIC.to_le_bytes());
+        b[8..10].copy_from_slice(&(self.verdict as u16).to_le_bytes());
+        b[10..12].copy_from_slice(&self.version.to_le_bytes());
+        b
+    }
+
+    /// Decode; the error says what the bytes were instead.
+    pub fn decode(b: &[u8; REPLY_LEN]) -> Result<Reply, String> {
+        let magic = u64::from_le_bytes(b[0..8].try_into().unwrap());
+        if magic != REPLY_MAGIC {
+            let shown: String = b.iter().map(|c| format!("{c:02x}")).collect();
+            return Err(format!("answered with bytes that are not a librustnet reply ({shown}): another program listens there"));
+        }
+        let code = u16::from_le_bytes([b[8], b[9]]);
+        let version = u16::from_le_bytes([b[10], b[11]]);
+        let verdict = Verdict::from_code(code).ok_or_else(|| format!("answered with unknown verdict {code} (protocol {version})"))?;
+        Ok(Reply { verdict, version })
+    }
+}
+
+/// A hello the listener refuses: why, for the WARN, and the verdict for the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// What the connector is told.
+    pub verdict: Verdict,
+    /// What the listener logs.
+    pub why: String,
+}
+
 impl Hello {
     /// Encode.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
@@ -44,11 +137,12 @@ impl Hello {
     }
 
     /// Decode and check; the error says what was wrong with the bytes.
-    pub fn decode(b: &[u8; HELLO_LEN], expect_nonce: u64) -> Result<Hello, String> {
+    pub fn decode(b: &[u8; HELLO_LEN], expect_nonce: u64) -> Result<Hello, Refused> {
+        let refuse = |verdict, why| Refused { verdict, why };
         let magic = u64::from_le_bytes(b[0..8].try_into().unwrap());
         if magic != HELLO_MAGIC {
             let shown: String = b[..16].iter().map(|c| format!("{c:02x}")).collect();
-            return Err(format!("not a librustnet hello (first bytes {shown})"));
+            return Err(refuse(Verdict::Malformed, format!("not a librustnet hello (first bytes {shown})")));
         }
         let h = Hello {
             version: u16::from_le_bytes([b[8], b[9]]),
@@ -58,17 +152,20 @@ impl Hello {
             nonce: u64::from_le_bytes(b[24..32].try_into().unwrap()),
         };
         if h.version != crate::proto::handle::PROTO_VERSION {
-            return Err(format!(
-                "peer speaks librustnet protocol {}, we speak {}: run the same librustnet on every node",
-                h.version,
-                crate::proto::handle::PROTO_VERSION
+            return Err(refuse(
+                Verdict::Version,
+                format!(
+                    "peer speaks librustnet protocol {}, we speak {}: run the same librustnet on every node",
+                    h.version,
+                    crate::proto::handle::PROTO_VERSION
+                ),
             ));
         }
         if h.nstreams == 0 || h.nstreams > 64 || h.stream >= h.nstreams {
-            return Err(format!("bad stream numbering {}/{}", h.stream, h.nstreams));
+            return Err(refuse(Verdict::Malformed, format!("bad stream numbering {}/{}", h.stream, h.nstreams)));
         }
         if h.nonce != expect_nonce {
-            return Err(format!("handle nonce {:#x} does not belong to this listener", h.nonce));
+            return Err(refuse(Verdict::WrongNonce, format!("handle nonce {:#x} does not belong to this listener", h.nonce)));
         }
         Ok(h)
     }
@@ -157,14 +254,38 @@ mod tests {
     fn hello_roundtrip_and_checks() {
         let h = Hello { version: crate::proto::handle::PROTO_VERSION, stream: 1, nstreams: 2, conn_id: 7, nonce: 9 };
         assert_eq!(Hello::decode(&h.encode(), 9).unwrap(), h);
-        assert!(Hello::decode(&h.encode(), 8).unwrap_err().contains("nonce"));
+        let e = Hello::decode(&h.encode(), 8).unwrap_err();
+        assert!(e.why.contains("nonce") && e.verdict == Verdict::WrongNonce);
         let mut b = h.encode();
         b[0] = b'X';
-        assert!(Hello::decode(&b, 9).unwrap_err().contains("not a librustnet hello"));
+        assert!(Hello::decode(&b, 9).unwrap_err().why.contains("not a librustnet hello"));
         let bad = Hello { stream: 2, ..h };
-        assert!(Hello::decode(&bad.encode(), 9).is_err());
+        assert_eq!(Hello::decode(&bad.encode(), 9).unwrap_err().verdict, Verdict::Malformed);
         let old = Hello { version: 0, ..h };
-        assert!(Hello::decode(&old.encode(), 9).unwrap_err().contains("protocol 0"));
+        let e = Hello::decode(&old.encode(), 9).unwrap_err();
+        assert!(e.why.contains("protocol 0") && e.verdict == Verdict::Version);
+    }
+
+    #[test]
+    fn reply_roundtrip_and_checks() {
+        for v in [
+            Verdict::Accepted,
+            Verdict::WrongNonce,
+            Verdict::Version,
+            Verdict::Malformed,
+            Verdict::TooMany,
+            Verdict::Late,
+            Verdict::Inconsistent,
+        ] {
+            let r = Reply { verdict: v, version: 3 };
+            assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
+            assert!(!v.explain().is_empty());
+        }
+        let mut b = Reply { verdict: Verdict::Accepted, version: 3 }.encode();
+        b[8] = 99;
+        assert!(Reply::decode(&b).unwrap_err().contains("unknown verdict 99"));
+        let http = *b"HTTP/1.0 200 OK\r";
+        assert!(Reply::decode(&http).unwrap_err().contains("not a librustnet reply"));
     }
 
     #[test]

@@ -6,9 +6,21 @@ the plugin only when NCCL_NET_PLUGIN=rustnet and libnccl-net-rustnet.so is
 on LD_LIBRARY_PATH. Knobs for failure cases: FAKE_FALLBACK=1 (the plugin
 "fails to init", NCCL silently uses Socket), FAKE_WRONG=1 (#wrong > 0),
 FAKE_P2P=1 (some channels via P2P), FAKE_RC=n (exit status).
-Under the fake mpirun (OMPI_COMM_WORLD_RANK set) it acts as one rank of
-several; rank 0 prints the table after the others reported their pid and
-NCCL_HOSTID through FAKE_RANKDIR."""
+Under the fake mpirun (OMPI_COMM_WORLD_RANK set) or the fake mpiexec
+(MPICH Hydra: PMI_RANK/PMI_SIZE) it acts as one rank of several; rank 0
+prints the table after the others reported their pid and NCCL_HOSTID
+through FAKE_RANKDIR.
+
+For the kit tests (fake_mpiexec.py, fake_mps_control.py):
+  MPS: with CUDA_MPS_PIPE_DIRECTORY pointing at a running fake daemon, each
+    rank "connects" as the CUDA driver would: the daemon's logs get a client
+    line with its pid (and a server is started on first use).
+    FAKE_MPS_IGNORED=1: the ranks do not find the daemon (run without MPS).
+  FAKE_GBPS_<NET>=a,b,c (NET = RUSTNET or SOCKET): busbw scale of the k-th
+    run of the same (test, ranks, network) (counted in FAKE_STATE_DIR).
+  FAKE_HANG=test:ranks:net[:k]: that run (the k-th, default every) hangs.
+  FAKE_RUN_RECORD: rank 0 appends "test ranks network" per run.
+  FAKE_STATE_DIR/pids: every rank writes its pid there (leftover checks)."""
 
 import getopt
 import os
@@ -24,6 +36,58 @@ def parse_size(s):
     return int(s[:-1]) * mult[s[-1]] if s[-1] in mult else int(s)
 
 
+def mps_connect(env, pid):
+    """What the CUDA driver does at start-up: find the MPS control daemon
+    through CUDA_MPS_PIPE_DIRECTORY; if it runs, become its client."""
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe or env.get("FAKE_MPS_IGNORED") or not os.path.exists(os.path.join(pipe, "control")):
+        return False
+    logdir = env.get("CUDA_MPS_LOG_DIRECTORY", pipe)
+    server = os.path.join(pipe, "server")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S.000")
+    with open(os.path.join(logdir, "control.log"), "a") as f:
+        if not os.path.exists(server):
+            with open(server, "w") as s:
+                s.write("4242\n")
+            f.write(f"[{stamp} Control 4241] Starting new server 4242 for user 0\n")
+            f.write(f"[{stamp} Control 4241] NEW SERVER 4242: Ready\n")
+        f.write(f"[{stamp} Control 4241] NEW CLIENT {pid} from user 0: Server already exists\n")
+    with open(os.path.join(logdir, "server.log"), "a") as f:
+        f.write(f"[{stamp} Server 4242] New client {pid} connected\n")
+    return True
+
+
+def run_count(env, rank, key):
+    """How many runs of this (test, ranks, network) so far, this one included
+    (rank 0 counts; the others read its count from the launch's rank dir)."""
+    state = env.get("FAKE_STATE_DIR")
+    if not state:
+        return 1
+    path = os.path.join(state, "count-" + key)
+    # beside this launch's rank dir, not in it (rank 0 reads every file there)
+    mine = env.get("FAKE_RANKDIR", os.path.join(state, "launch")) + ".nth"
+    if rank == 0:
+        n = int(read_or(path, "0")) + 1
+        with open(path, "w") as f:
+            f.write(str(n))
+        with open(mine + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(mine + ".tmp", mine)
+        return n
+    deadline = time.time() + 20
+    while not os.path.exists(mine) and time.time() < deadline:
+        time.sleep(0.02)
+    return int(read_or(mine, "1"))
+
+
+def read_or(path, default):
+    try:
+        with open(path) as f:
+            return f.read().strip() or default
+    except OSError:
+        return default
+
+
 def main():
     name = os.path.basename(sys.argv[1])
     coll = name.replace("_perf", "").replace("_mpi", "")
@@ -34,9 +98,10 @@ def main():
     host = socket.gethostname().split(".")[0]
     pid = os.getpid()
     env = os.environ
-    mpi_rank = env.get("OMPI_COMM_WORLD_RANK")
+    mpi_rank = env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK"))
     if mpi_rank is not None:
-        rank, nprocs = int(mpi_rank), int(env["OMPI_COMM_WORLD_SIZE"])
+        rank = int(mpi_rank)
+        nprocs = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", "1")))
         if env.get("NCCL_TESTS_DEVICE") != "0":
             print("Test failure: NCCL_TESTS_DEVICE not 0 for a one-GPU run")
             return 1
@@ -58,6 +123,12 @@ def main():
         rank, nranks = 0, ngpus
         rank_lines = [(i, pid, i) for i in range(ngpus)]
 
+    state = env.get("FAKE_STATE_DIR")
+    if state:
+        os.makedirs(os.path.join(state, "pids"), exist_ok=True)
+        with open(os.path.join(state, "pids", str(pid)), "w") as f:
+            f.write(coll)
+    mps_connect(env, pid)
     plugin_dir_ok = any(os.path.exists(os.path.join(d, "libnccl-net-rustnet.so"))
                         for d in env.get("LD_LIBRARY_PATH", "").split(":") if d)
     use_plugin = env.get("NCCL_NET_PLUGIN") == "rustnet" and plugin_dir_ok and not env.get("FAKE_FALLBACK")
@@ -91,8 +162,15 @@ def main():
                 f.write(text)
         else:
             sys.stdout.write(text)
+    nth = run_count(env, rank, f"{coll}-{nranks}-{net}")
+    hang = env.get("FAKE_HANG", "").split(":")
+    if len(hang) >= 3 and hang[:3] == [coll, str(nranks), net] and (len(hang) < 4 or int(hang[3]) == nth):
+        time.sleep(600)
     if rank != 0:
         return int(env.get("FAKE_RC", "0"))
+    if env.get("FAKE_RUN_RECORD"):
+        with open(env["FAKE_RUN_RECORD"], "a") as f:
+            f.write(f"{coll} {nranks} {net}\n")
     print(f"# nThread 1 nGpus {ngpus} minBytes {lo} maxBytes {hi} step: {fac}(factor) warmup iters: 5 iters: 20 "
           f"agg iters: 1 validation: {check} graph: 0\n#\n# Using devices")
     for r, rpid, dev in rank_lines:
@@ -101,6 +179,10 @@ def main():
           "busbw #wrong\n#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)"
           "  (GB/s)  (GB/s)")
     gbps = 2.2 if use_plugin else 2.0
+    sched = env.get("FAKE_GBPS_" + net.upper())
+    if sched:
+        vals = [float(x) for x in sched.split(",")]
+        gbps = vals[min(nth, len(vals)) - 1]
     factor = FACTORS.get(coll, lambda n: (n - 1) / n)(nranks)
     size, total = lo, 0.0
     while size <= hi:

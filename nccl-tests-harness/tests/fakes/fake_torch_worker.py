@@ -14,6 +14,8 @@ import socket
 import sys
 import time
 
+from fake_perf import mps_connect   # same folder
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -33,6 +35,7 @@ def main():
         return 0
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     host, pid = socket.gethostname().split(".")[0], os.getpid()
+    mps_connect(env, pid)   # a CUDA process finds MPS as in fake_perf.py
     plugin_ok = any(os.path.exists(os.path.join(d, "libnccl-net-rustnet.so"))
                     for d in env.get("LD_LIBRARY_PATH", "").split(":") if d)
     plugin = env.get("NCCL_NET_PLUGIN") == "rustnet" and plugin_ok and not env.get("FAKE_FALLBACK")

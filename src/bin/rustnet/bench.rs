@@ -16,6 +16,9 @@ rustnet bench: bandwidth and latency through librustnet, beside raw TCP
   rustnet bench                      both ends on this host (spawns the server end)
   rustnet bench --listen ADDR:PORT   server end, waits for one client
   rustnet bench --peer ADDR:PORT     client end, connects to a server end
+  rustnet bench step|ring [...]      NCCL's pattern: step-sized messages, 8 in flight,
+                                     several connections, N ranks in a ring, beside
+                                     NCCL's socket algorithm (rustnet bench step --help)
 
 options:
   --sizes LIST      message sizes, e.g. 1K,64K,1M,4M (default 1K..64M, x4 steps)
@@ -120,6 +123,12 @@ fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
 }
 
 pub fn main(args: Vec<String>) -> i32 {
+    match args.first().map(String::as_str) {
+        Some("step") => return crate::ring::main(false, args[1..].to_vec()),
+        Some("ring") => return crate::ring::main(true, args[1..].to_vec()),
+        Some("ring-rank") => return crate::ring::rank_main(args[1..].to_vec()),
+        _ => {}
+    }
     let (o, serve) = match parse(args) {
         Ok(x) => x,
         Err(e) => {

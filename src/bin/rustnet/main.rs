@@ -7,11 +7,18 @@
 //! - `rustnet agent` / `rustnet bisect`: slow-node bisection over many hosts
 //!   (docs/bisect.md).
 //! - `rustnet doctor`: the fabric explained layer by layer, PASS/WARN/FAIL with fixes.
+//! - `rustnet watch`: the NIC's own counters as rates, named (congestion, PFC, loss, link).
 //! - `rustnet knobs`: every variable the plugin reads, its default and meaning.
+// The fabric's health: the NIC's counters as rates (`rustnet watch`).
+mod watch;
+
 mod agent;
 mod bench;
 mod bisect;
 mod ctl;
+mod ncclsock;
+mod plot;
+mod ring;
 
 fn doctor(args: Vec<String>) -> i32 {
     let mut o = rustnet::doctor::Opts::default();
@@ -24,13 +31,27 @@ fn doctor(args: Vec<String>) -> i32 {
             "--sysfs" => o.sysfs = it.next().unwrap_or_default().into(),
             "--devroot" => o.dev = it.next().unwrap_or_default().into(),
             "--no-plugin" => o.probe_plugin = false,
+            "--peer-mtu" => match it.next().and_then(|v| v.parse().ok()) {
+                Some(m) => o.peer_mtu = Some(m),
+                None => {
+                    eprintln!("rustnet doctor: --peer-mtu needs the peer's netdev MTU in bytes (e.g. 9000)");
+                    return 2;
+                }
+            },
+            "--ethtool" => o.ethtool = Some(watch::ethtool_arg(it.next())),
+            "--dcb" => o.dcb = Some(watch::dcb_arg(it.next())),
             "-h" | "--help" => {
                 println!(
-                    "rustnet doctor [--json] [--export-env] [--sysfs ROOT]\n\
-                     Checks RDMA devices and ports, GIDs and the one the plugin will use, PCI/NUMA placement,\n\
+                    "rustnet doctor [--json] [--export-env] [--sysfs ROOT] [--peer-mtu BYTES] [--ethtool PATH|none] [--dcb netlink|PATH|none]\n\
+                     Checks RDMA devices and ports, GIDs and the one the plugin will use, the lossless-Ethernet\n\
+                     setup (MTU, PFC, DSCP map, ECN for NCCL_IB_TC), the NIC's counters, PCI/NUMA placement,\n\
                      GPUDirect readiness, locked memory, /dev/infiniband, IP interfaces and the NCCL/RUSTNET\n\
                      variables in effect. Exit status: 0 pass, 1 warnings, 2 failures.\n\
-                     --export-env prints the export lines an init container can inject."
+                     --export-env prints the export lines an init container can inject.\n\
+                     --peer-mtu: the peer's netdev MTU, to check the path MTU both ends agree on.\n\
+                     --ethtool: what reads the pause counters (default: ethtool on PATH); --dcb: where PFC and\n\
+                     the DSCP map come from (default: DCB netlink; a PATH runs iproute2's dcb). Both default\n\
+                     to none when --sysfs points at another tree."
                 );
                 return 0;
             }
@@ -64,7 +85,8 @@ fn usage() -> ! {
          bench   bandwidth/latency through the plugin vs raw TCP (rustnet bench --help)\n  \
          agent   serve `rustnet bisect` on this host (rustnet agent --help)\n  \
          bisect  find the slow host(s) among hosts running an agent (rustnet bisect --help)\n  \
-         doctor  explain the fabric: devices, GIDs, topology, GPUDirect, limits, knobs (--json, --export-env)\n  \
+         doctor  explain the fabric: devices, GIDs, lossless Ethernet, counters, topology, GPUDirect, limits, knobs\n  \
+         watch   the NIC's counters as rates while a job runs, with what they mean (rustnet watch --help)\n  \
          knobs   list every environment variable the plugin reads"
     );
     std::process::exit(2);
@@ -81,6 +103,7 @@ fn main() {
         "agent" => agent::main(args),
         "bisect" => bisect::main(args),
         "doctor" => doctor(args),
+        "watch" => watch::main(args),
         "knobs" if args.first().map(String::as_str) == Some("--markdown") => {
             print!("{}", rustnet::config::knobs_markdown());
             0

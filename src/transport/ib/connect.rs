@@ -27,6 +27,7 @@ use crate::proto::eager;
 use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
 use crate::proto::handle::{Handle, HandleKind};
 use crate::proto::ib_meta::{Meta, META_LEN};
+use crate::proto::wire::{Reply, Verdict, REPLY_LEN};
 use crate::transport::tcp::sys::{Io, Socket};
 use crate::transport::tcp::{StreamCfg, TcpConnecting, TcpListen};
 
@@ -342,15 +343,36 @@ pub(super) fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &
             Ok(Io::Done(n)) => *done += n,
             Ok(Io::Again) => return Ok(false),
             Ok(Io::Eof) => {
-                return Err(Error::Remote {
-                    peer: peer.to_string(),
-                    what: format!("closed the connection while we waited for {what} (peer process exited or gave up)"),
-                })
+                // A listener that refuses a hello says why before it closes.
+                let refused = buf.get(..REPLY_LEN).and_then(|b| Reply::decode(b.try_into().ok()?).ok()).filter(|_| *done >= REPLY_LEN);
+                let what = match refused {
+                    Some(r) if r.verdict != Verdict::Accepted => format!("the listener refused the connection: {}", r.verdict.explain()),
+                    _ => format!("closed the connection while we waited for {what} (peer process exited or gave up)"),
+                };
+                return Err(Error::Remote { peer: peer.to_string(), what });
             }
             Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("receiving {what}: {e}") }),
         }
     }
     Ok(true)
+}
+
+/// A sender waiting for the receiver's metadata (the receiver's acceptance)
+/// since `since`: an error naming the peer and the knob once
+/// `RUSTNET_CONNECT_TIMEOUT` has passed (a listener that took the TCP
+/// connection but never answers is not a librustnet receiver).
+pub(super) fn within_connect_timeout(since: std::time::Instant, cc: &ConnCfg, peer: &SocketAddr) -> Result<()> {
+    let t = cc.stream.connect_timeout_s.max(1);
+    if since.elapsed() < std::time::Duration::from_secs(t as u64) {
+        return Ok(());
+    }
+    Err(Error::Remote {
+        peer: peer.to_string(),
+        what: format!(
+            "connected, but the receiver did not answer with its connection metadata within RUSTNET_CONNECT_TIMEOUT={t} s: \
+             that rank is not calling accept, or the port belongs to a program that is not a librustnet listener"
+        ),
+    })
 }
 
 /// The traffic class and service level a sender uses for its (data) QPs.

@@ -349,8 +349,16 @@ struct Inflight {
 const NO_INFLIGHT: Inflight = Inflight { seq: 0, n: 0, reqs: [None; MAX_RECVS], lanes_left: 0, active: false };
 
 enum SendHs {
-    ReadMeta { qps: Vec<Qp<Init>>, rx: Box<[u8; META_LEN]>, got: usize },
-    WriteReady { sent: usize },
+    /// Waiting for the receiver's metadata (its acceptance) since `since`.
+    ReadMeta {
+        qps: Vec<Qp<Init>>,
+        rx: Box<[u8; META_LEN]>,
+        got: usize,
+        since: std::time::Instant,
+    },
+    WriteReady {
+        sent: usize,
+    },
 }
 
 /// Sends still possible per comm: NCCL may post MAX_REQUESTS x maxRecvs.
@@ -403,7 +411,7 @@ impl SendComm {
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         SendComm {
             link,
-            hs: Some(SendHs::ReadMeta { qps, rx: Box::new([0; META_LEN]), got: 0 }),
+            hs: Some(SendHs::ReadMeta { qps, rx: Box::new([0; META_LEN]), got: 0, since: std::time::Instant::now() }),
             fifo_mem: region,
             stage,
             local,
@@ -452,9 +460,9 @@ impl SendComm {
         loop {
             match &mut self.hs {
                 None => return Ok(()),
-                Some(SendHs::ReadMeta { rx, got, .. }) => {
+                Some(SendHs::ReadMeta { rx, got, since, .. }) => {
                     if !connect::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
-                        return Ok(());
+                        return connect::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
                     }
                     let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w })?;
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };

@@ -15,6 +15,47 @@ pub use connect::{TcpConnecting, TcpListen};
 pub use device::NetIf;
 pub use p2p::{RecvComm, SendComm};
 
+/// RUSTNET_SOCKET_HELPER=-1 starts helper threads when this process has at
+/// least this many CPUs per rank on its host: there a thread per comm finds
+/// a core of its own, while on a crowded host it competes with the proxy
+/// threads and the application. Measured: on 2 cores the helper moved 2-4x
+/// the bytes of NCCL's loop under NCCL's pattern but spent 1.1-1.6x the CPU
+/// per byte (docs/tcp-performance.md); under real NCCL on a 16-CPU host it
+/// raised busbw 1.1-1.5x over NCCL's socket transport at 2 and 4 ranks
+/// (8 and 4 CPUs per rank) and lowered it to 0.64-0.97x at 8 ranks (2 per rank).
+pub const HELPER_AUTO_MIN_CPUS_PER_RANK: usize = 4;
+
+/// Launcher variables that say how many ranks share this host, in the order
+/// they are trusted: torchrun, Open MPI, MPICH/Hydra, Intel MPI/PMIx-style, Slurm.
+pub const LOCAL_RANKS_VARS: [&str; 5] =
+    ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"];
+
+/// Ranks on this host, from the first launcher variable that holds a
+/// positive integer (Slurm's "8(x2)" form counts as 8); `None` when no
+/// launcher said.
+pub fn local_ranks(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
+    LOCAL_RANKS_VARS.iter().find_map(|&v| {
+        let s = get(v)?;
+        let digits: String = s.trim().chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<usize>().ok().filter(|&n| n > 0).map(|n| (n, v))
+    })
+}
+
+/// RUSTNET_SOCKET_HELPER=-1: on when `cpus` / `ranks` (ranks 1 when no
+/// launcher said) reaches [`HELPER_AUTO_MIN_CPUS_PER_RANK`]; the reason for the log.
+pub fn helper_auto(cpus: usize, ranks: Option<(usize, &'static str)>) -> (bool, String) {
+    let (n, from) = ranks.unwrap_or((1, "no launcher variable"));
+    let per = cpus / n.max(1);
+    let on = per >= HELPER_AUTO_MIN_CPUS_PER_RANK;
+    (
+        on,
+        format!(
+            "helper thread per comm {} ({cpus} CPU(s) / {n} rank(s) on this host [{from}] = {per} per rank; on from {HELPER_AUTO_MIN_CPUS_PER_RANK}; RUSTNET_SOCKET_HELPER=0|1 forces it)",
+            if on { "on" } else { "off" }
+        ),
+    )
+}
+
 /// Per-connection stream settings from the knob table.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamCfg {
@@ -26,6 +67,12 @@ pub struct StreamCfg {
     pub timeout_s: i64,
     /// SO_SNDBUF/SO_RCVBUF (0 = autotune).
     pub bufsize: u64,
+    /// One helper thread per comm moves its bytes (RUSTNET_SOCKET_HELPER).
+    pub helper: bool,
+    /// Connection set-up timeout, seconds (`RUSTNET_CONNECT_TIMEOUT`).
+    pub connect_timeout_s: i64,
+    /// Accepted connections without a valid hello a listener keeps (`RUSTNET_LISTEN_MAX_STRANGERS`).
+    pub max_strangers: usize,
 }
 
 impl StreamCfg {
@@ -37,6 +84,18 @@ impl StreamCfg {
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
+            helper: match cfg.socket_helper.get() {
+                0 => false,
+                1 => true,
+                _ => {
+                    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    let (on, why) = helper_auto(cpus, local_ranks(|v| std::env::var(v).ok()));
+                    tracing::info!("{why}");
+                    on
+                }
+            },
+            connect_timeout_s: cfg.connect_timeout.get(),
+            max_strangers: cfg.listen_max_strangers.get() as usize,
         }
     }
 }
@@ -92,5 +151,40 @@ impl TcpNet {
             )));
         }
         TcpConnecting::start(h, self.cfg.nstreams, self.cfg)
+    }
+}
+
+#[cfg(test)]
+mod helper_tests {
+    use super::*;
+
+    #[test]
+    fn local_ranks_come_from_the_first_launcher_variable_that_says() {
+        let env =
+            |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        assert_eq!(local_ranks(env(&[])), None);
+        assert_eq!(local_ranks(env(&[("MPI_LOCALNRANKS", "8")])), Some((8, "MPI_LOCALNRANKS")));
+        assert_eq!(local_ranks(env(&[("MPI_LOCALNRANKS", "8"), ("LOCAL_WORLD_SIZE", "4")])), Some((4, "LOCAL_WORLD_SIZE")));
+        assert_eq!(local_ranks(env(&[("SLURM_NTASKS_PER_NODE", "8(x2)")])), Some((8, "SLURM_NTASKS_PER_NODE")));
+        // garbage and zero are skipped, not trusted
+        assert_eq!(
+            local_ranks(env(&[("LOCAL_WORLD_SIZE", "x"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "0"), ("MPI_LOCALNRANKS", "2")])),
+            Some((2, "MPI_LOCALNRANKS"))
+        );
+    }
+
+    #[test]
+    fn the_helper_is_on_only_with_cores_to_spare_per_rank() {
+        // the H200 host of the GPU check: 16 CPUs
+        assert!(helper_auto(16, Some((2, "MPI_LOCALNRANKS"))).0);
+        assert!(helper_auto(16, Some((4, "MPI_LOCALNRANKS"))).0);
+        assert!(!helper_auto(16, Some((8, "MPI_LOCALNRANKS"))).0);
+        // a typical 8-GPU node
+        assert!(helper_auto(128, Some((8, "LOCAL_WORLD_SIZE"))).0);
+        // no launcher: the whole host
+        assert!(helper_auto(16, None).0);
+        assert!(!helper_auto(2, None).0);
+        let (_, why) = helper_auto(16, Some((8, "MPI_LOCALNRANKS")));
+        assert!(why.contains("off") && why.contains("MPI_LOCALNRANKS") && why.contains("2 per rank"), "{why}");
     }
 }

@@ -6,7 +6,13 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::sys::{Io, Socket, MAX_IOV};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::sys::{self, EventFd, Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::proto::pool::{Pool, ReqId};
@@ -15,6 +21,8 @@ use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MA
 
 /// Staging buffer for stream 0 (headers and small payloads).
 const STAGE_LEN: usize = 64 << 10;
+/// Bytes one gather write offers before it stops adding queued pieces.
+const WRITE_BATCH: usize = 1 << 20;
 /// Payload remainders at least this large are read straight into NCCL's buffer.
 const DIRECT_READ: usize = 16 << 10;
 
@@ -100,8 +108,8 @@ impl AckWatch {
     }
 }
 
-/// The sending end of a TCP connection.
-pub struct SendComm {
+/// The sending end of a TCP connection, driven by whoever holds it.
+pub struct SendCore {
     streams: Vec<SendStream>,
     reqs: Pool<SendReq>,
     failed: Option<Error>,
@@ -114,12 +122,12 @@ pub struct SendComm {
 // SAFETY: the raw pointers in queued pieces are NCCL buffers that stay valid
 // until their request completes (the isend contract); the comm is only used
 // by one thread at a time (behind the boundary's mutex).
-unsafe impl Send for SendComm {}
+unsafe impl Send for SendCore {}
 
-impl SendComm {
+impl SendCore {
     /// Build from connected streams.
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
-        SendComm {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendCore {
+        SendCore {
             streams: socks.into_iter().map(|sock| SendStream { sock, q: VecDeque::with_capacity(SEND_SLOTS) }).collect(),
             reqs: Pool::new(SEND_SLOTS),
             failed: None,
@@ -175,7 +183,7 @@ impl SendComm {
     ///
     /// # Safety
     /// `buf` must stay readable until `test` reports this request done or failed.
-    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, eager: bool) -> Result<Option<ReqId>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -185,6 +193,10 @@ impl SendComm {
         let nchunks = wire::chunks(buf.len, self.streams.len(), self.min_chunk).count().max(1);
         let Some(id) = self.reqs.alloc(SendReq { size: buf.len, pieces_left: nchunks }) else { return Ok(None) };
         let hdr = MsgHeader { tag, size: buf.len as u64 }.encode();
+        // Write at once only where nothing was queued before: a stream with
+        // pieces still queued found its socket full at its last try, and a
+        // write now would most likely only return EAGAIN.
+        let idle = self.streams.iter().all(|st| st.q.is_empty());
         if buf.len == 0 {
             self.streams[0].q.push_back(Piece { req: id, hdr, hdr_len: HDR_LEN, data: std::ptr::null(), len: 0, done: 0 });
         }
@@ -194,13 +206,17 @@ impl SendComm {
             let data = unsafe { buf.ptr.add(off) } as *const u8;
             self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0 });
         }
-        self.progress();
+        if idle && eager {
+            self.progress();
+        }
         Ok(Some(id))
     }
 
-    /// Move bytes until every stream would block or is idle. Queued pieces
-    /// go out in one gather write where they can (many small messages, one
-    /// system call).
+    /// Move bytes until every stream has written all it has queued, or took
+    /// less than offered (its socket buffer is full: the next write would
+    /// only say EAGAIN, so it waits for the next call). Queued pieces go out
+    /// in one gather write where they can (many small messages, one system
+    /// call).
     pub fn progress(&mut self) {
         if self.failed.is_some() {
             return;
@@ -209,10 +225,14 @@ impl SendComm {
         for st in &mut self.streams {
             while !st.q.is_empty() {
                 let mut n = 0;
+                let mut offered = 0;
                 for p in st.q.iter() {
-                    if n + 2 > MAX_IOV {
+                    // one call moves at most about WRITE_BATCH: a single
+                    // thread that also receives gets back to its reads soon
+                    if n + 2 > MAX_IOV || offered >= WRITE_BATCH {
                         break;
                     }
+                    offered += p.hdr_len + p.len - p.done;
                     if p.done < p.hdr_len {
                         iov[n] = (p.hdr[p.done..].as_ptr(), p.hdr_len - p.done);
                         n += 1;
@@ -228,8 +248,10 @@ impl SendComm {
                 }
                 // SAFETY: headers live in the queued pieces (not moved during
                 // the call); data are NCCL buffers kept valid by the isend contract.
+                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 match unsafe { st.sock.writev_raw(&iov[..n]) } {
                     Ok(Io::Done(mut wrote)) => {
+                        let short = wrote < offered;
                         while wrote > 0 {
                             let p = st.q.front_mut().expect("wrote more than queued");
                             let left = p.hdr_len + p.len - p.done;
@@ -244,6 +266,9 @@ impl SendComm {
                                 }
                             }
                         }
+                        if short {
+                            break;
+                        }
                     }
                     Ok(_) => break,
                     Err(e) => {
@@ -256,9 +281,13 @@ impl SendComm {
     }
 
     /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
-    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
-        self.progress();
+    /// With `io` false the caller only looks (a helper thread moves the bytes).
+    pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
+        let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
+        // already sent in an earlier gather write: no system call to say so
+        if io && r.pieces_left > 0 {
+            self.progress();
+        }
         let r = self.reqs.get(id).unwrap();
         let (done, size) = (r.pieces_left == 0, r.size);
         if !done {
@@ -274,6 +303,23 @@ impl SendComm {
         }
         self.reqs.release(id).unwrap();
         Ok(Some(Completion::one(size)))
+    }
+}
+
+impl Drive for SendCore {
+    fn progress(&mut self) {
+        SendCore::progress(self)
+    }
+    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        let mut n = 0;
+        for st in self.streams.iter().filter(|st| !st.q.is_empty()) {
+            out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+            n += 1;
+        }
+        n
     }
 }
 
@@ -300,8 +346,8 @@ struct RecvStream {
     q: VecDeque<Expect>,
 }
 
-/// The receiving end of a TCP connection.
-pub struct RecvComm {
+/// The receiving end of a TCP connection, driven by whoever holds it.
+pub struct RecvCore {
     streams: Vec<RecvStream>,
     reqs: Pool<RecvReq>,
     /// Posted receives that still wait for messages, in posting order.
@@ -313,21 +359,28 @@ pub struct RecvComm {
     failed: Option<Error>,
     peer: SocketAddr,
     min_chunk: usize,
+    /// The last message header announced a payload worth reading straight
+    /// into NCCL's buffer: read the next header alone (16 bytes), not a
+    /// staging buffer full of payload that would then be copied.
+    big: bool,
+    /// Stream 0 gave less than asked in this progress call: it is drained,
+    /// another read would only say EAGAIN.
+    drained: bool,
 }
 
 // SAFETY: as for SendComm: raw pointers are NCCL receive buffers valid until
 // completion, and the comm is used by one thread at a time.
-unsafe impl Send for RecvComm {}
+unsafe impl Send for RecvCore {}
 
 enum Step {
     Progress,
     Blocked,
 }
 
-impl RecvComm {
+impl RecvCore {
     /// Build from accepted streams.
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
-        RecvComm {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvCore {
+        RecvCore {
             streams: socks.into_iter().map(|sock| RecvStream { sock, q: VecDeque::with_capacity(MAX_REQUESTS * MAX_RECVS) }).collect(),
             reqs: Pool::new(MAX_REQUESTS),
             order: VecDeque::with_capacity(MAX_REQUESTS),
@@ -337,6 +390,8 @@ impl RecvComm {
             failed: None,
             peer,
             min_chunk: cfg.min_chunk,
+            big: false,
+            drained: false,
         }
     }
 
@@ -370,7 +425,8 @@ impl RecvComm {
         }
         let Some(id) = self.reqs.alloc(r) else { return Ok(None) };
         self.order.push_back(id);
-        self.progress();
+        // No I/O here (as NCCL's socket transport): the data of a receive
+        // just posted is rarely there yet, and `test` reads it anyway.
         Ok(Some(id))
     }
 
@@ -383,6 +439,9 @@ impl RecvComm {
     /// Read more of stream 0 into the staging buffer (after moving what is
     /// left to its front). Small messages then cost one system call for many.
     fn refill(&mut self) -> Result<Step> {
+        if self.drained {
+            return Ok(Step::Blocked);
+        }
         if self.stage_lo > 0 {
             self.stage.copy_within(self.stage_lo..self.stage_hi, 0);
             self.stage_hi -= self.stage_lo;
@@ -390,9 +449,13 @@ impl RecvComm {
         }
         let peer = self.peer;
         let hi = self.stage_hi;
-        match self.streams[0].sock.read(&mut self.stage[hi..]) {
+        // a header after a large message: read just the header, its payload
+        // then goes straight to NCCL's buffer
+        let want = if self.big && self.streams[0].q.is_empty() && hi < HDR_LEN { HDR_LEN - hi } else { STAGE_LEN - hi };
+        match self.streams[0].sock.read(&mut self.stage[hi..hi + want]) {
             Ok(Io::Done(n)) => {
                 self.stage_hi += n;
+                self.drained = n < want;
                 Ok(Step::Progress)
             }
             Ok(Io::Again) => Ok(Step::Blocked),
@@ -419,9 +482,22 @@ impl RecvComm {
                 self.stage_lo += n;
                 n
             } else if need >= DIRECT_READ {
-                // SAFETY: as above.
-                match unsafe { st0.sock.read_raw(x.ptr.add(x.got), need) } {
-                    Ok(Io::Done(n)) => n,
+                if self.drained {
+                    return Ok(Step::Blocked);
+                }
+                // The payload's end and the next message's header in one
+                // call: the header lands in the (empty) staging buffer.
+                self.stage_lo = 0;
+                self.stage_hi = 0;
+                let hdr = (self.stage.as_mut_ptr(), HDR_LEN);
+                // SAFETY: as above; the staging buffer is ours, HDR_LEN <= STAGE_LEN,
+                // and it does not overlap NCCL's buffer.
+                match unsafe { st0.sock.read_raw2((x.ptr.add(x.got), need), hdr) } {
+                    Ok(Io::Done(n)) => {
+                        self.drained = n < need + HDR_LEN;
+                        self.stage_hi = n.saturating_sub(need);
+                        n.min(need)
+                    }
                     Ok(Io::Again) => return Ok(Step::Blocked),
                     Ok(Io::Eof) => return Err(peer_error(&peer, "closed the connection in the middle of a message")),
                     Err(e) => return Err(io_error(&peer, "receive", e)),
@@ -474,6 +550,7 @@ impl RecvComm {
         let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
         self.stage_lo += HDR_LEN;
         let size = h.size as usize;
+        self.big = size >= DIRECT_READ;
         r.specs[i].matched = true;
         r.sizes[i] = size;
         r.unmatched -= 1;
@@ -496,6 +573,7 @@ impl RecvComm {
         if self.failed.is_some() {
             return;
         }
+        self.drained = false;
         loop {
             match self.step_stream0() {
                 Ok(Step::Progress) => continue,
@@ -509,6 +587,7 @@ impl RecvComm {
                 // SAFETY: inside a posted receive buffer, as above.
                 match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
                     Ok(Io::Done(n)) => {
+                        let short = n < x.len - x.got;
                         x.got += n;
                         if x.got == x.len {
                             let req = x.req;
@@ -516,6 +595,10 @@ impl RecvComm {
                             if let Ok(r) = self.reqs.get_mut(req) {
                                 r.pieces_left -= 1;
                             }
+                        }
+                        if short {
+                            // drained: the next read would say EAGAIN
+                            break;
                         }
                     }
                     Ok(Io::Again) => break,
@@ -533,9 +616,13 @@ impl RecvComm {
     }
 
     /// `Ok(Some(sizes))` when every buffer of the receive is filled.
-    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
-        self.progress();
+    /// With `io` false the caller only looks (a helper thread moves the bytes).
+    pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
+        let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
+        // already filled by an earlier read: no system call to say so
+        if io && (r.unmatched > 0 || r.pieces_left > 0) {
+            self.progress();
+        }
         if let Some(e) = &self.failed {
             let e = e.clone();
             if self.reqs.release(id).is_ok() {
@@ -551,6 +638,287 @@ impl RecvComm {
             return Ok(Some(c));
         }
         Ok(None)
+    }
+}
+
+impl Drive for RecvCore {
+    fn progress(&mut self) {
+        RecvCore::progress(self)
+    }
+    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        let mut n = 0;
+        for (i, st) in self.streams.iter().enumerate() {
+            // stream 0 is worth waiting on while a piece is expected, or a
+            // receive is posted and no whole header is staged (a staged
+            // header that no posted receive takes waits for the next post)
+            let want = !st.q.is_empty() || i == 0 && !self.order.is_empty() && self.stage_hi - self.stage_lo < HDR_LEN;
+            if want {
+                out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+// ---------------------------------------------------------------- helper thread
+
+/// What a helper thread needs from a comm core.
+pub trait Drive: Send + 'static {
+    /// Move what can move now without blocking.
+    fn progress(&mut self);
+    /// The sockets worth waiting on, and for what; how many were written.
+    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize;
+}
+
+struct Shared<T> {
+    core: Mutex<T>,
+    stop: AtomicBool,
+    /// Bumped after every post: a helper about to sleep sees it changed.
+    posts: AtomicU64,
+    sleeping: AtomicBool,
+    wake: EventFd,
+}
+
+/// A comm core driven by its own thread (RUSTNET_SOCKET_HELPER=1): it sleeps
+/// in poll(2) on the sockets that can move and on an eventfd that posts
+/// ring, so neither it nor the caller spins on EAGAIN; `test` only looks.
+/// The thread is joined when the comm is dropped (NCCL's close).
+pub struct Helper<T: Drive> {
+    sh: Arc<Shared<T>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Longest sleep of an idle helper (it re-checks its stop flag at least this often).
+const HELPER_NAP_MS: i32 = 100;
+
+fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
+    let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 65];
+    while !sh.stop.load(Ordering::SeqCst) {
+        let seen = sh.posts.load(Ordering::SeqCst);
+        let n = {
+            let mut c = sh.core.lock();
+            c.progress();
+            c.wait_set(&mut fds[1..])
+        };
+        fds[0] = libc::pollfd { fd: sh.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        sh.sleeping.store(true, Ordering::SeqCst);
+        if sh.posts.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
+            // errors surface through the core on its next progress
+            let _ = sys::poll(&mut fds[..n + 1], HELPER_NAP_MS);
+        }
+        sh.sleeping.store(false, Ordering::SeqCst);
+        if fds[0].revents != 0 {
+            sh.wake.drain();
+        }
+    }
+}
+
+impl<T: Drive> Helper<T> {
+    fn start(core: T, what: &str) -> Result<Helper<T>> {
+        let sh = Arc::new(Shared {
+            core: Mutex::new(core),
+            stop: AtomicBool::new(false),
+            posts: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
+            wake: EventFd::new()?,
+        });
+        let s2 = sh.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("rustnet-tcp-{what}"))
+            .spawn(move || helper_loop(s2))
+            .map_err(|e| Error::Internal(format!("start the TCP helper thread: {e}")))?;
+        Ok(Helper { sh, thread: Some(thread) })
+    }
+
+    /// Tell the helper there is new work.
+    fn posted(&self) {
+        self.sh.posts.fetch_add(1, Ordering::SeqCst);
+        if self.sh.sleeping.load(Ordering::SeqCst) {
+            self.sh.wake.notify();
+        }
+    }
+}
+
+impl<T: Drive> Drop for Helper<T> {
+    fn drop(&mut self) {
+        self.sh.stop.store(true, Ordering::SeqCst);
+        self.sh.wake.notify();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The sending end of a TCP connection: driven from `test` (NCCL's proxy
+/// thread), or by a helper thread.
+pub enum SendComm {
+    /// The caller of isend/test moves the bytes.
+    Direct(SendCore),
+    /// A helper thread moves them.
+    Helper(Helper<SendCore>),
+}
+
+impl SendComm {
+    /// Build from connected streams.
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
+        let core = SendCore::new(socks, peer, cfg);
+        if cfg.helper {
+            let peer = core.peer;
+            match Helper::start(core, "send") {
+                Ok(h) => return SendComm::Helper(h),
+                Err(e) => {
+                    tracing::warn!("{e}; sending to {peer} from the caller's thread instead");
+                    return SendComm::new_direct_after_failure(peer);
+                }
+            }
+        }
+        SendComm::Direct(core)
+    }
+
+    fn new_direct_after_failure(peer: SocketAddr) -> SendComm {
+        // the core moved into the failed start; a comm that fails every call says why
+        let mut c = SendCore::new(
+            Vec::new(),
+            peer,
+            StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false, connect_timeout_s: 60, max_strangers: 256 },
+        );
+        c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
+        SendComm::Direct(c)
+    }
+
+    /// Peer address.
+    pub fn peer(&self) -> SocketAddr {
+        match self {
+            SendComm::Direct(c) => c.peer,
+            SendComm::Helper(h) => h.sh.core.lock().peer,
+        }
+    }
+
+    /// Number of TCP streams.
+    pub fn nstreams(&self) -> usize {
+        match self {
+            SendComm::Direct(c) => c.nstreams(),
+            SendComm::Helper(h) => h.sh.core.lock().nstreams(),
+        }
+    }
+
+    /// Queue a send; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// `buf` must stay readable until `test` reports this request done or failed.
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+        match self {
+            // SAFETY: forwarded from our caller.
+            SendComm::Direct(c) => unsafe { c.isend(buf, tag, true) },
+            SendComm::Helper(h) => {
+                let mut c = h.sh.core.lock();
+                // the caller writes what fits at once (no hand-off for a
+                // small message); the helper takes over what is left
+                // SAFETY: forwarded from our caller.
+                let r = unsafe { c.isend(buf, tag, true) };
+                let left = c.streams.iter().any(|st| !st.q.is_empty());
+                drop(c);
+                if left && matches!(r, Ok(Some(_))) {
+                    h.posted();
+                }
+                r
+            }
+        }
+    }
+
+    /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        match self {
+            SendComm::Direct(c) => c.test(id, true),
+            // the helper holds the lock while it moves bytes: the request
+            // is then not done yet; else the caller moves what it can
+            SendComm::Helper(h) => match h.sh.core.try_lock() {
+                Some(mut c) => c.test(id, true),
+                None => Ok(None),
+            },
+        }
+    }
+}
+
+/// The receiving end of a TCP connection: driven from `test`, or by a
+/// helper thread.
+pub enum RecvComm {
+    /// The caller of irecv/test moves the bytes.
+    Direct(RecvCore),
+    /// A helper thread moves them.
+    Helper(Helper<RecvCore>),
+}
+
+impl RecvComm {
+    /// Build from accepted streams.
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
+        let core = RecvCore::new(socks, peer, cfg);
+        if cfg.helper {
+            match Helper::start(core, "recv") {
+                Ok(h) => return RecvComm::Helper(h),
+                Err(e) => {
+                    tracing::warn!("{e}; receiving from {peer} from the caller's thread instead");
+                    let mut c = RecvCore::new(
+                        Vec::new(),
+                        peer,
+                        StreamCfg {
+                            nstreams: 0,
+                            min_chunk: 1,
+                            timeout_s: 1,
+                            bufsize: 0,
+                            helper: false,
+                            connect_timeout_s: 60,
+                            max_strangers: 256,
+                        },
+                    );
+                    c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
+                    return RecvComm::Direct(c);
+                }
+            }
+        }
+        RecvComm::Direct(core)
+    }
+
+    /// Peer address.
+    pub fn peer(&self) -> SocketAddr {
+        match self {
+            RecvComm::Direct(c) => c.peer,
+            RecvComm::Helper(h) => h.sh.core.lock().peer,
+        }
+    }
+
+    /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
+    ///
+    /// # Safety
+    /// Every buffer must stay writable until `test` reports this request done or failed.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
+        match self {
+            // SAFETY: forwarded from our caller.
+            RecvComm::Direct(c) => unsafe { c.irecv(bufs) },
+            RecvComm::Helper(h) => {
+                // SAFETY: forwarded from our caller.
+                let r = unsafe { h.sh.core.lock().irecv(bufs) };
+                if matches!(r, Ok(Some(_))) {
+                    h.posted();
+                }
+                r
+            }
+        }
+    }
+
+    /// `Ok(Some(sizes))` when every buffer of the receive is filled.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        match self {
+            RecvComm::Direct(c) => c.test(id, true),
+            RecvComm::Helper(h) => match h.sh.core.try_lock() {
+                Some(mut c) => c.test(id, true),
+                None => Ok(None),
+            },
+        }
     }
 }
 
@@ -597,5 +965,183 @@ mod ack_tests {
         assert!(w.due(t0));
         assert!(!w.due(t0 + Duration::from_millis(100)));
         assert!(w.due(t0 + ACK_LOOK_EVERY));
+    }
+}
+
+#[cfg(test)]
+mod data_tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// `n` connected stream pairs over loopback, optionally with tiny socket
+    /// buffers so that reads and writes come back short.
+    fn comms(n: usize, bufsize: u64, helper: bool) -> (SendComm, RecvComm) {
+        let (l, addr) = Socket::listen(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)).unwrap();
+        let mut tx = Vec::new();
+        let mut rx = Vec::new();
+        for _ in 0..n {
+            let c = Socket::connect_start(addr).unwrap();
+            let t0 = Instant::now();
+            let a = loop {
+                if let Some((a, _)) = l.accept().unwrap() {
+                    break a;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10));
+            };
+            while !c.connect_done(&addr).unwrap() {}
+            c.tune_stream(10, bufsize).unwrap();
+            a.tune_stream(10, bufsize).unwrap();
+            tx.push(c);
+            rx.push(a);
+        }
+        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize, helper, connect_timeout_s: 60, max_strangers: 256 };
+        (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
+    }
+
+    /// Sends `sizes` in order with up to 8 in flight each way, testing only
+    /// the oldest request of each side (NCCL's proxy), and checks every byte
+    /// and every reported size.
+    fn replay(n: usize, bufsize: u64, sizes: &[usize]) {
+        replay_with(n, bufsize, false, sizes)
+    }
+
+    fn replay_with(n: usize, bufsize: u64, helper: bool, sizes: &[usize]) {
+        let (mut s, mut r) = comms(n, bufsize, helper);
+        let src: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &z)| (0..z).map(|i| (i * 31 + k * 7) as u8).collect()).collect();
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&z| vec![0xEE; z + 8]).collect();
+        let (mut ps, mut ds, mut pr, mut dr) = (0, 0, 0, 0);
+        let mut sq = VecDeque::new();
+        let mut rq = VecDeque::new();
+        let t0 = Instant::now();
+        while dr < sizes.len() || ds < sizes.len() {
+            while pr < sizes.len() && pr - dr < 8 {
+                let b = RecvBuf { buf: RawBuf { ptr: dst[pr].as_mut_ptr(), len: dst[pr].len() }, tag: 5 };
+                // SAFETY: dst outlives the loop, which ends only when every receive is done.
+                let Some(id) = unsafe { r.irecv(&[b]) }.unwrap() else { break };
+                rq.push_back(id);
+                pr += 1;
+            }
+            while ps < sizes.len() && ps - ds < 8 {
+                let b = RawBuf { ptr: src[ps].as_ptr() as *mut u8, len: sizes[ps] };
+                // SAFETY: as above, for src.
+                let Some(id) = unsafe { s.isend(b, 5) }.unwrap() else { break };
+                sq.push_back(id);
+                ps += 1;
+            }
+            if let Some(&id) = sq.front() {
+                if let Some(c) = s.test(id).unwrap() {
+                    assert_eq!(c.sizes[0], sizes[ds]);
+                    sq.pop_front();
+                    ds += 1;
+                }
+            }
+            if let Some(&id) = rq.front() {
+                if let Some(c) = r.test(id).unwrap() {
+                    assert_eq!((c.n, c.sizes[0]), (1, sizes[dr]), "message {dr}");
+                    assert_eq!(&dst[dr][..sizes[dr]], &src[dr][..], "message {dr} of {} bytes", sizes[dr]);
+                    assert!(dst[dr][sizes[dr]..].iter().all(|&b| b == 0xEE), "message {dr} wrote past its size");
+                    rq.pop_front();
+                    dr += 1;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "stuck: sent {ds}, received {dr} of {}", sizes.len());
+        }
+    }
+
+    /// Large and small messages mixed: headers read alone after a large
+    /// message, a payload's end and the next header in one read, small
+    /// messages batched through the staging buffer, empty messages.
+    const MIX: &[usize] = &[
+        0,
+        1,
+        16,
+        DIRECT_READ - 1,
+        DIRECT_READ,
+        DIRECT_READ + 1,
+        512 << 10,
+        3,
+        0,
+        512 << 10,
+        512 << 10,
+        100,
+        STAGE_LEN - HDR_LEN,
+        STAGE_LEN,
+        STAGE_LEN + 1,
+        7,
+        1 << 20,
+        17,
+        64,
+        (1 << 20) + 5,
+        0,
+        33_333,
+    ];
+
+    #[test]
+    fn mixed_sizes_arrive_exactly_on_one_stream() {
+        replay(1, 0, MIX);
+    }
+
+    #[test]
+    fn mixed_sizes_arrive_exactly_through_tiny_socket_buffers() {
+        // every read and write comes back short; headers split across reads
+        // (megabytes through a 4 KiB window on loopback crawl on the
+        // persist timer: the large ones are left to the other tests)
+        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
+        replay(1, 4096, &small);
+    }
+
+    #[test]
+    fn mixed_sizes_arrive_exactly_striped_over_streams() {
+        replay(3, 0, MIX);
+        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
+        replay(2, 4096, &small);
+    }
+
+    #[test]
+    fn many_step_sized_messages_in_a_row() {
+        let sizes: Vec<usize> = (0..200).map(|i| if i % 50 == 49 { 1000 } else { 512 << 10 }).collect();
+        replay(1, 0, &sizes);
+    }
+
+    #[test]
+    fn helper_threads_move_mixed_sizes_exactly() {
+        replay_with(1, 0, true, MIX);
+        replay_with(3, 0, true, MIX);
+        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
+        replay_with(2, 4096, true, &small);
+        let sizes: Vec<usize> = (0..100).map(|i| if i % 25 == 24 { 10 } else { 512 << 10 }).collect();
+        replay_with(2, 0, true, &sizes);
+    }
+
+    #[test]
+    fn helper_threads_are_joined_when_the_comms_close() {
+        let (s, r) = comms(2, 0, true);
+        let (SendComm::Helper(hs), RecvComm::Helper(hr)) = (&s, &r) else { panic!("RUSTNET_SOCKET_HELPER=1 gave no helper") };
+        // the thread holds the shared state while it runs: once the comm
+        // is dropped nothing may hold it, i.e. the thread was joined
+        let (ws, wr) = (Arc::downgrade(&hs.sh), Arc::downgrade(&hr.sh));
+        assert_eq!((ws.strong_count(), wr.strong_count()), (2, 2), "helper threads not running");
+        drop((s, r));
+        assert!(ws.upgrade().is_none() && wr.upgrade().is_none(), "a helper thread outlived its comm");
+        let (s2, r2) = comms(1, 0, false);
+        assert!(matches!((&s2, &r2), (SendComm::Direct(_), RecvComm::Direct(_))));
+    }
+
+    #[test]
+    fn a_helper_receiver_reports_a_dead_peer() {
+        let (s, mut r) = comms(1, 0, true);
+        let mut buf = vec![0u8; 1 << 20];
+        // SAFETY: buf outlives the receive (we wait for its failure below).
+        let id = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: buf.as_mut_ptr(), len: buf.len() }, tag: 1 }]) }.unwrap().unwrap();
+        drop(s);
+        let t0 = Instant::now();
+        loop {
+            match r.test(id) {
+                Err(e) => return assert!(e.to_string().contains("closed"), "{e}"),
+                Ok(Some(_)) => panic!("a receive completed without data"),
+                Ok(None) => assert!(t0.elapsed() < Duration::from_secs(10), "dead peer not noticed"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -257,6 +257,40 @@ impl Socket {
         }
     }
 
+    /// Non-blocking scatter read into two raw pieces: the first filled
+    /// before the second (one system call for a payload's end and the next
+    /// header).
+    ///
+    /// # Safety
+    /// Each `(ptr, len)` must be writable memory valid for the call, and the
+    /// two must not overlap.
+    pub unsafe fn read_raw2(&self, a: (*mut u8, usize), b: (*mut u8, usize)) -> std::result::Result<Io, Errno> {
+        let mut iov = [
+            libc::iovec { iov_base: a.0 as *mut libc::c_void, iov_len: a.1 },
+            libc::iovec { iov_base: b.0 as *mut libc::c_void, iov_len: b.1 },
+        ];
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::recvmsg(self.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return if a.1 + b.1 == 0 { Ok(Io::Done(0)) } else { Ok(Io::Eof) };
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Non-blocking gather write of up to two raw pieces (MSG_NOSIGNAL: a dead
     /// peer is an EPIPE error, never a signal).
     ///
@@ -368,6 +402,53 @@ impl Socket {
     }
 }
 
+/// An eventfd: how a thread posting work wakes a helper thread asleep in poll.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// A non-blocking, close-on-exec eventfd.
+    pub fn new() -> Result<EventFd> {
+        // SAFETY: plain eventfd(2); the descriptor is owned below.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }, || "eventfd".into())?;
+        // SAFETY: a fresh descriptor nothing else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Wake the waiter (its next poll sees POLLIN).
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: 8 readable bytes; a full counter (EAGAIN) already wakes the waiter.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reset the counter after a wake-up.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: 8 writable bytes; EAGAIN (already zero) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// poll(2) on `fds` for at most `timeout_ms`; EINTR counts as a wake-up.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> std::result::Result<usize, Errno> {
+    // SAFETY: fds is a valid array of fds.len() pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = Errno::last();
+        return if e.0 == libc::EINTR { Ok(0) } else { Err(e) };
+    }
+    Ok(r as usize)
+}
+
 /// An IP interface as `getifaddrs` reports it.
 #[derive(Debug, Clone)]
 pub struct IfAddr {
@@ -417,4 +498,68 @@ pub fn if_index(name: &str) -> u32 {
     let Ok(c) = std::ffi::CString::new(name) else { return 0 };
     // SAFETY: c is a valid NUL-terminated string.
     unsafe { libc::if_nametoindex(c.as_ptr()) }
+}
+
+// ------------------------------------------------ listener bookkeeping (connection set-up)
+
+/// Most readiness events one [`Poller::ready`] call returns.
+pub const POLL_BATCH: usize = 64;
+
+/// An epoll set over a listener's not-yet-identified connections, so that a
+/// call to `accept` costs what is ready, not what is attached (level
+/// triggered; each socket is known by a caller's token).
+#[derive(Debug)]
+pub struct Poller {
+    fd: OwnedFd,
+}
+
+impl Poller {
+    /// A new, empty set.
+    pub fn new() -> Result<Poller> {
+        // SAFETY: plain epoll_create1(2); the returned fd is owned below.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }, || "epoll_create1".into())?;
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        Ok(Poller { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Watch `s` for input or hang-up, reported as `token`.
+    pub fn add(&self, s: &Socket, token: u64) -> Result<()> {
+        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
+        // SAFETY: both fds are open; ev is valid for the call.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) }, || "epoll_ctl(ADD)".into())
+            .map(|_| ())
+    }
+
+    /// Stop watching `s` (before it is handed on; closing it also does).
+    pub fn remove(&self, s: &Socket) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: both fds are open; ev is valid (kernels before 2.6.9 want non-NULL).
+        // A failure leaves nothing to undo: the socket was not in the set.
+        let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, s.as_raw_fd(), &mut ev) };
+    }
+
+    /// Tokens of the sockets with something to read (or closed), without waiting.
+    pub fn ready(&self, out: &mut [u64; POLL_BATCH]) -> Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; POLL_BATCH];
+        loop {
+            // SAFETY: evs has room for POLL_BATCH events; zero timeout.
+            let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), POLL_BATCH as libc::c_int, 0) };
+            if r < 0 && Errno::last().0 == libc::EINTR {
+                continue;
+            }
+            let n = cvt(r, || "epoll_wait".into())? as usize;
+            for (o, e) in out.iter_mut().zip(&evs[..n]) {
+                *o = e.u64;
+            }
+            return Ok(n);
+        }
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` of this process, for messages (None: unlimited or unknown).
+pub fn nofile_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid out-pointer for the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
 }
