@@ -18,7 +18,7 @@ use rustnet::proto::fifo::{Cts, FailCode, Imm, ImmKind};
 use rustnet::proto::fuzz::{Target, TARGETS};
 use rustnet::proto::handle::{Handle, HandleKind, HANDLE_SIZE, PROTO_VERSION};
 use rustnet::proto::ib_meta::Meta;
-use rustnet::proto::wire::{Hello, MsgHeader};
+use rustnet::proto::wire::{Hello, MsgHeader, Reply, Verdict};
 
 const FIXED_SEED: u64 = 0x005e_ed0f_f022;
 
@@ -198,6 +198,10 @@ fn fuzz_hello() {
     fuzz("hello");
 }
 #[test]
+fn fuzz_reply() {
+    fuzz("reply");
+}
+#[test]
 fn fuzz_wire_header() {
     fuzz("wire_header");
 }
@@ -336,6 +340,16 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("near-old-version", Hello { version: PROTO_VERSION - 1, ..h }.encode().to_vec());
             add("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n12345".to_vec());
             add("short", h.encode()[..20].to_vec());
+        }
+        "reply" => {
+            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION }.encode().to_vec());
+            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION }.encode().to_vec());
+            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1 }.encode().to_vec());
+            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION }.encode();
+            b[8] = 7;
+            add("near-unknown-verdict", b.to_vec());
+            add("http", b"HTTP/1.1 400 Bad".to_vec());
+            add("short", b"RNREPLY1".to_vec());
         }
         "wire_header" => {
             let grouped = |h: MsgHeader, specs: &[(u64, i32, bool)], ns: u8, minc: u32| {

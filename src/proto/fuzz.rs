@@ -23,7 +23,7 @@ use crate::proto::fifo::{
 use crate::proto::handle::{Handle, HANDLE_SIZE, PROTO_VERSION};
 use crate::proto::ib_meta::{Meta, META_LEN};
 use crate::proto::pool::ReqId;
-use crate::proto::wire::{self, Hello, MsgHeader, RecvSpec, HDR_LEN, HELLO_LEN};
+use crate::proto::wire::{self, Hello, MsgHeader, RecvSpec, Reply, Verdict, HDR_LEN, HELLO_LEN, REPLY_LEN};
 use crate::transport::MAX_RECVS;
 
 /// A fuzz target: any bytes in, panics only on a broken property.
@@ -31,8 +31,15 @@ pub type Target = fn(&[u8]);
 
 /// Every target by name (the names of the corpus directories and of the
 /// cargo-fuzz targets).
-pub const TARGETS: &[(&str, Target)] =
-    &[("handle", handle), ("hello", hello), ("wire_header", wire_header), ("ib_meta", ib_meta), ("eager", eager), ("fifo", fifo)];
+pub const TARGETS: &[(&str, Target)] = &[
+    ("handle", handle),
+    ("hello", hello),
+    ("reply", reply),
+    ("wire_header", wire_header),
+    ("ib_meta", ib_meta),
+    ("eager", eager),
+    ("fifo", fifo),
+];
 
 /// Reads fixed-size fields from fuzz input; zeros once it runs out, so
 /// every input is a valid program.
@@ -117,7 +124,12 @@ pub fn hello(data: &[u8]) {
     };
     let h = match Hello::decode(&b, expect) {
         Ok(h) => h,
-        Err(w) => return assert!(!w.is_empty()),
+        Err(r) => {
+            // the refusal the listener answers with must reach the connector intact
+            assert!(!r.why.is_empty() && r.verdict != Verdict::Accepted, "{r:?}");
+            let back = Reply::decode(&Reply { verdict: r.verdict, version: PROTO_VERSION }.encode()).expect("our reply decodes");
+            return assert_eq!(back.verdict, r.verdict);
+        }
     };
     assert_eq!(h.version, PROTO_VERSION);
     assert!(h.nstreams >= 1 && h.nstreams <= 64 && h.stream < h.nstreams, "{h:?}");
@@ -126,6 +138,22 @@ pub fn hello(data: &[u8]) {
     assert_eq!(e[..14], b[..14]);
     assert_eq!(e[16..], b[16..]);
     assert_eq!(Hello::decode(&e, expect), Ok(h));
+}
+
+// ------------------------------------------------------------------ listener's reply
+
+/// `Reply::decode`: the 16 bytes a connector reads back from whatever
+/// listens at the handle's address (maybe not librustnet at all).
+pub fn reply(data: &[u8]) {
+    let b: [u8; REPLY_LEN] = prefix(data);
+    let r = match Reply::decode(&b) {
+        Ok(r) => r,
+        Err(w) => return assert!(!w.is_empty()),
+    };
+    assert!(!r.verdict.explain().is_empty());
+    let e = r.encode();
+    assert_eq!(e[..12], b[..12]);
+    assert_eq!(Reply::decode(&e), Ok(r));
 }
 
 // ------------------------------------------------------------------ TCP message header
