@@ -346,7 +346,7 @@ knobs! {
     socket_family: Family = "NCCL_SOCKET_FAMILY", default "any", accepts "AF_INET or AF_INET6";
     /// TCP streams per helper thread; with NCCL_SOCKET_NTHREADS=0 the total number of streams per connection.
     nsocks_per_thread: Int<1, 64> = "NCCL_NSOCKS_PERTHREAD", default "1", accepts "an integer 1..64";
-    /// Accepted for compatibility with NCCL's socket transport: librustnet drives every stream from the caller of test(), and opens max(1, NCCL_SOCKET_NTHREADS) x NCCL_NSOCKS_PERTHREAD streams per connection.
+    /// Accepted for compatibility with NCCL's socket transport: librustnet opens max(1, NCCL_SOCKET_NTHREADS) x NCCL_NSOCKS_PERTHREAD streams per connection, all driven by the caller of test() or by the comm's one helper thread (RUSTNET_SOCKET_HELPER), never by several threads.
     socket_nthreads: Int<0, 16> = "NCCL_SOCKET_NTHREADS", default "0", accepts "an integer 0..16";
     /// Smallest piece a TCP message is split into when striped over several streams.
     socket_min_chunk: Bytes = "RUSTNET_SOCKET_MIN_CHUNK", default "64K", accepts "a byte count, optionally with K, M or G";
@@ -404,8 +404,8 @@ knobs! {
     force_flush: Int<0, 1> = "RUSTNET_FORCE_FLUSH", default "0", accepts "0 or 1";
     /// 1: every verbs comm prints one INFO line on close with what each of its QPs carried (messages, bytes); the same line is logged at TRACE (NCCL_DEBUG=TRACE) without it.
     stats: Int<0, 1> = "RUSTNET_STATS", default "0", accepts "0 or 1";
-    /// Testing only: panic inside the named vtable slot (e.g. `isend`) to prove the boundary catches it.
-    fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name";
+    /// Testing only: panic on entry to the named vtable slot (e.g. `isend`), or inside isend/test after the transport changed its state (`isend:queued`, `test:progressed`), to prove the boundary catches it and fails that comm (see src/fault.rs).
+    fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name, isend:queued or test:progressed";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.
     nccl_debug: LogLevel = "NCCL_DEBUG", default "WARN", accepts "WARN, INFO or TRACE";
 }

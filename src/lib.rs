@@ -17,11 +17,13 @@ pub mod doctor;
 pub mod driver;
 pub mod error;
 pub mod fabric;
+pub mod fault;
 pub mod gpu;
 pub mod log;
 pub mod plugin;
 pub mod proto;
 pub mod registry;
 pub mod transport;
+pub mod unload;
 
 pub use error::{Error, Result};

@@ -1,19 +1,17 @@
 //! All logging goes through NCCL's logger once `init` handed it to us; before
-//! that (tools, tests) it goes to stderr. `tracing` is the front end: a layer
-//! formats each event and forwards it.
+//! that (tools, tests) it goes to stderr. `tracing` is the front end; with
+//! no tracing subscriber installed its macros hand each event to the `log`
+//! facade, whose logger is the static [`NcclLog`] here, which formats the
+//! line and forwards it. Nothing here allocates state that outlives a call:
+//! a global tracing subscriber would (tracing keeps it, and its registry, on
+//! the heap for good), and each dlopen/dlclose cycle leaked it. A process
+//! that installs its own tracing subscriber (the tests) gets the events there.
 //!
 //! Levels: `warn!` -> NCCL WARN, `info!` -> NCCL INFO, `debug!`/`trace!` ->
 //! NCCL TRACE. Per-request events on the data path use `trace!` only, and are
 //! not even formatted unless `NCCL_DEBUG=TRACE`.
 use std::ffi::CString;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-
-use once_cell::sync::OnceCell;
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, Layer};
-use tracing_subscriber::prelude::*;
 
 /// C signature of NCCL's `ncclDebugLogger_t`.
 pub type NcclLogger = unsafe extern "C" fn(
@@ -35,7 +33,7 @@ const NCCL_ALL: libc::c_ulong = !0;
 static LOGGER: AtomicUsize = AtomicUsize::new(0);
 /// 0 = warn, 1 = info, 2 = trace (max level that is formatted at all).
 static MAX_LEVEL: AtomicU8 = AtomicU8::new(1);
-static INSTALLED: OnceCell<()> = OnceCell::new();
+static INSTALLED: std::sync::Once = std::sync::Once::new();
 
 /// Hand us NCCL's logger (or None to go back to stderr).
 pub fn set_nccl_logger(f: Option<NcclLogger>) {
@@ -55,84 +53,74 @@ pub fn set_max_level(level: crate::config::LogLevel) {
     );
 }
 
-/// Install our subscriber as the process default, once. Harmless if the
-/// host process already installed one (then events go there).
+/// Is TRACE formatted at all (`NCCL_DEBUG=TRACE`)?
+pub fn trace_enabled() -> bool {
+    MAX_LEVEL.load(Ordering::Relaxed) >= 2
+}
+
+/// Install our logger as the `log` facade's, once per copy of the library.
+/// Harmless if it fails (then nothing of ours is logged through `log`).
 pub fn install() {
-    INSTALLED.get_or_init(|| {
+    INSTALLED.call_once(|| {
         if let Ok(v) = std::env::var("NCCL_DEBUG") {
             if let Some(l) = <crate::config::LogLevel as crate::config::KnobValue>::parse_knob(v.trim()) {
                 set_max_level(l);
             }
         }
-        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(NcclLayer));
+        let _ = log::set_logger(&NCCL_LOG);
+        log::set_max_level(log::LevelFilter::Trace);
     });
 }
 
-struct NcclLayer;
+/// The `log` logger: formats and forwards to NCCL (or stderr).
+pub struct NcclLog;
 
-#[derive(Default)]
-struct MsgVisitor {
-    msg: String,
-}
+static NCCL_LOG: NcclLog = NcclLog;
 
-impl Visit for MsgVisitor {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.msg.push_str(value);
-        } else {
-            let _ = write!(self.msg, " {}={}", field.name(), value);
-        }
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            let _ = write!(self.msg, "{value:?}");
-        } else {
-            let _ = write!(self.msg, " {}={:?}", field.name(), value);
-        }
-    }
-}
-
-fn level_rank(l: &Level) -> u8 {
-    match *l {
-        Level::ERROR | Level::WARN => 0,
-        Level::INFO => 1,
+fn level_rank(l: log::Level) -> u8 {
+    match l {
+        log::Level::Error | log::Level::Warn => 0,
+        log::Level::Info => 1,
         _ => 2,
     }
 }
 
-impl<S: Subscriber> Layer<S> for NcclLayer {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>, _ctx: Context<'_, S>) -> bool {
-        level_rank(metadata.level()) <= MAX_LEVEL.load(Ordering::Relaxed)
+impl log::Log for NcclLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        level_rank(m.level()) <= MAX_LEVEL.load(Ordering::Relaxed)
     }
 
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let meta = event.metadata();
-        let mut v = MsgVisitor::default();
-        event.record(&mut v);
-        let text = format!("NET/rustnet : {}", v.msg);
+    fn log(&self, r: &log::Record<'_>) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let rank = level_rank(r.level());
         let logger = LOGGER.load(Ordering::Acquire);
         if logger == 0 {
-            let tag = match level_rank(meta.level()) {
+            let tag = match rank {
                 0 => "WARN",
                 1 => "INFO",
                 _ => "TRACE",
             };
-            eprintln!("[rustnet {tag}] {}", v.msg);
+            eprintln!("[rustnet {tag}] {}", r.args());
             return;
         }
         // SAFETY: `logger` was stored from a valid `NcclLogger` by set_nccl_logger.
         let f: NcclLogger = unsafe { std::mem::transmute::<usize, NcclLogger>(logger) };
-        let (level, flags) = match level_rank(meta.level()) {
+        let (level, flags) = match rank {
             0 => (NCCL_LOG_WARN, NCCL_ALL),
             1 => (NCCL_LOG_INFO, NCCL_INIT | NCCL_NET),
             _ => (NCCL_LOG_TRACE, NCCL_NET),
         };
-        let file = CString::new(meta.file().unwrap_or("rustnet")).unwrap_or_default();
+        let text = format!("NET/rustnet : {}", r.args());
+        let file = CString::new(r.file().unwrap_or("rustnet")).unwrap_or_default();
         let msg = CString::new(text.replace('\0', " ")).unwrap_or_default();
         // SAFETY: NCCL's logger is printf-like; "%s" with a NUL-terminated
         // string is always a valid call; the CStrings outlive the call.
         unsafe {
-            f(level, flags, file.as_ptr(), meta.line().unwrap_or(0) as libc::c_int, c"%s".as_ptr(), msg.as_ptr());
+            f(level, flags, file.as_ptr(), r.line().unwrap_or(0) as libc::c_int, c"%s".as_ptr(), msg.as_ptr());
         }
     }
+
+    fn flush(&self) {}
 }

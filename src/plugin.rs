@@ -30,7 +30,7 @@ pub struct Plugin {
     pub net: Net,
 }
 
-static PLUGIN: OnceCell<std::result::Result<Plugin, Error>> = OnceCell::new();
+static PLUGIN: crate::unload::Global<std::result::Result<Plugin, Error>> = crate::unload::Global::new();
 
 /// Initialise (once per process; later calls return the first outcome).
 pub fn init() -> Result<&'static Plugin> {
@@ -49,6 +49,7 @@ pub fn get() -> Result<&'static Plugin> {
 impl Plugin {
     fn create() -> Result<Plugin> {
         let cfg = Config::from_env()?;
+        crate::fault::arm(&cfg.fault_panic)?;
         crate::log::set_max_level(cfg.nccl_debug);
         let net = select_net(&cfg)?;
         let p = Plugin { cfg, net };
@@ -225,20 +226,20 @@ impl Plugin {
                         buf.ptr
                     )));
                 }
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None, ib_rails: Vec::new() })
+                Ok(MemHandle { buf, kind, ib: None, ib_rails: Vec::new() })
             }
             Net::Ib(n) => {
                 if let Some((members, access)) = ib_members_access(n, comm) {
                     // merged device: one registration per member (vdev.rs)
                     // SAFETY: as below, for each member.
                     let rails = members.iter().map(|&d| unsafe { n.reg_mr(d, buf, kind, access) }).collect::<Result<Vec<_>>>()?;
-                    return Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: None, ib_rails: rails });
+                    return Ok(MemHandle { buf, kind, ib: None, ib_rails: rails });
                 }
                 let (dev, access) = ib_dev_access(n, comm)?;
                 // SAFETY: NCCL's regMr contract: the buffer stays mapped until deregMr,
                 // which drops the MemHandle and with it this registration.
                 let mr = unsafe { n.reg_mr(dev, buf, kind, access)? };
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind, ib: Some(mr), ib_rails: Vec::new() })
+                Ok(MemHandle { buf, kind, ib: Some(mr), ib_rails: Vec::new() })
             }
         }
     }
@@ -258,13 +259,13 @@ impl Plugin {
                     // SAFETY: as below, for each member (fd is still open during this call).
                     let rails =
                         members.iter().map(|&d| unsafe { n.reg_mr_dmabuf(d, buf, fd, offset, access) }).collect::<Result<Vec<_>>>()?;
-                    return Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: None, ib_rails: rails });
+                    return Ok(MemHandle { buf, kind: MemKind::Cuda, ib: None, ib_rails: rails });
                 }
                 let (dev, access) = ib_dev_access(n, comm)?;
                 // SAFETY: NCCL's regMrDmaBuf contract: the memory stays allocated
                 // until deregMr drops the MemHandle (the fd may close at once).
                 let mr = unsafe { n.reg_mr_dmabuf(dev, buf, fd, offset, access)? };
-                Ok(MemHandle { magic: MR_MAGIC, buf, kind: MemKind::Cuda, ib: Some(mr), ib_rails: Vec::new() })
+                Ok(MemHandle { buf, kind: MemKind::Cuda, ib: Some(mr), ib_rails: Vec::new() })
             }
         }
     }
@@ -341,6 +342,22 @@ fn auto_reason(e: &Error) -> String {
     }
 }
 
+/// Unload: drop the plugin and the connections in progress. The caller
+/// ([`crate::unload`]) makes sure no call is running and no handle is alive.
+///
+/// # Safety
+/// No reference returned by [`get`]/[`init`] may be alive or used again.
+pub(crate) unsafe fn teardown() {
+    drop(CONNECTING.lock().take());
+    // SAFETY: forwarded from our caller.
+    unsafe { PLUGIN.clear() };
+}
+
+/// Connect attempts in progress (NCCL may still call connect for them).
+pub(crate) fn connecting() -> usize {
+    CONNECTING.lock().as_ref().map_or(0, HashMap::len)
+}
+
 /// Outgoing connections in progress, by the token stored in NCCL's handle.
 static CONNECTING: Mutex<Option<HashMap<u64, (Connecting, std::time::Instant)>>> = Mutex::new(None);
 
@@ -362,18 +379,13 @@ enum AnyListen {
     Ib(Box<vdev::Listen>),
 }
 
-/// Magic at the start of every comm we hand out.
-pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"RNCOMM01");
-/// Magic at the start of every memory handle.
-pub const MR_MAGIC: u64 = u64::from_le_bytes(*b"RNMREG01");
-
 /// A send or receive comm NCCL holds.
-#[repr(C)]
 pub struct Comm {
-    /// COMM_MAGIC while alive.
-    pub magic: u64,
     /// What it is.
     pub body: CommBody,
+    /// Set when a call on this comm panicked: what panicked. Its state may
+    /// be half-updated, so every later call but close fails naming it.
+    failed: OnceCell<String>,
 }
 
 /// Send or receive side.
@@ -406,10 +418,7 @@ pub enum AnyRecv {
 }
 
 /// A registration NCCL holds.
-#[repr(C)]
 pub struct MemHandle {
-    /// MR_MAGIC while alive.
-    pub magic: u64,
     /// What was registered.
     pub buf: RawBuf,
     /// Host or device memory.
@@ -442,7 +451,23 @@ pub enum Dir {
 
 impl Comm {
     fn new(body: CommBody) -> Comm {
-        Comm { magic: COMM_MAGIC, body }
+        Comm { body, failed: OnceCell::new() }
+    }
+
+    /// Mark the comm failed after a panic in `slot` (the first panic wins).
+    pub fn fail_after_panic(&self, slot: &str, msg: &str) {
+        let _ = self.failed.set(format!("{slot} ({msg})"));
+    }
+
+    /// Err when an earlier panic failed this comm (one atomic load otherwise).
+    #[inline]
+    pub fn check_usable(&self) -> Result<()> {
+        match self.failed.get() {
+            None => Ok(()),
+            Some(why) => Err(Error::Internal(format!(
+                "this comm was failed by an earlier panic in {why}; its state is not trusted, only close works now"
+            ))),
+        }
     }
 
     /// Send or receive.
@@ -459,14 +484,19 @@ impl Comm {
     /// `buf` must stay readable until the request completes.
     pub unsafe fn isend(&self, buf: RawBuf, tag: i32, mr: Option<&MemHandle>) -> Result<Option<ReqId>> {
         let CommBody::Send(s) = &self.body else { return Err(Error::InvalidArg("isend on a receive comm".into())) };
-        match &mut *s.lock() {
+        let r = match &mut *s.lock() {
             // SAFETY: forwarded from our caller.
             AnySend::Tcp(t) => unsafe { t.isend(buf, tag) },
             // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
             AnySend::Ib(c) => unsafe { c.isend(buf, tag, mr.and_then(|m| m.ib.as_ref())) },
             // SAFETY: as above.
             AnySend::IbMulti(c) => unsafe { c.isend(buf, tag, &rail_mrs(mr)) },
+        };
+        if matches!(r, Ok(Some(_))) {
+            // the transport took the send; NCCL never learns its request
+            crate::fault::point(crate::fault::Site::IsendQueued);
         }
+        r
     }
 
     /// Post a (grouped) receive.
@@ -525,6 +555,15 @@ impl Comm {
 
     /// Drive and check one request.
     pub fn test(&self, id: ReqId) -> Result<Option<Completion>> {
+        let r = self.test_inner(id);
+        if matches!(r, Ok(Some(_))) {
+            // the transport retired the request; NCCL never learns it is done
+            crate::fault::point(crate::fault::Site::TestProgressed);
+        }
+        r
+    }
+
+    fn test_inner(&self, id: ReqId) -> Result<Option<Completion>> {
         match &self.body {
             CommBody::Send(s) => match &mut *s.lock() {
                 AnySend::Tcp(t) => t.test(id),

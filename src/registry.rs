@@ -7,6 +7,19 @@ use parking_lot::Mutex;
 
 static STRINGS: Mutex<Option<HashSet<&'static CStr>>> = Mutex::new(None);
 
+/// Unload: free the strings.
+///
+/// # Safety
+/// Nobody (NCCL included: it is unloading us) uses a string from [`intern`] again.
+pub(crate) unsafe fn release() {
+    if let Some(set) = STRINGS.lock().take() {
+        for s in set {
+            // SAFETY: each came from Box::leak in intern and is dropped once.
+            drop(unsafe { Box::from_raw(s as *const CStr as *mut CStr) });
+        }
+    }
+}
+
 /// A `'static` C string equal to `s` (interior NULs become spaces).
 pub fn intern(s: &str) -> &'static CStr {
     let c = CString::new(s.replace('\0', " ")).expect("no NULs left");

@@ -206,11 +206,128 @@ fn open_plugin(version: u32) -> Plugin {
     Plugin::open(Path::new(&name), version).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// One 8-byte message from `s` to `r` (a loopback pair), checked.
+fn one_message(p: &Plugin, s: Ptr, r: Ptr, fill: u8) -> Result<(), String> {
+    let mut sb = [fill; 8];
+    let mut rb = [0u8; 8];
+    let smh = p.reg_mr(s, sb.as_mut_ptr(), 8).map_err(|e| e.to_string())?;
+    let rmh = p.reg_mr(r, rb.as_mut_ptr(), 8).map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let late = |what: &str| if t0.elapsed() > Duration::from_secs(30) { Err(format!("{what} not done after 30 s")) } else { Ok(()) };
+    let rq = loop {
+        if let Some(q) = p.irecv(r, &[(rb.as_mut_ptr(), 8, 3, rmh)]).map_err(|e| e.to_string())? {
+            break q;
+        }
+        late("irecv")?;
+    };
+    let (mut sq, mut rdone, mut sizes) = (None, false, [0i32; 8]);
+    while sq.is_none() {
+        sq = p.isend(s, sb.as_mut_ptr(), 8, 3, smh).map_err(|e| e.to_string())?;
+        rdone = rdone || p.test(rq, &mut sizes).map_err(|e| e.to_string())?;
+        late("isend")?;
+    }
+    let mut sdone = false;
+    while !(sdone && rdone) {
+        sdone = sdone || p.test(sq.unwrap(), &mut [0]).map_err(|e| e.to_string())?;
+        rdone = rdone || p.test(rq, &mut sizes).map_err(|e| e.to_string())?;
+        late("test")?;
+    }
+    if sizes[0] != 8 || rb != [fill; 8] {
+        return Err(format!("received {} bytes {rb:?}, want 8 x {fill}", sizes[0]));
+    }
+    p.dereg_mr(s, smh).map_err(|e| e.to_string())?;
+    p.dereg_mr(r, rmh).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Is a copy of the plugin (the file behind the NCCL name in
+/// LD_LIBRARY_PATH) mapped into this process?
+fn plugin_mapped() -> bool {
+    let name = std::env::var("RUSTNET_CONF_LIBNAME").unwrap_or_else(|_| "libnccl-net-rustnet.so".into());
+    let dir = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let real = dir.split(':').map(|d| Path::new(d).join(&name)).find_map(|p| std::fs::canonicalize(p).ok());
+    let real = real.expect("the plugin file behind LD_LIBRARY_PATH");
+    std::fs::read_to_string("/proc/self/maps").map(|m| m.contains(&*real.to_string_lossy())).unwrap_or(false)
+}
+
+/// N dlopen/init/listen/connect/one message/close/dlclose cycles in this
+/// process: after each dlclose the plugin is really gone from the address
+/// space, and fds, threads and RSS stay flat after a warm-up.
+fn reload_many(version: u32) {
+    let n = (env_u64("RUSTNET_CONF_RELOADS", 500) as usize).max(2);
+    let warm = (n / 10).clamp(5, 50).min(n - 1);
+    let say = |s: String| {
+        println!("{s}");
+        std::io::stdout().flush().unwrap();
+    };
+    let mut base = None;
+    let t0 = Instant::now();
+    let th_start = thread_count();
+    let mut pinned = None;
+    // RUSTNET_CONF_RELOAD_CONNECT=0: dlopen/init/dlclose only
+    let connect = env_u64("RUSTNET_CONF_RELOAD_CONNECT", 1) != 0;
+    for c in 0..n {
+        let p = open_plugin(version);
+        let run = || -> Result<(), String> {
+            p.init().map_err(|e| e.to_string())?;
+            if !connect {
+                return Ok(());
+            }
+            let (mut h, l) = p.listen(0).map_err(|e| e.to_string())?;
+            let (s, r) = p.connect_accept(0, &mut h, l, Duration::from_secs(30))?;
+            one_message(&p, s, r, c as u8)?;
+            p.close_send(s).map_err(|e| e.to_string())?;
+            p.close_recv(r).map_err(|e| e.to_string())?;
+            p.close_listen(l).map_err(|e| e.to_string())
+        };
+        if let Err(e) = run() {
+            say(format!("FAIL cycle {c}: {e}"));
+            std::process::exit(1);
+        }
+        drop(p);
+        if plugin_mapped() {
+            // Threads the plugin started (the verbs async-event watchers)
+            // carry thread-local destructors that keep the library loaded
+            // while they live; the next dlopen then reuses that copy. Any
+            // other reason to stay mapped is a failure.
+            let th = thread_count();
+            if th <= th_start {
+                say(format!("FAIL cycle {c}: librustnet.so is still mapped after dlclose with no plugin thread alive"));
+                std::process::exit(1);
+            }
+            pinned.get_or_insert(th - th_start);
+        }
+        if c + 1 == warm {
+            base = Some((fd_count(), thread_count(), rss_kib()));
+        }
+    }
+    let (fd0, th0, rss0) = base.unwrap();
+    let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+    let line = format!(
+        "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%, {:+.0} B/cycle) after {warm} warm-up cycles, {}",
+        t0.elapsed().as_secs_f64(),
+        (rss1 as f64 - rss0 as f64) * 100.0 / rss0 as f64,
+        (rss1 as f64 - rss0 as f64) * 1024.0 / (n - warm) as f64,
+        match pinned {
+            None => "unmapped after every dlclose".to_string(),
+            Some(k) => format!("kept mapped by {k} plugin thread(s) (verbs async events) and reused by the next dlopen"),
+        }
+    );
+    if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * 1.01 {
+        say(format!("FAIL growth: {line}"));
+        std::process::exit(1);
+    }
+    say(format!("DONE {line}"));
+}
+
 fn peer_main(role: String) {
     let version = env_u64("RUSTNET_CONF_VERSION", 8) as u32;
     let scenario = std::env::var("RUSTNET_CONF_SCENARIO").unwrap_or_default();
     let seed = env_u64("RUSTNET_CONF_SEED", 1);
     let (my_seed, peer_seed) = if role == "A" { (seed, seed + 1) } else { (seed + 1, seed) };
+    if scenario == "reload_many" {
+        return reload_many(version);
+    }
     let p = open_plugin(version);
     let stdin: &'static std::io::Stdin = Box::leak(Box::new(std::io::stdin()));
     let mut peer = Peer { p, dev: env_u64("RUSTNET_CONF_DEV", 0) as i32, out: std::io::stdout(), input: stdin.lock().lines() };
@@ -554,6 +671,155 @@ fn peer_main(role: String) {
             peer.p.close_recv(r).unwrap();
             peer.p.close_listen(l).unwrap();
             peer.say(&format!("DONE {}", out.join(" ")));
+        }
+        "connect_churn" => {
+            // One process, one plugin: N listen/connect/accept/one message/close
+            // cycles over loopback; fds, threads and RSS flat after a warm-up.
+            let n = (env_u64("RUSTNET_CONF_CONNECTS", 10000) as usize).max(2);
+            let warm = (n / 10).clamp(10, 500).min(n - 1);
+            let mut base = None;
+            let t0 = Instant::now();
+            for c in 0..n {
+                let (mut h, l) = peer.p.listen(peer.dev).expect("listen");
+                let (s, r) = peer.p.connect_accept(peer.dev, &mut h, l, Duration::from_secs(30)).expect("connect/accept");
+                if let Err(e) = one_message(&peer.p, s, r, c as u8) {
+                    peer.say(&format!("FAIL cycle {c}: {e}"));
+                    std::process::exit(1);
+                }
+                peer.p.close_send(s).unwrap();
+                peer.p.close_recv(r).unwrap();
+                peer.p.close_listen(l).unwrap();
+                if c + 1 == warm {
+                    base = Some((fd_count(), thread_count(), rss_kib()));
+                }
+            }
+            let (fd0, th0, rss0) = base.unwrap();
+            let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+            let line = format!(
+                "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%) after {warm} warm-up cycles",
+                t0.elapsed().as_secs_f64(),
+                (rss1 as f64 - rss0 as f64) * 100.0 / rss0 as f64
+            );
+            if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * 1.01 {
+                peer.say(&format!("FAIL growth: {line}"));
+                std::process::exit(1);
+            }
+            peer.say(&format!("DONE {line}"));
+        }
+        "handle_misuse" => {
+            // Every handle kind used the wrong way: each call must return an
+            // error (and the process must live), the right call still works.
+            let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
+            let mut out = Vec::new();
+            let (s, r, l) = peer.connect_pair();
+            let mut b = [0u8; 16];
+            let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
+            let mut rb = [0u8; 16];
+            let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
+            out.push(format!("closeSend_on_recv={}", code(peer.p.close_send(r))));
+            out.push(format!("closeRecv_on_send={}", code(peer.p.close_recv(s))));
+            out.push(format!("closeListen_on_send={}", code(peer.p.close_listen(s))));
+            out.push(format!("closeSend_on_listen={}", code(peer.p.close_send(l))));
+            out.push(format!("closeSend_on_mhandle={}", code(peer.p.close_send(mh))));
+            out.push(format!("regMr_on_listen={}", code(peer.p.reg_mr(l, b.as_mut_ptr(), 16).map(|_| ()))));
+            out.push(format!("regMr_on_mhandle={}", code(peer.p.reg_mr(mh, b.as_mut_ptr(), 16).map(|_| ()))));
+            out.push(format!("deregMr_of_comm={}", code(peer.p.dereg_mr(s, s))));
+            out.push(format!("isend_on_recv={}", code(peer.p.isend(r, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
+            let mut local = 0u64;
+            out.push(format!("test_foreign={}", code(peer.p.test(&mut local as *mut u64 as Ptr, &mut [0]).map(|_| ()))));
+            out.push(format!("test_on_comm={}", code(peer.p.test(s, &mut [0]).map(|_| ()))));
+            // the same comms still work after all that: one message each way
+            if let Err(e) = one_message(&peer.p, s, r, 9) {
+                peer.say(&format!("FAIL after misuse the comms no longer work: {e}"));
+                std::process::exit(1);
+            }
+            // after close / deregistration
+            let mh2 = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
+            peer.p.dereg_mr(s, mh2).unwrap();
+            out.push(format!("deregMr_twice={}", code(peer.p.dereg_mr(s, mh2))));
+            out.push(format!("isend_stale_mhandle={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh2).map(|_| ()))));
+            let q = loop {
+                if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, rmh)]).unwrap() {
+                    break q;
+                }
+            };
+            peer.p.dereg_mr(s, mh).unwrap();
+            peer.p.dereg_mr(r, rmh).unwrap();
+            peer.p.close_recv(r).unwrap();
+            out.push(format!("test_after_close={}", code(peer.p.test(q, &mut [0; 8]).map(|_| ()))));
+            out.push(format!("closeRecv_twice={}", code(peer.p.close_recv(r))));
+            out.push(format!("irecv_after_close={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, std::ptr::null_mut())]).map(|_| ()))));
+            peer.p.close_send(s).unwrap();
+            out.push(format!("isend_after_close={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, std::ptr::null_mut()).map(|_| ()))));
+            out.push(format!("closeSend_twice={}", code(peer.p.close_send(s))));
+            peer.p.close_listen(l).unwrap();
+            out.push(format!("accept_after_close={}", code(peer.p.accept(l).map(|_| ()))));
+            out.push(format!("closeListen_twice={}", code(peer.p.close_listen(l))));
+            peer.say(&format!("DONE {}", out.join(" ")));
+        }
+        "panic_mid" => {
+            // RUSTNET_FAULT_PANIC names a point inside isend or test, after
+            // the transport changed its state. A sends and checks: the call
+            // fails with ncclInternalError, every later call on that comm
+            // fails too (naming the panic), its other comm carries on, close
+            // frees it all. B only receives (driving its receive with test,
+            // as NCCL does: a receiver-driven transport needs it to move).
+            let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
+            let (s, r, l) = peer.connect_pair();
+            let mut b = vec![5u8; 64 << 10];
+            let mh = peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap();
+            let mut rb = vec![0u8; 64 << 10];
+            let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), rb.len()).unwrap();
+            let mut out = Vec::new();
+            if role == "A" {
+                // the failing call: isend itself, or the test of a started send
+                let t0 = Instant::now();
+                let first = 'outer: loop {
+                    match peer.p.isend(s, b.as_mut_ptr(), b.len(), 1, mh) {
+                        Ok(None) => {}
+                        Ok(Some(q)) => loop {
+                            match peer.p.test(q, &mut [0]) {
+                                Ok(true) => break 'outer ("none", 0),
+                                Ok(false) => {}
+                                Err(e) => break 'outer ("test", e.code),
+                            }
+                            assert!(t0.elapsed() < Duration::from_secs(60), "send never completed");
+                        },
+                        Err(e) => break ("isend", e.code),
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(60), "isend never started");
+                };
+                out.push(format!("{}={}", first.0, first.1));
+                out.push(format!("later_isend={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
+                out.push(format!("later_regMr={}", code(peer.p.reg_mr(s, b.as_mut_ptr(), 16).map(|_| ()))));
+                // the receive comm is another comm: the sender's panic does not fail it
+                out.push(format!("recv_comm_irecv={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 2, rmh)]).map(|_| ()))));
+            } else {
+                let rq = loop {
+                    if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), rb.len(), 1, rmh)]).unwrap() {
+                        break q;
+                    }
+                };
+                // until it completes (or fails: an armed test:progressed panics here too)
+                let t0 = Instant::now();
+                let end = loop {
+                    match peer.p.test(rq, &mut [0; 8]) {
+                        Ok(true) => break 0,
+                        Ok(false) if t0.elapsed() < Duration::from_secs(15) => {}
+                        Ok(false) => break -1,
+                        Err(e) => break e.code,
+                    }
+                };
+                out.push(format!("recv={end}"));
+            }
+            peer.say("CYCLE");
+            peer.hear("GO");
+            out.push(format!("deregMr={}", code(peer.p.dereg_mr(s, mh))));
+            out.push(format!("closeSend={}", code(peer.p.close_send(s))));
+            peer.p.dereg_mr(r, rmh).unwrap();
+            out.push(format!("closeRecv={}", code(peer.p.close_recv(r))));
+            peer.p.close_listen(l).unwrap();
+            peer.say(&format!("DONE {} fds={}", out.join(" "), fd_count()));
         }
         other => panic!("unknown scenario {other:?}"),
     }
@@ -1023,6 +1289,88 @@ fn reload_case() -> Result<String, String> {
     Ok(format!("fds/threads stable at {:?} over 4 dlopen/dlclose cycles", base.unwrap()))
 }
 
+/// Each handle kind checked as itself: wrong kind, stale, double close,
+/// foreign pointers all fail with ncclInvalidArgument (4) and the process
+/// lives (a double closeListen used to abort it; closeSend of a receive
+/// comm used to close it and succeed).
+fn handle_misuse_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 8, "handle_misuse", &[]);
+    let mut b = spawn("B", 8, "handle_misuse", &[]);
+    swap_handles(&mut a, &mut b, t)?;
+    let ea = a.stderr.clone();
+    let r = finish(a).map_err(|e| format!("{e}\n    A's stderr: {}", ea.lock().unwrap()))?;
+    finish(b)?;
+    for kv in r.split_whitespace() {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        if v != "4" {
+            return Err(format!("{k}: expected ncclInvalidArgument (4), got {v}: {r}"));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let err = ea.lock().unwrap().clone();
+    for want in ["is a receive comm", "already closed", "not a librustnet request", "already deregistered"] {
+        if !err.contains(want) {
+            return Err(format!("no WARN saying {want:?}; A's stderr: {err}"));
+        }
+    }
+    Ok(r)
+}
+
+/// A panic injected inside isend or test after the transport changed its
+/// state fails that comm: later calls on it return ncclInternalError naming
+/// the panic, the other comm carries on, close frees everything.
+fn panic_mid_case(site: &str) -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let env = [("RUSTNET_FAULT_PANIC", site)];
+    let mut a = spawn("A", 8, "panic_mid", &env);
+    let mut b = spawn("B", 8, "panic_mid", &env);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("CYCLE", t)?;
+    b.expect("CYCLE", t)?;
+    a.send("GO");
+    b.send("GO");
+    let ea = a.stderr.clone();
+    let r = finish(a)?;
+    finish(b)?;
+    let slot = site.split(':').next().unwrap_or(site);
+    for want in
+        [&format!("{slot}=3") as &str, "later_isend=3", "later_regMr=3", "recv_comm_irecv=0", "deregMr=0", "closeSend=0", "closeRecv=0"]
+    {
+        if !r.contains(want) {
+            return Err(format!("expected {want}: {r}"));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let err = ea.lock().unwrap().clone();
+    if !err.contains(&format!("failed by an earlier panic in {slot}")) {
+        return Err(format!("later calls do not name the earlier panic; A's stderr: {err}"));
+    }
+    Ok(r)
+}
+
+/// 500 (RUSTNET_CONF_RELOADS) dlopen/init/connect/close/dlclose cycles in
+/// one process: unmapped each time, fds/threads flat, RSS within 1%.
+fn reload_many_case() -> Result<String, String> {
+    let a = spawn("A", 8, "reload_many", &[]);
+    finish_within(a, Duration::from_secs(600))
+}
+
+/// 10,000 (RUSTNET_CONF_CONNECTS) listen/connect/accept/message/close
+/// cycles over loopback through the .so: fds/threads flat, RSS within 1%
+/// (about 2 s here, so CI runs the full count).
+fn connect_churn_case() -> Result<String, String> {
+    let a = spawn("A", 8, "connect_churn", &[]);
+    finish_within(a, Duration::from_secs(900))
+}
+
+fn finish_within(mut a: Proc, t: Duration) -> Result<String, String> {
+    let r = a.expect("DONE", t);
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    r
+}
+
 type Case = (String, Box<dyn Fn() -> Result<String, String>>);
 
 fn main() {
@@ -1053,6 +1401,11 @@ fn main() {
     cases.push(("injected_panic".into(), Box::new(panic_case)));
     cases.push(("null_stale_and_bad_arguments".into(), Box::new(misuse_case)));
     cases.push(("dlclose_dlopen_cycles".into(), Box::new(reload_case)));
+    cases.push(("handle_kinds_checked".into(), Box::new(handle_misuse_case)));
+    cases.push(("panic_mid_isend_fails_comm".into(), Box::new(|| panic_mid_case("isend:queued"))));
+    cases.push(("panic_mid_test_fails_comm".into(), Box::new(|| panic_mid_case("test:progressed"))));
+    cases.push(("load_unload_500_flat".into(), Box::new(reload_many_case)));
+    cases.push(("connect_close_churn_flat".into(), Box::new(connect_churn_case)));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
         cases.push(("tcp_link_cut_silent_peer".into(), Box::new(link_cut_case)));
         cases.push(("tcp_ipv6_between_namespaces".into(), Box::new(ipv6_case)));

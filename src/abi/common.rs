@@ -2,62 +2,21 @@
 //! own argument types and calls these.
 use std::ffi::{c_char, c_int};
 
-use super::{guard, nonnull, out, VoidPtr};
+use super::handles::{self, comm_ref, mr_ref};
+use super::{guard, guard_on, nonnull, out, VoidPtr};
 use crate::abi::sys::ncclResult_t;
 use crate::error::{Error, Result};
-use crate::plugin::{self, Comm, ListenComm, MemHandle, COMM_MAGIC, MR_MAGIC};
+use crate::plugin::{self, Dir, MemHandle};
 use crate::proto::handle::HANDLE_SIZE;
-use crate::proto::pool::ReqId;
 use crate::transport::{DeviceProps, MemKind, RawBuf, RecvBuf, MAX_RECVS, PTR_CUDA, PTR_DMABUF, PTR_HOST};
 
 /// The `name` every vtable carries (what `NCCL_NET` matches).
 pub(crate) const NET_NAME: &std::ffi::CStr = c"rustnet";
 
-const ADDR_BITS: u32 = 48;
-const ADDR_MASK: usize = (1usize << ADDR_BITS) - 1;
-
-/// Box a comm for NCCL; its address must leave room for the request tag bits.
-fn comm_into_raw(c: Comm) -> Result<VoidPtr> {
-    let p = Box::into_raw(Box::new(c));
-    if (p as usize) & !ADDR_MASK != 0 {
-        // SAFETY: p came from Box::into_raw just above and was never shared.
-        drop(unsafe { Box::from_raw(p) });
-        return Err(Error::Internal("comm allocated above 2^48: request tagging impossible".into()));
-    }
-    Ok(p as VoidPtr)
-}
-
-/// Borrow a comm NCCL gave back.
-unsafe fn comm_ref<'a>(p: VoidPtr, slot: &'static str) -> Result<&'a Comm> {
-    let p = nonnull(p as *const Comm, slot, "comm")?;
-    // SAFETY: NCCL passes back a pointer we returned from connect/accept and
-    // has not closed it yet (the magic check catches some misuse).
-    let c = unsafe { &*p };
-    if c.magic != COMM_MAGIC {
-        return Err(Error::InvalidArg(format!("{slot}: {p:p} is not a live librustnet comm")));
-    }
-    Ok(c)
-}
-
-fn encode_req(comm: &Comm, id: ReqId) -> VoidPtr {
-    ((comm as *const Comm as usize) | (id.slot as usize) << ADDR_BITS | (id.gen as usize) << (ADDR_BITS + 8)) as VoidPtr
-}
-
-unsafe fn decode_req<'a>(r: VoidPtr) -> Result<(&'a Comm, ReqId)> {
-    let v = r as usize;
-    let addr = v & ADDR_MASK;
-    if addr == 0 || addr % std::mem::align_of::<Comm>() != 0 {
-        return Err(Error::InvalidArg(format!("test: {r:p} is not a librustnet request")));
-    }
-    // SAFETY: a request pointer we issued carries its comm's address; NCCL
-    // tests requests only while the comm is open.
-    let c = unsafe { comm_ref(addr as VoidPtr, "test")? };
-    Ok((c, ReqId { slot: (v >> ADDR_BITS) as u8, gen: (v >> (ADDR_BITS + 8)) as u8 }))
-}
-
 /// init: remember NCCL's logger, parse the knobs, choose the transport.
 pub(crate) fn init(logger: Option<crate::log::NcclLogger>) -> ncclResult_t {
     crate::log::set_nccl_logger(logger);
+    crate::unload::serving();
     guard("init", || plugin::init().map(|_| ()))
 }
 
@@ -86,7 +45,7 @@ pub(crate) unsafe fn listen(dev: c_int, handle: VoidPtr, listen_comm: *mut VoidP
         // SAFETY: out-pointer from NCCL.
         let lc = unsafe { out(listen_comm, "listen", "listenComm")? };
         let l = plugin::get()?.listen(dev, h)?;
-        *lc = Box::into_raw(Box::new(l)) as VoidPtr;
+        *lc = handles::listen_new(l)?;
         Ok(())
     })
 }
@@ -99,7 +58,7 @@ pub(crate) unsafe fn connect(dev: c_int, handle: VoidPtr, send_comm: *mut VoidPt
         let sc = unsafe { out(send_comm, "connect", "sendComm")? };
         *sc = std::ptr::null_mut();
         if let Some(c) = plugin::get()?.connect(dev, h, tc)? {
-            *sc = comm_into_raw(c)?;
+            *sc = handles::comm_new(c)?;
         }
         Ok(())
     })
@@ -107,13 +66,13 @@ pub(crate) unsafe fn connect(dev: c_int, handle: VoidPtr, send_comm: *mut VoidPt
 
 pub(crate) unsafe fn accept(listen_comm: VoidPtr, recv_comm: *mut VoidPtr) -> ncclResult_t {
     guard("accept", || {
-        let l = nonnull(listen_comm as *const ListenComm, "accept", "listenComm")?;
+        nonnull(listen_comm, "accept", "listenComm")?;
+        let l = handles::listen_ref(listen_comm, "accept")?;
         // SAFETY: out-pointer from NCCL.
         let rc = unsafe { out(recv_comm, "accept", "recvComm")? };
         *rc = std::ptr::null_mut();
-        // SAFETY: a ListenComm we boxed in listen, not yet closed.
-        if let Some(c) = plugin::get()?.accept(unsafe { &*l })? {
-            *rc = comm_into_raw(c)?;
+        if let Some(c) = plugin::get()?.accept(l)? {
+            *rc = handles::comm_new(c)?;
         }
         Ok(())
     })
@@ -128,13 +87,12 @@ fn mem_kind(ty: c_int) -> Result<MemKind> {
 }
 
 pub(crate) unsafe fn reg_mr(comm: VoidPtr, data: VoidPtr, size: usize, ty: c_int, mhandle: *mut VoidPtr) -> ncclResult_t {
-    guard("regMr", || {
-        // SAFETY: comm from NCCL.
-        let c = unsafe { comm_ref(comm, "regMr")? };
+    guard_on("regMr", comm, || {
+        let c = live_comm(comm, None, "regMr")?;
         // SAFETY: out-pointer from NCCL.
         let mh = unsafe { out(mhandle, "regMr", "mhandle")? };
         let m = plugin::get()?.reg_mr(c, RawBuf { ptr: data as *mut u8, len: size }, mem_kind(ty)?)?;
-        *mh = Box::into_raw(Box::new(m)) as VoidPtr;
+        *mh = handles::mr_new(m)?;
         Ok(())
     })
 }
@@ -148,49 +106,59 @@ pub(crate) unsafe fn reg_mr_dmabuf(
     fd: c_int,
     mhandle: *mut VoidPtr,
 ) -> ncclResult_t {
-    guard("regMrDmaBuf", || {
-        // SAFETY: comm from NCCL.
-        let c = unsafe { comm_ref(comm, "regMrDmaBuf")? };
+    guard_on("regMrDmaBuf", comm, || {
+        let c = live_comm(comm, None, "regMrDmaBuf")?;
         // SAFETY: out-pointer from NCCL.
         let mh = unsafe { out(mhandle, "regMrDmaBuf", "mhandle")? };
         let m = plugin::get()?.reg_mr_dmabuf(c, RawBuf { ptr: data as *mut u8, len: size }, fd, offset)?;
-        *mh = Box::into_raw(Box::new(m)) as VoidPtr;
+        *mh = handles::mr_new(m)?;
         Ok(())
     })
 }
 
-unsafe fn mr_ref<'a>(m: VoidPtr) -> Option<&'a MemHandle> {
-    // SAFETY: a MemHandle we boxed in regMr, not yet deregistered.
-    let m = unsafe { (m as *const MemHandle).as_ref()? };
-    (m.magic == MR_MAGIC).then_some(m)
+/// A comm that is not failed by an earlier panic.
+#[inline]
+fn live_comm<'a>(h: VoidPtr, dir: Option<Dir>, slot: &'static str) -> Result<&'a plugin::Comm> {
+    nonnull(h, slot, "comm")?;
+    let c = match dir {
+        Some(d) => handles::comm_ref_dir(h, d, slot)?,
+        None => comm_ref(h, slot)?,
+    };
+    c.check_usable()?;
+    Ok(c)
+}
+
+/// An optional memory handle: NULL is none, anything else must be live.
+#[inline]
+fn opt_mr<'a>(h: VoidPtr, slot: &'static str) -> Result<Option<&'a MemHandle>> {
+    if h.is_null() {
+        Ok(None)
+    } else {
+        mr_ref(h, slot).map(Some)
+    }
 }
 
 pub(crate) unsafe fn dereg_mr(_comm: VoidPtr, mhandle: VoidPtr) -> ncclResult_t {
     guard("deregMr", || {
-        let p = nonnull(mhandle as *const MemHandle, "deregMr", "mhandle")? as *mut MemHandle;
-        // SAFETY: checked non-null; NCCL passes a handle from regMr.
-        if unsafe { (*p).magic } != MR_MAGIC {
-            return Err(Error::InvalidArg(format!("deregMr: {p:p} is not a live librustnet memory handle")));
-        }
-        // SAFETY: we own it from regMr; NCCL gives it back exactly once.
-        let mut b = unsafe { Box::from_raw(p) };
-        b.magic = 0;
+        nonnull(mhandle, "deregMr", "mhandle")?;
+        drop(handles::mr_take(mhandle, "deregMr")?);
         Ok(())
     })
 }
 
 pub(crate) unsafe fn isend(comm: VoidPtr, data: VoidPtr, size: usize, tag: c_int, mhandle: VoidPtr, request: *mut VoidPtr) -> ncclResult_t {
-    guard("isend", || {
-        // SAFETY: comm and out-pointer from NCCL.
-        let (c, req) = unsafe { (comm_ref(comm, "isend")?, out(request, "isend", "request")?) };
+    guard_on("isend", comm, || {
+        let c = live_comm(comm, Some(Dir::Send), "isend")?;
+        // SAFETY: out-pointer from NCCL.
+        let req = unsafe { out(request, "isend", "request")? };
         *req = std::ptr::null_mut();
         if size > 0 {
             nonnull(data as *const u8, "isend", "data")?;
         }
         // SAFETY: NCCL keeps `data` valid until the request completes; mhandle from regMr.
-        let id = unsafe { c.isend(RawBuf { ptr: data as *mut u8, len: size }, tag, mr_ref(mhandle))? };
+        let id = unsafe { c.isend(RawBuf { ptr: data as *mut u8, len: size }, tag, opt_mr(mhandle, "isend")?)? };
         if let Some(id) = id {
-            *req = encode_req(c, id);
+            *req = handles::req_encode(comm, id);
         }
         Ok(())
     })
@@ -206,9 +174,10 @@ pub(crate) unsafe fn irecv(
     mhandles: *mut VoidPtr,
     request: *mut VoidPtr,
 ) -> ncclResult_t {
-    guard("irecv", || {
-        // SAFETY: comm and out-pointer from NCCL.
-        let (c, req) = unsafe { (comm_ref(comm, "irecv")?, out(request, "irecv", "request")?) };
+    guard_on("irecv", comm, || {
+        let c = live_comm(comm, Some(Dir::Recv), "irecv")?;
+        // SAFETY: out-pointer from NCCL.
+        let req = unsafe { out(request, "irecv", "request")? };
         *req = std::ptr::null_mut();
         let n = n as usize;
         nonnull(data, "irecv", "data")?;
@@ -220,13 +189,13 @@ pub(crate) unsafe fn irecv(
             unsafe {
                 bufs[i] = RecvBuf { buf: RawBuf { ptr: *data.add(i) as *mut u8, len: sizes[i] }, tag: *tags.add(i) };
                 if !mhandles.is_null() {
-                    mrs[i] = mr_ref(*mhandles.add(i));
+                    mrs[i] = opt_mr(*mhandles.add(i), "irecv")?;
                 }
             }
         }
         // SAFETY: NCCL keeps the buffers valid until the request completes.
         if let Some(id) = unsafe { c.irecv(&bufs[..n], &mrs[..n])? } {
-            *req = encode_req(c, id);
+            *req = handles::req_encode(comm, id);
         }
         Ok(())
     })
@@ -255,9 +224,10 @@ pub(crate) unsafe fn iflush(
     mhandles: *mut VoidPtr,
     request: *mut VoidPtr,
 ) -> ncclResult_t {
-    guard("iflush", || {
-        // SAFETY: comm and out-pointer from NCCL.
-        let (c, req) = unsafe { (comm_ref(comm, "iflush")?, out(request, "iflush", "request")?) };
+    guard_on("iflush", comm, || {
+        let c = live_comm(comm, Some(Dir::Recv), "iflush")?;
+        // SAFETY: out-pointer from NCCL.
+        let req = unsafe { out(request, "iflush", "request")? };
         *req = std::ptr::null_mut();
         let n = (n.max(0) as usize).min(MAX_RECVS);
         let mut bufs = [RawBuf::EMPTY; MAX_RECVS];
@@ -268,25 +238,25 @@ pub(crate) unsafe fn iflush(
                 unsafe {
                     *b = RawBuf { ptr: *data.add(i) as *mut u8, len: (*sizes.add(i)).max(0) as usize };
                     if !mhandles.is_null() {
-                        mrs[i] = mr_ref(*mhandles.add(i));
+                        mrs[i] = opt_mr(*mhandles.add(i), "iflush")?;
                     }
                 }
             }
         }
         if let Some(id) = c.iflush(&bufs[..n], &mrs[..n])? {
-            *req = encode_req(c, id);
+            *req = handles::req_encode(comm, id);
         }
         Ok(())
     })
 }
 
 pub(crate) unsafe fn test(request: VoidPtr, done: *mut c_int, sizes: *mut c_int) -> ncclResult_t {
-    guard("test", || {
+    guard_on("test", request, || {
         // SAFETY: out-pointer from NCCL.
         let d = unsafe { out(done, "test", "done")? };
         *d = 0;
-        // SAFETY: a request pointer we issued.
-        let (c, id) = unsafe { decode_req(request)? };
+        let (c, id) = handles::req_decode(request)?;
+        c.check_usable()?;
         if let Some(comp) = c.test(id)? {
             *d = 1;
             if !sizes.is_null() {
@@ -300,32 +270,28 @@ pub(crate) unsafe fn test(request: VoidPtr, done: *mut c_int, sizes: *mut c_int)
     })
 }
 
-unsafe fn close_comm(comm: VoidPtr, slot: &'static str) -> ncclResult_t {
+fn close_comm(comm: VoidPtr, d: Dir, slot: &'static str) -> ncclResult_t {
     guard(slot, || {
-        // SAFETY: comm from NCCL; checked before we take ownership.
-        unsafe { comm_ref(comm, slot)? };
-        // SAFETY: NCCL hands each comm back to close exactly once.
-        let mut b = unsafe { Box::from_raw(comm as *mut Comm) };
-        b.magic = 0;
+        nonnull(comm, slot, "comm")?;
+        // a comm failed by a panic closes like any other: its drop frees
+        // whatever state the panic left
+        drop(handles::comm_take(comm, d, slot)?);
         Ok(())
     })
 }
 
 pub(crate) unsafe fn close_send(comm: VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded.
-    unsafe { close_comm(comm, "closeSend") }
+    close_comm(comm, Dir::Send, "closeSend")
 }
 
 pub(crate) unsafe fn close_recv(comm: VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded.
-    unsafe { close_comm(comm, "closeRecv") }
+    close_comm(comm, Dir::Recv, "closeRecv")
 }
 
 pub(crate) unsafe fn close_listen(comm: VoidPtr) -> ncclResult_t {
     guard("closeListen", || {
-        let p = nonnull(comm as *const ListenComm, "closeListen", "listenComm")? as *mut ListenComm;
-        // SAFETY: a ListenComm we boxed in listen; NCCL closes it once.
-        drop(unsafe { Box::from_raw(p) });
+        nonnull(comm, "closeListen", "listenComm")?;
+        drop(handles::listen_take(comm, "closeListen")?);
         Ok(())
     })
 }

@@ -2,10 +2,12 @@
 //!
 //! Every vtable slot is a few lines: [`guard`] catches panics and maps errors,
 //! the `ptr_*` helpers reject NULLs and decode, and the core does the work.
-//! Comms and memory handles are boxes only `close*`/`deregMr` free; request
-//! pointers encode (comm, slot, generation) so a stale one is caught.
+//! Comms, listen comms and memory handles are numbered slots of one table
+//! (`handles.rs`), checked per kind without touching freed memory; request
+//! values name (comm slot, comm generation, request slot, request generation).
 #![allow(clippy::missing_safety_doc)]
 
+pub(crate) mod handles;
 pub mod result;
 pub mod sys;
 mod v10;
@@ -23,14 +25,29 @@ use sys::ncclResult_t;
 
 use crate::error::{Error, Result};
 
-/// Run one slot body: catch panics (never unwind into NCCL), log and map errors.
+/// Run one slot body that needs no handle: counted as a call inside the
+/// plugin (see [`crate::unload`]), panics caught (never unwind into NCCL),
+/// errors logged and mapped.
 pub(crate) fn guard(slot: &'static str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    let Some(_in) = crate::unload::enter() else {
+        return ncclResult_t::ncclInvalidUsage;
+    };
+    run(slot, std::ptr::null_mut(), f)
+}
+
+/// Run one slot body that works on the comm `owner` names (a comm handle or
+/// a request value): as [`guard`], and a panic fails that comm, since its
+/// state may be half-updated. Not counted: the live handle keeps the plugin
+/// from being torn down.
+#[inline]
+pub(crate) fn guard_on(slot: &'static str, owner: VoidPtr, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    run(slot, owner, f)
+}
+
+#[inline]
+fn run(slot: &'static str, owner: VoidPtr, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        if let Ok(p) = crate::plugin::get() {
-            if !p.cfg.fault_panic.is_empty() && p.cfg.fault_panic == slot {
-                panic!("RUSTNET_FAULT_PANIC={slot}: injected panic");
-            }
-        }
+        crate::fault::slot_entry(slot);
         f()
     }));
     match r {
@@ -45,8 +62,14 @@ pub(crate) fn guard(slot: &'static str, f: impl FnOnce() -> Result<()>) -> ncclR
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic payload".into());
-            // Logging itself must not unwind out of here.
-            let _ = catch_unwind(AssertUnwindSafe(|| tracing::warn!("{slot}: internal panic caught at the NCCL boundary: {msg}")));
+            // Logging (and failing the comm) must not unwind out of here.
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                let failed = handles::comm_of(owner).map(|c| c.fail_after_panic(slot, &msg)).is_some();
+                tracing::warn!(
+                    "{slot}: internal panic caught at the NCCL boundary: {msg}{}",
+                    if failed { "; its comm is failed: later calls on it return an error, close still frees it" } else { "" }
+                )
+            }));
             ncclResult_t::ncclInternalError
         }
     }

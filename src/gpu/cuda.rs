@@ -1,7 +1,6 @@
 //! The CUDA driver, loaded at run time through cudarc (no NEEDED entry on
 //! libcuda). Without a driver everything here answers "no GPU" once, with the
 //! reason; it never panics (cudarc's loader would, so presence is checked first).
-use once_cell::sync::OnceCell;
 
 /// What the CUDA driver says about this host.
 #[derive(Debug, Clone)]
@@ -28,7 +27,16 @@ impl CudaInfo {
     }
 }
 
-static INFO: OnceCell<CudaInfo> = OnceCell::new();
+static INFO: crate::unload::Global<CudaInfo> = crate::unload::Global::new();
+
+/// Unload: forget the probe.
+///
+/// # Safety
+/// As [`crate::unload::Global::clear`].
+pub(crate) unsafe fn release() {
+    // SAFETY: forwarded.
+    unsafe { INFO.clear() };
+}
 
 /// Probe once per process.
 pub fn info() -> &'static CudaInfo {

@@ -6,6 +6,15 @@ pub mod cuda;
 
 use std::path::Path;
 
+/// Unload: forget the CUDA probe.
+///
+/// # Safety
+/// As [`crate::unload::Global::clear`].
+pub(crate) unsafe fn release() {
+    // SAFETY: forwarded.
+    unsafe { cuda::release() };
+}
+
 use crate::config::{Config, GdrChoice};
 use crate::transport::{PTR_CUDA, PTR_DMABUF, PTR_HOST};
 

@@ -43,30 +43,29 @@ pub const MAX_SOCKETS: usize = 64;
 /// One non-blocking transfer as ncclSocketProgress does it: a single
 /// system call; `Ok(n)` bytes moved (0 when it would block).
 fn progress_once(send: bool, fd: i32, ptr: *mut u8, len: usize) -> Result<usize, String> {
-    loop {
-        // SAFETY: ptr..ptr+len is a live buffer of the caller (a request's
-        // data or header area, valid until its request completes).
-        let r = unsafe {
-            if send {
-                libc::send(fd, ptr as *const libc::c_void, len, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-            } else {
-                libc::recv(fd, ptr as *mut libc::c_void, len, libc::MSG_DONTWAIT)
-            }
-        };
-        if r > 0 {
-            return Ok(r as usize);
+    // SAFETY: ptr..ptr+len is a live buffer of the caller (a request's data
+    // or header area, valid until its request completes).
+    let r = unsafe {
+        if send {
+            libc::send(fd, ptr as *const libc::c_void, len, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        } else {
+            libc::recv(fd, ptr as *mut libc::c_void, len, libc::MSG_DONTWAIT)
         }
-        if r == 0 && !send && len > 0 {
-            return Err("nccl-socket: connection closed by the peer".into());
-        }
-        if r == 0 {
-            return Ok(0);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) | Some(libc::EAGAIN) => return Ok(0),
-            _ => return Err(format!("nccl-socket: {} failed: {e}", if send { "send" } else { "recv" })),
-        }
+    };
+    if r > 0 {
+        return Ok(r as usize);
+    }
+    if r == 0 && !send && len > 0 {
+        return Err("nccl-socket: connection closed by the peer".into());
+    }
+    if r == 0 {
+        return Ok(0);
+    }
+    // EINTR and EAGAIN move nothing, as in NCCL
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINTR) | Some(libc::EAGAIN) => Ok(0),
+        _ => Err(format!("nccl-socket: {} failed: {e}", if send { "send" } else { "recv" })),
     }
 }
 

@@ -473,11 +473,7 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
         raw = Some((to, from));
     }
     ctl.send("READY").map_err(|e| e.to_string())?;
-    loop {
-        let cmd = match ctl.recv() {
-            Ok(c) => c,
-            Err(_) => break,
-        };
+    while let Ok(cmd) = ctl.recv() {
         let f: Vec<&str> = cmd.split_whitespace().collect();
         if f.first() == Some(&"BYE") {
             break;

@@ -96,6 +96,13 @@ pub fn ptr_names(bits: i32) -> String {
 
 static DECISIONS: Lazy<Mutex<Vec<Gdr>>> = Lazy::new(|| Mutex::new(Vec::new()));
 
+/// Unload: forget the per-device decisions.
+pub(crate) fn release() {
+    if let Some(m) = Lazy::get(&DECISIONS) {
+        drop(std::mem::take(&mut *m.lock()));
+    }
+}
+
 /// Decide for device `dev` whose PD is `pd`: probe dma-buf (first time for
 /// this device and these knobs only), read peer memory under `/sys` and the
 /// CUDA driver, log the outcome at INFO the first time.

@@ -419,6 +419,11 @@ fn forced(t: &dyn GidTable, label: &str, p: &Prefs, ix: u32) -> Result<GidChoice
 
 static LAST: Mutex<BTreeMap<String, GidChoice>> = Mutex::new(BTreeMap::new());
 
+/// Unload: forget the per-port records.
+pub(crate) fn release() {
+    drop(std::mem::take(&mut *LAST.lock().unwrap_or_else(|p| p.into_inner())));
+}
+
 /// Keep `c` as the latest choice of its port; log it at INFO the first time
 /// and whenever it changes (not once per connection).
 pub fn remember(c: &GidChoice) {

@@ -31,6 +31,18 @@ use crate::proto::handle::Handle;
 use crate::transport::tcp::device as tcpdev;
 use crate::transport::{DeviceProps, MemKind, RawBuf};
 
+/// Unload: free the process-wide verbs state (library table, GID and
+/// GPUDirect records).
+///
+/// # Safety
+/// As [`crate::unload::Global::clear`].
+pub(crate) unsafe fn release() {
+    // SAFETY: forwarded.
+    unsafe { verbs::release() };
+    gid::release();
+    gdr::release();
+}
+
 pub use connect::{ConnCfg, IbConnecting, IbListen};
 pub use device::IbDev;
 pub use p2p::{RecvComm, SendComm};

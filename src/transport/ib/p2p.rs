@@ -162,7 +162,7 @@ impl Link {
     /// Log the counters at close: TRACE always, INFO with RUSTNET_STATS=1.
     fn log_stats(&self, kind: &str) {
         let dump = STATS_DUMP.load(std::sync::atomic::Ordering::Relaxed);
-        if !dump && !tracing::enabled!(tracing::Level::TRACE) {
+        if !dump && !crate::log::trace_enabled() && !tracing::enabled!(tracing::Level::TRACE) {
             return;
         }
         let line = format!(

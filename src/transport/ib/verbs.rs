@@ -18,8 +18,6 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use once_cell::sync::OnceCell;
-
 use super::ffi::*;
 use crate::error::{Errno, Error, Result};
 
@@ -79,7 +77,21 @@ pub struct Lib {
     pub reg_dmabuf_mr: Option<FnRegDmabufMr>,
 }
 
-static LIB: OnceCell<std::result::Result<Lib, String>> = OnceCell::new();
+static LIB: crate::unload::Global<std::result::Result<Lib, String>> = crate::unload::Global::new();
+
+/// Unload: forget why libibverbs could not be loaded. A loaded table stays:
+/// the async-event threads (device.rs) may still call through it until
+/// they notice their device is gone (libibverbs itself stays loaded, see
+/// [`Lib::load`]; the table holds no heap memory).
+///
+/// # Safety
+/// As [`crate::unload::Global::clear`].
+pub(crate) unsafe fn release() {
+    if matches!(LIB.get(), Some(Err(_))) {
+        // SAFETY: forwarded; without a library no thread uses it.
+        unsafe { LIB.clear() };
+    }
+}
 
 fn dlerror_string() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated thread-local string.
