@@ -17,10 +17,10 @@
 //!
 //!   RUSTNET_FUZZ_CALLS_SECS=N   time budget for random seeds (default 3; CI 60)
 //!   RUSTNET_FUZZ_SEED=S         run only this seed (reproduce)
-//!   RUSTNET_FUZZ_CALLS_KNOWN_BUGS=1  also the misuse that today's code gets
-//!       wrong (issue 11, item 5: double close, close of the wrong kind,
-//!       calls after close, deregMr twice). Off by default until the handle
-//!       checker lands; then it becomes the default.
+//!   RUSTNET_FUZZ_CALLS_KNOWN_BUGS=0  leave out the misuse that only the
+//!       per-kind handle checker answers (issue 11, item 5: close of a closed
+//!       comm, close of the wrong kind, isend after close). It was off until
+//!       that checker landed (it crashed the plugin before); on by default since.
 use std::collections::VecDeque;
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -520,7 +520,7 @@ fn child_main(seed: u64) {
         fail(seed, format!("init: {e}"));
     }
     let max_recvs = p.properties(0).map(|pr| pr.max_recvs.clamp(1, 8) as usize).unwrap_or(1);
-    let known_bugs = std::env::var("RUSTNET_FUZZ_CALLS_KNOWN_BUGS").as_deref() == Ok("1");
+    let known_bugs = std::env::var("RUSTNET_FUZZ_CALLS_KNOWN_BUGS").as_deref() != Ok("0");
     let ops = 200 + rng.below(600);
     let mut c = Child { p, rng, known_bugs, conns: Vec::new(), st: Stats::default(), graveyard: Vec::new(), closed: Vec::new(), max_recvs };
     c.run(seed, ops);
@@ -593,12 +593,12 @@ fn main() {
         random = true;
     }
     let budget = Duration::from_secs_f64(std::env::var("RUSTNET_FUZZ_CALLS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0));
-    let known = std::env::var("RUSTNET_FUZZ_CALLS_KNOWN_BUGS").as_deref() == Ok("1");
+    let known = std::env::var("RUSTNET_FUZZ_CALLS_KNOWN_BUGS").as_deref() != Ok("0");
     println!(
-        "\nfuzz_calls over {} ({}; known-bug misuse {})",
+        "\nfuzz_calls over {} ({}; after-close and wrong-kind misuse {})",
         so.display(),
         std::env::var("RUSTNET_TRANSPORT").unwrap_or_else(|_| "default transport".into()),
-        if known { "ON" } else { "off: RUSTNET_FUZZ_CALLS_KNOWN_BUGS=1 enables it once the handle checker lands" }
+        if known { "on" } else { "OFF (RUSTNET_FUZZ_CALLS_KNOWN_BUGS=0)" }
     );
     let base = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     let (mut pass, mut fails) = (0usize, Vec::new());
