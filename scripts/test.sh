@@ -1,9 +1,11 @@
 #!/bin/bash
 # Every test: unit tests, the two-process conformance suite over the built
-# .so (TCP on loopback), the packaging checks (scripts/package-check.sh), then
-# the verbs suite inside the soft-RoCE VM.
+# .so (TCP on loopback), the packaging checks (scripts/package-check.sh), a
+# short soak, then the verbs suite and a short verbs soak inside the soft-RoCE VM.
 #   RUSTNET_SKIP_VM=1         skip the VM part (said loudly; CI never sets it)
 #   RUSTNET_SKIP_PACKAGING=1  skip scripts/package-check.sh (said loudly; CI never sets it)
+#   RUSTNET_CI_SOAK_SECONDS=180, RUSTNET_CI_SOAK_VM_SECONDS=60: the short soaks
+#     (scripts/soak.sh; the full 30-minute one is run by hand, not here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -39,6 +41,8 @@ else
   echo "== packaging: .deb in a clean Debian root, wheel in a fresh venv, OCI layer in a container, Kubernetes manifests"
   scripts/package-check.sh
 fi
+echo "== soak, ${RUSTNET_CI_SOAK_SECONDS:-180} s over TCP (namespaces + veth; peer kill/restart, link cut, link flap; every byte checked)"
+SOAK_SECONDS=${RUSTNET_CI_SOAK_SECONDS:-180} SOAK_VM_SECONDS=0 SOAK_OUT=target/soak-ci scripts/soak.sh
 if [ "${RUSTNET_SKIP_VM:-0}" = 1 ]; then
   echo "!! SKIPPED: verbs suite in the soft-RoCE VM (RUSTNET_SKIP_VM=1)"
   exit 0
@@ -46,6 +50,11 @@ fi
 if [ -x tests/rxe-vm/verbs-suite.sh ]; then
   echo "== verbs suite in the soft-RoCE VM"
   tests/rxe-vm/verbs-suite.sh
+  # Without netem loss in CI: with 1% loss one of three VM soaks so far
+  # (issue 11) failed a clean cycle with IBV_WC_REM_INV_REQ_ERR (rxe's or
+  # ours, not settled yet); scripts/soak.sh by hand runs with 1% loss.
+  echo "== soak, ${RUSTNET_CI_SOAK_VM_SECONDS:-60} s over verbs in the soft-RoCE VM (peer kill, link cut and flap; no loss)"
+  SOAK_TCP=0 SOAK_VM_SECONDS=${RUSTNET_CI_SOAK_VM_SECONDS:-60} SOAK_VM_LOSS=0 SOAK_OUT=target/soak-ci scripts/soak.sh
 else
   echo "!! SKIPPED: tests/rxe-vm/verbs-suite.sh not present"
 fi

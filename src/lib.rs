@@ -23,6 +23,7 @@ pub mod log;
 pub mod plugin;
 pub mod proto;
 pub mod registry;
+pub mod svg;
 pub mod transport;
 pub mod unload;
 

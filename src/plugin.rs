@@ -63,7 +63,7 @@ impl Plugin {
                 let list: Vec<String> =
                     t.interfaces().iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
                 let c = t.stream_cfg();
-                tracing::info!("using TCP on {} ({} stream(s) per connection)", list.join(" "), c.nstreams);
+                tracing::info!("using TCP on {} ({} stream(s) per connection; {})", list.join(" "), c.nstreams, t.helper_reason());
             }
             Net::Ib(n) => {
                 let c = n.conn_cfg();

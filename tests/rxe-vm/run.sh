@@ -132,8 +132,9 @@ fi
 # Modules the initramfs loads, in order. rdma_rxe computes ICRCs through the
 # crypto API ("crc32"), which needs crc32_generic (crc32-pclmul is only a faster
 # variant and needs PCLMULQDQ, which -cpu qemu64 lacks). veth/dummy/8021q give
-# tests netdevs to put rxe on; rdma_ucm is rdma_cm for userspace.
-MODULES="virtio_pci 9pnet_virtio 9p crc32_generic crc32-pclmul ib_uverbs rdma_ucm rdma_rxe veth dummy 8021q"
+# tests netdevs to put rxe on; rdma_ucm is rdma_cm for userspace; sch_netem
+# lets scripts/soak.sh drop 1% of the packets on the veths (tc ... netem loss).
+MODULES="virtio_pci 9pnet_virtio 9p crc32_generic crc32-pclmul ib_uverbs rdma_ucm rdma_rxe veth dummy 8021q sch_netem"
 # The image is rebuilt whenever anything that goes into it changes.
 key=$( { cat "$HERE/init.sh" /bin/busybox; echo "$MODULES"; } | md5sum | cut -c1-16)
 INITRD=$KDIR/initrd-$key.img

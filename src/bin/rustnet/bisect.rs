@@ -523,19 +523,10 @@ pub fn csv(hosts: &[String], m: &Matrix) -> String {
     s
 }
 
-/// GB/s with three significant digits (0.00441, 0.000236, 11.3): small
-/// rates stay readable in the same unit as large ones.
-pub fn sig3(v: f64) -> String {
-    if !(v > 0.0) || !v.is_finite() {
-        return "0".into();
-    }
-    let decimals = (2 - v.log10().floor() as i32).clamp(0, 9) as usize;
-    format!("{v:.decimals$}")
-}
-
-fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
+// GB/s with three significant digits, and XML escaping: shared with the
+// soak's plot (src/svg.rs)
+pub use rustnet::svg::sig3;
+use rustnet::svg::xml;
 
 /// Fill colour for a value at `ratio` of the median: red (0) through yellow
 /// (half) to green (at or above the median).

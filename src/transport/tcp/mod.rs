@@ -56,6 +56,19 @@ pub fn helper_auto(cpus: usize, ranks: Option<(usize, &'static str)>) -> (bool, 
     )
 }
 
+/// RUSTNET_SOCKET_HELPER as set, or decided by [`helper_auto`]; the reason
+/// for the "using TCP" INFO line.
+pub fn helper_choice(cfg: &Config) -> (bool, String) {
+    match cfg.socket_helper.get() {
+        0 => (false, "helper threads off (RUSTNET_SOCKET_HELPER=0)".into()),
+        1 => (true, "helper thread per comm on (RUSTNET_SOCKET_HELPER=1)".into()),
+        _ => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            helper_auto(cpus, local_ranks(|v| std::env::var(v).ok()))
+        }
+    }
+}
+
 /// Per-connection stream settings from the knob table.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamCfg {
@@ -84,16 +97,7 @@ impl StreamCfg {
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
-            helper: match cfg.socket_helper.get() {
-                0 => false,
-                1 => true,
-                _ => {
-                    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    let (on, why) = helper_auto(cpus, local_ranks(|v| std::env::var(v).ok()));
-                    tracing::info!("{why}");
-                    on
-                }
-            },
+            helper: helper_choice(cfg).0,
             connect_timeout_s: cfg.connect_timeout.get(),
             max_strangers: cfg.listen_max_strangers.get() as usize,
         }
@@ -105,6 +109,7 @@ pub struct TcpNet {
     ifs: Vec<NetIf>,
     props: Vec<DeviceProps>,
     cfg: StreamCfg,
+    helper_why: String,
 }
 
 impl TcpNet {
@@ -112,8 +117,9 @@ impl TcpNet {
     pub fn new(cfg: &Config) -> Result<TcpNet> {
         let ifs = device::discover(cfg)?;
         let props = ifs.iter().enumerate().map(|(i, f)| device::properties(f, i, Path::new("/sys"))).collect();
+        let helper_why = helper_choice(cfg).1;
         let cfg = StreamCfg::from_config(cfg);
-        Ok(TcpNet { ifs, props, cfg })
+        Ok(TcpNet { ifs, props, cfg, helper_why })
     }
 
     /// The interfaces in use.
@@ -129,6 +135,11 @@ impl TcpNet {
     /// Stream settings.
     pub fn stream_cfg(&self) -> StreamCfg {
         self.cfg
+    }
+
+    /// Whether comms get a helper thread, and why (for the log).
+    pub fn helper_reason(&self) -> &str {
+        &self.helper_why
     }
 
     /// Properties of `dev`.
