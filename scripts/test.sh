@@ -21,6 +21,18 @@ fi
 echo "exports: $syms; NEEDED: $(readelf -d target/release/librustnet.so | awk '/NEEDED/{print $5}' | tr '\n' ' ')"
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
+# Fuzzing and sanitizers (docs/fuzzing.md): budgets RUSTNET_FUZZ_SECS (per
+# decoder target) and RUSTNET_FUZZ_CALLS_SECS; RUSTNET_SKIP_SANITIZE=1 skips
+# ASan/valgrind (said loudly; CI never sets it).
+echo "== fuzz: decoders (stable driver, ${RUSTNET_FUZZ_SECS:-20} s per target) and call sequences through the .so (${RUSTNET_FUZZ_CALLS_SECS:-60} s)"
+RUSTNET_FUZZ_SECS=${RUSTNET_FUZZ_SECS:-20} cargo test --release --test fuzz_decoders -- --nocapture 2>&1
+RUSTNET_FUZZ_CALLS_SECS=${RUSTNET_FUZZ_CALLS_SECS:-60} cargo test --release --test fuzz_calls 2>&1 | grep -vE '^seed [0-9]+ \.\.\. ok'
+if [ "${RUSTNET_SKIP_SANITIZE:-0}" = 1 ]; then
+  echo "!! SKIPPED: sanitizers (RUSTNET_SKIP_SANITIZE=1)"
+else
+  echo "== sanitizers: conformance under AddressSanitizer and valgrind memcheck"
+  scripts/sanitize.sh
+fi
 echo "== nccl-tests / PyTorch harness (parsers, busbw math, fallback refusal; no GPU needed)"
 python3 -m unittest discover -s nccl-tests-harness/tests 2>&1 | tail -n 3
 if [ "${RUSTNET_SKIP_PACKAGING:-0}" = 1 ]; then

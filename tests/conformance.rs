@@ -1381,7 +1381,16 @@ fn main() {
     if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
         std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     }
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    // name filters (substrings), and `--skip SUBSTRING` as libtest has it
+    let (mut filters, mut skips) = (Vec::new(), Vec::new());
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--skip" {
+            skips.extend(args.next());
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
     let mut cases: Vec<Case> = Vec::new();
     for v in VERSIONS {
         cases.push((format!("traffic_v{v}"), Box::new(move || traffic_case(v, &[]))));
@@ -1414,7 +1423,7 @@ fn main() {
     let (mut pass, mut fail, mut filtered, mut skipped, mut flaky) = (0, 0, 0, 0, 0);
     println!("\nrunning conformance over {}", driver::default_plugin_path().display());
     for (name, f) in &cases {
-        if !filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str())) {
+        if (!filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str()))) || skips.iter().any(|x| name.contains(x.as_str())) {
             filtered += 1;
             continue;
         }

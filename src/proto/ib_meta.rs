@@ -100,8 +100,14 @@ impl Meta {
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
+        // at most 31 bytes, cut at a character boundary so the peer decodes
+        // exactly this name (a cut inside a character became U+FFFD, and the
+        // name changed at every round trip)
         let nb = self.name.as_bytes();
-        let l = nb.len().min(31);
+        let mut l = nb.len().min(31);
+        while !self.name.is_char_boundary(l) {
+            l -= 1;
+        }
         b[56..56 + l].copy_from_slice(&nb[..l]);
         for (i, q) in self.qpns.iter().enumerate() {
             b[88 + 4 * i..92 + 4 * i].copy_from_slice(&q.to_le_bytes());
@@ -204,6 +210,17 @@ mod tests {
         assert_eq!((b[21], b[22]), (4, 2), "family and RoCE version at their offsets");
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_bytes(5), 4096);
+    }
+
+    #[test]
+    fn long_names_are_cut_at_a_character_boundary() {
+        // found by the ib_meta fuzz target: 30 ASCII bytes then a 2-byte character
+        let m = Meta { name: format!("{}\u{e9}x", "a".repeat(30)), ..sample() };
+        let m2 = Meta::decode(&m.encode()).unwrap();
+        assert_eq!(m2.name, "a".repeat(30));
+        assert_eq!(m2.encode(), m.encode(), "a second round trip is stable");
+        let m = Meta { name: "\u{fffd}".repeat(20), ..sample() };
+        assert_eq!(Meta::decode(&m.encode()).unwrap().name, "\u{fffd}".repeat(10));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! Nothing here makes a system call or reads a clock.
 pub mod eager;
 pub mod fifo;
+pub mod fuzz;
 pub mod handle;
 pub mod ib_meta;
 pub mod pool;

@@ -208,8 +208,10 @@ pub fn chunk_len(size: usize, nstreams: usize, min_chunk: usize) -> usize {
         return 0;
     }
     let per = size.div_ceil(nstreams.max(1));
-    // Round to 4 KiB so chunks start page-aligned in page-aligned buffers.
-    let per = per.div_ceil(4096) * 4096;
+    // Round to 4 KiB so chunks start page-aligned in page-aligned buffers
+    // (saturating: a size within 4 KiB of usize::MAX is one chunk, not a
+    // wrapped 0-byte plan that would spill past the last stream).
+    let per = per.div_ceil(4096).saturating_mul(4096);
     per.max(min_chunk.max(1)).min(size)
 }
 
@@ -312,6 +314,18 @@ mod tests {
         }
         // small messages stay on stream 0
         assert_eq!(chunks(1000, 4, 65536).count(), 1);
+    }
+
+    #[test]
+    fn chunk_plan_of_a_size_near_usize_max_stays_on_the_streams() {
+        // found by the wire_header fuzz target: the 4 KiB rounding wrapped to 0
+        for size in [usize::MAX, usize::MAX - 7, usize::MAX - 4095] {
+            let plan: Vec<_> = chunks(size, 1, 0).take(2).collect();
+            assert_eq!(plan, [(0, 0, size)]);
+            let plan: Vec<_> = chunks(size, 3, 1).take(4).collect();
+            assert!(plan.len() <= 3 && plan.iter().all(|&(s, _, _)| s < 3), "{plan:?}");
+            assert_eq!(plan.iter().map(|p| p.2).sum::<usize>(), size);
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@
 #   VERBS_TESTS="a b"        cargo test targets to run (integration test names,
 #                            i.e. tests/<name>.rs; `rustnet` = the lib unit
 #                            tests). Default: every test target whose name
-#                            contains "verbs" or "conformance".
+#                            contains "verbs" or "conformance", and fuzz_calls (its fixed seeds, ~30 s).
 #   VERBS_TEST_ARGS="..."    extra libtest arguments (a name filter, --nocapture);
 #                            device tests are #[ignore]d on hosts, so --include-ignored is always passed
 #   VERBS_TEST_TIMEOUT=600   seconds per binary
@@ -169,7 +169,7 @@ if [ -n "${VERBS_TESTS:-}" ]; then
   done
 else
   while read -r name kind path; do
-    [ "$kind" = test ] && [[ $name == *verbs* || $name == *conformance* ]] && selected+=("$name=$path")
+    [ "$kind" = test ] && [[ $name == *verbs* || $name == *conformance* || $name == fuzz_calls ]] && selected+=("$name=$path")
   done <<<"$artifacts"
 fi
 if [ ${#selected[@]} = 0 ]; then
