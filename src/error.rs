@@ -78,3 +78,12 @@ impl Error {
         Error::sys(op, Errno::last())
     }
 }
+
+/// The message of a caught panic (its payload is usually a `&str` or a `String`).
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}

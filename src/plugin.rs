@@ -457,6 +457,20 @@ impl Comm {
     /// Mark the comm failed after a panic in `slot` (the first panic wins).
     pub fn fail_after_panic(&self, slot: &str, msg: &str) {
         let _ = self.failed.set(format!("{slot} ({msg})"));
+        // A TCP helper thread would go on moving bytes with the state the
+        // panic left behind: stop it (close joins it).
+        match &self.body {
+            CommBody::Send(s) => {
+                if let AnySend::Tcp(t) = &*s.lock() {
+                    t.halt();
+                }
+            }
+            CommBody::Recv(r) => {
+                if let AnyRecv::Tcp(t) = &*r.lock() {
+                    t.halt();
+                }
+            }
+        }
     }
 
     /// Err when an earlier panic failed this comm (one atomic load otherwise).

@@ -95,8 +95,10 @@ struct Slot {
 static SEGS: [AtomicPtr<Slot>; NSEG] = [const { AtomicPtr::new(std::ptr::null_mut()) }; NSEG];
 
 struct Alloc {
-    /// Freed slots, reused first.
-    free: Vec<u32>,
+    /// Freed slots, reused first, oldest first: a slot's generation then
+    /// moves on only as often as the whole free list turns over, not on every
+    /// open/close of a loop (request values carry 16 bits of it).
+    free: std::collections::VecDeque<u32>,
     /// Slots handed out so far (the next fresh one).
     next: u32,
     /// Handles alive now.
@@ -105,7 +107,7 @@ struct Alloc {
     closed: bool,
 }
 
-static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: Vec::new(), next: 0, live: 0, closed: false });
+static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, closed: false });
 
 fn slot(i: u64) -> Option<&'static Slot> {
     let i = i as usize;
@@ -120,7 +122,7 @@ fn insert(kind: Kind, obj: *mut c_void) -> Result<u64> {
     if a.closed {
         return Err(Error::Usage("the plugin is being unloaded".into()));
     }
-    let i = match a.free.pop() {
+    let i = match a.free.pop_front() {
         Some(i) => i,
         None => {
             let i = a.next;
@@ -195,7 +197,7 @@ fn remove(v: u64, want: Kind, slot_name: &str) -> Result<*mut c_void> {
     };
     sl.state.store(next << 8, Ordering::Release);
     let obj = sl.obj.swap(std::ptr::null_mut(), Ordering::Relaxed);
-    a.free.push(i as u32);
+    a.free.push_back(i as u32);
     a.live -= 1;
     Ok(obj)
 }
@@ -342,7 +344,7 @@ pub(crate) fn teardown() -> bool {
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, SEG)) });
         }
     }
-    a.free = Vec::new();
+    a.free = std::collections::VecDeque::new();
     a.next = 0;
     true
 }

@@ -57,11 +57,7 @@ fn run(slot: &'static str, owner: VoidPtr, f: impl FnOnce() -> Result<()>) -> nc
             result::to_nccl(&e)
         }
         Err(payload) => {
-            let msg = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".into());
+            let msg = crate::error::panic_text(&*payload);
             // Logging (and failing the comm) must not unwind out of here.
             let _ = catch_unwind(AssertUnwindSafe(|| {
                 let failed = handles::comm_of(owner).map(|c| c.fail_after_panic(slot, &msg)).is_some();

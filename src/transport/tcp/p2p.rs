@@ -310,6 +310,11 @@ impl Drive for SendCore {
     fn progress(&mut self) {
         SendCore::progress(self)
     }
+    fn fail_with(&mut self, e: Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+    }
     fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
         if self.failed.is_some() {
             return 0;
@@ -645,6 +650,9 @@ impl Drive for RecvCore {
     fn progress(&mut self) {
         RecvCore::progress(self)
     }
+    fn fail_with(&mut self, e: Error) {
+        self.fail(e)
+    }
     fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
         if self.failed.is_some() {
             return 0;
@@ -672,6 +680,8 @@ pub trait Drive: Send + 'static {
     fn progress(&mut self);
     /// The sockets worth waiting on, and for what; how many were written.
     fn wait_set(&self, out: &mut [libc::pollfd]) -> usize;
+    /// Fail the comm (first error wins): every pending and later request reports `e`.
+    fn fail_with(&mut self, e: Error);
 }
 
 struct Shared<T> {
@@ -685,8 +695,10 @@ struct Shared<T> {
 
 /// A comm core driven by its own thread (RUSTNET_SOCKET_HELPER=1): it sleeps
 /// in poll(2) on the sockets that can move and on an eventfd that posts
-/// ring, so neither it nor the caller spins on EAGAIN; `test` only looks.
-/// The thread is joined when the comm is dropped (NCCL's close).
+/// ring. The caller still moves what it can when it gets the lock (`test`
+/// uses `try_lock` and says "not done" while the helper holds it). A panic
+/// in the helper fails the comm (the caller's next call reports it) and ends
+/// the thread. The thread is joined when the comm is dropped (NCCL's close).
 pub struct Helper<T: Drive> {
     sh: Arc<Shared<T>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -699,10 +711,22 @@ fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
     let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 65];
     while !sh.stop.load(Ordering::SeqCst) {
         let seen = sh.posts.load(Ordering::SeqCst);
-        let n = {
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut c = sh.core.lock();
             c.progress();
             c.wait_set(&mut fds[1..])
+        }));
+        let n = match step {
+            Ok(n) => n,
+            Err(p) => {
+                // A bug: the core may be half-updated. Fail it so the caller
+                // reports an error instead of waiting on a request that can
+                // no longer finish, and stop touching NCCL's buffers.
+                let what = crate::error::panic_text(&*p);
+                tracing::warn!("TCP helper thread panicked: {what}; the comm is failed");
+                sh.core.lock().fail_with(Error::Internal(format!("the TCP helper thread panicked: {what}")));
+                return;
+            }
         };
         fds[0] = libc::pollfd { fd: sh.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         sh.sleeping.store(true, Ordering::SeqCst);
@@ -734,6 +758,13 @@ impl<T: Drive> Helper<T> {
         Ok(Helper { sh, thread: Some(thread) })
     }
 
+    /// Stop the thread without waiting for it (a comm failed by a panic at
+    /// the boundary: its state is not trusted, so nothing moves any more).
+    pub fn halt(&self) {
+        self.sh.stop.store(true, Ordering::SeqCst);
+        self.sh.wake.notify();
+    }
+
     /// Tell the helper there is new work.
     fn posted(&self) {
         self.sh.posts.fetch_add(1, Ordering::SeqCst);
@@ -763,6 +794,13 @@ pub enum SendComm {
 }
 
 impl SendComm {
+    /// Stop the helper thread, if any, without waiting (see [`Helper::halt`]).
+    pub fn halt(&self) {
+        if let SendComm::Helper(h) = self {
+            h.halt();
+        }
+    }
+
     /// Build from connected streams.
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
         let core = SendCore::new(socks, peer, cfg);
@@ -855,6 +893,13 @@ pub enum RecvComm {
 }
 
 impl RecvComm {
+    /// Stop the helper thread, if any, without waiting (see [`Helper::halt`]).
+    pub fn halt(&self) {
+        if let RecvComm::Helper(h) = self {
+            h.halt();
+        }
+    }
+
     /// Build from accepted streams.
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
         let core = RecvCore::new(socks, peer, cfg);
@@ -1142,6 +1187,61 @@ mod data_tests {
                 Ok(Some(_)) => panic!("a receive completed without data"),
                 Ok(None) => assert!(t0.elapsed() < Duration::from_secs(10), "dead peer not noticed"),
             }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A core whose progress panics once asked to, as a bug would.
+    struct Bomb {
+        armed: Arc<AtomicBool>,
+        failed: Arc<Mutex<Option<String>>>,
+    }
+
+    impl Drive for Bomb {
+        fn progress(&mut self) {
+            if self.armed.load(Ordering::SeqCst) {
+                panic!("injected helper panic");
+            }
+        }
+        fn wait_set(&self, _out: &mut [libc::pollfd]) -> usize {
+            0
+        }
+        fn fail_with(&mut self, e: Error) {
+            *self.failed.lock() = Some(e.to_string());
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_helper_fails_the_comm_and_ends_the_thread() {
+        let armed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(Mutex::new(None));
+        let h = Helper::start(Bomb { armed: armed.clone(), failed: failed.clone() }, "bomb").unwrap();
+        armed.store(true, Ordering::SeqCst);
+        h.posted();
+        let t0 = Instant::now();
+        while failed.lock().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the helper's panic did not fail the comm");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let e = failed.lock().clone().unwrap();
+        assert!(e.contains("helper thread panicked") && e.contains("injected helper panic"), "{e}");
+        // the thread is gone: only the comm holds the shared state
+        while Arc::strong_count(&h.sh) > 1 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the helper thread went on after its panic");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(h);
+    }
+
+    #[test]
+    fn halt_stops_the_helper_before_close() {
+        let (s, r) = comms(1, 0, true);
+        let (SendComm::Helper(hs), RecvComm::Helper(hr)) = (&s, &r) else { panic!("RUSTNET_SOCKET_HELPER=1 gave no helper") };
+        s.halt();
+        r.halt();
+        let t0 = Instant::now();
+        while Arc::strong_count(&hs.sh) > 1 || Arc::strong_count(&hr.sh) > 1 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "halt did not stop the helper threads");
             std::thread::sleep(Duration::from_millis(1));
         }
     }
