@@ -134,7 +134,7 @@ impl Plugin {
             Net::Tcp(t) => {
                 let (l, h) = t.listen(dev)?;
                 h.encode(handle);
-                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(l)) })
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))) })
             }
             Net::Ib(n) => {
                 // plain or merged (vdev.rs): the member listeners' handles in one
@@ -375,7 +375,7 @@ pub struct ListenComm {
 }
 
 enum AnyListen {
-    Tcp(TcpListen),
+    Tcp(Box<TcpListen>),
     Ib(Box<vdev::Listen>),
 }
 

@@ -75,6 +75,7 @@ struct RecvSlot {
 
 /// Both directions at once: send our plan, receive the peer's plan, verify
 /// every byte, the canary behind it and the reported sizes.
+#[allow(clippy::too_many_arguments)] // the test's knobs, named at each call site
 fn traffic(
     p: &Plugin,
     s: Ptr,

@@ -456,6 +456,7 @@ fn finish(o: &Opts, b: &Bisect, why: &[Option<String>], rounds: usize, max_round
 
 /// The matrix as text: rows send, columns receive. Large runs list the
 /// measured pairs instead of an N x N grid.
+#[allow(clippy::needless_range_loop)] // a matrix printed by row and column index reads best with indices
 pub fn table(hosts: &[String], m: &Matrix) -> String {
     let n = hosts.len();
     let cell = |c: &Option<Result<f64, String>>| match c {
@@ -538,6 +539,7 @@ pub fn color(ratio: f64) -> String {
 /// The heat map: one square per directed pair (row sends, column receives),
 /// coloured by its bandwidth against the median; grey = not measured,
 /// black = failed; hosts named SLOW / UNREACHABLE marked in the labels.
+#[allow(clippy::needless_range_loop)] // cells placed by row and column index
 pub fn svg(hosts: &[String], m: &Matrix, rep: &Report, frac: f64, title: &str) -> String {
     let n = hosts.len();
     let cs = (720 / n.max(1)).clamp(6, 56) as f64;

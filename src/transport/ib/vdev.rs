@@ -298,6 +298,7 @@ impl Connecting {
 }
 
 /// A listener on a plain or merged device.
+#[allow(clippy::large_enum_variant)] // one per listen call, never on the data path
 pub enum Listen {
     /// One port.
     One(IbListen, Option<i32>),
