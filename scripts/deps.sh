@@ -5,8 +5,9 @@
 #   libibverbs-dev, librdmacm-dev, pkg-config : verbs types at build time
 #     (the built plugin does NOT link them: libibverbs is dlopen'ed at run time)
 #   iproute2 : the namespace tests (link cut, IPv6 pair, bisect) need ip and tc
+#   the script linter (package shellcheck): scripts/test.sh lints every shell script
 set -eu
-PKGS="libclang-dev clang pkg-config libibverbs-dev librdmacm-dev gcc make python3 binutils iproute2"
+PKGS="libclang-dev clang pkg-config libibverbs-dev librdmacm-dev gcc make python3 binutils iproute2 shellcheck"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -25,7 +25,7 @@
 # soak-samples.csv, soak-cycles.csv, soak-quiet.csv, soak.svg.
 # Exit: 0 every part passed, 1 a part failed, 125 the VM died or timed out.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 out=${SOAK_OUT:-$ROOT/target/soak}
 case $out in /*) ;; *) out=$ROOT/$out ;; esac

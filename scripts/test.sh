@@ -19,13 +19,15 @@ if readelf -d target/release/librustnet.so | grep NEEDED | grep -E 'ibverbs|rdma
   echo "FAIL: the plugin must not link libibverbs/librdmacm/libcuda/libcudart"; exit 1
 fi
 echo "exports: $syms; NEEDED: $(readelf -d target/release/librustnet.so | awk '/NEEDED/{print $5}' | tr '\n' ' ')"
-echo "== style: cargo fmt --check, cargo clippy --all-targets -D warnings"
+echo "== style: cargo fmt --check, cargo clippy --all-targets -D warnings, shellcheck"
 if cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1; then
   cargo fmt --check
   cargo clippy --release --all-targets --quiet -- -D warnings
 else
   echo "!! SKIPPED: style checks (rustfmt/clippy missing: rustup component add rustfmt clippy)"
 fi
+# shellcheck disable=SC2046  # one file name per word: tracked names have no spaces
+shellcheck -S warning $(git ls-files '*.sh')
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
 # Fuzzing and sanitizers (docs/fuzzing.md): budgets RUSTNET_FUZZ_SECS (per

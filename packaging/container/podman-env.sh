@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced; PODMAN_RUN_OPTS is read by the sourcing script
 # Sourced: sets $PODMAN to podman with this project's own storage (vfs, under
 # /var/cache/rustnet-ci unless RUSTNET_PODMAN_ROOT says otherwise) and, once a
 # run has been tried, $PODMAN_RUN_OPTS to the options that let containers run

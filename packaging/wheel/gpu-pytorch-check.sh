@@ -25,7 +25,8 @@ python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file
   > "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/system-torch.pth"
 "$V/bin/pip" install -q --no-index --disable-pip-version-check "$WHL"
 if python3 -c "import sys; sys.exit(0 if tuple(map(int, '$NCCLV'.split('.')[:2])) >= (2, 21) else 1)"; then
-  export NCCL_NET_PLUGIN=$("$PY" -m librustnet plugin-path)
+  NCCL_NET_PLUGIN=$("$PY" -m librustnet plugin-path)
+  export NCCL_NET_PLUGIN
 else
   eval "$("$PY" -m librustnet env --legacy | grep -E '^export (LD_LIBRARY_PATH|NCCL_NET_PLUGIN)=')"
 fi

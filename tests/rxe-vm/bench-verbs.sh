@@ -63,16 +63,17 @@ for r in $(seq "$REPS"); do
   # vtable; bandwidth left to the scheduler, latency pinned as perftest's
   export NCCL_IB_TIMEOUT=14
   for run in bw lat; do
+    # shellcheck disable=SC2054  # the commas are inside one argument
     pin0=() pin1=() args=(--sizes 64K,256K,1M --bytes 96M --lat-iters 0 --idle-nap-us 50)
     [ $run = lat ] && pin0=(taskset -c 0) pin1=(taskset -c 1) args=(--sizes 8 --bytes 8K --lat-iters 1000)
-    NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
+    NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
     sp=$!
     waitport 18600 || { echo "bench server did not start"; cat /tmp/bsrv.log; exit 1; }
-    NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
+    NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
       "${args[@]}" --reps 1 --inflight ${INFLIGHT:-8} --csv /tmp/b.csv > /tmp/bcli.log 2>&1
     wait $sp
     grep -q '^oneway' /tmp/b.csv || { echo "rustnet bench failed:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }
-    while IFS=, read -r t size tr med _; do
+    while IFS=, read -r t size _ med _; do
       case $run,$t in
         bw,oneway) v=$(awk -v g="$med" 'BEGIN{printf "%.2f", g*1000}'); R[bw_$size]+="$v "; echo "bw,$size,rustnet,$r,$v,MB/s" >> "$csv" ;;
         lat,latency) R[lat_avg]+="$med "; echo "lat_average,8,rustnet,$r,$med,us" >> "$csv" ;;

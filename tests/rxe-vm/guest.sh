@@ -107,7 +107,7 @@ log "devices: ${devices:-none}; setup took $(awk -v a="$t_setup" -v b="$(uptime)
 # Root in the VM; lift the locked-memory limit anyway so MR registration never
 # depends on CAP_IPC_LOCK semantics.
 ulimit -l unlimited
-cd "$RXE_VM_CWD" 2>/dev/null || { log "WARNING: $RXE_VM_CWD is not visible in the guest, running in /tmp"; cd /tmp; }
+cd "$RXE_VM_CWD" 2>/dev/null || { log "WARNING: $RXE_VM_CWD is not visible in the guest, running in /tmp"; cd /tmp || exit 1; }
 t_cmd=$(uptime)
 bash $J/cmd.sh > $J/output.log 2>&1 < /dev/null
 rc=$?

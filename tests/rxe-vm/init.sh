@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# shellcheck shell=dash
 # /init of the rxe-vm initramfs (busybox only; built by run.sh).
 #
 # Loads the modules listed in /etc/modules, mounts the host's root filesystem

@@ -198,6 +198,7 @@ if [ "$ACCEL" = auto ]; then
   ACCEL=tcg
   if [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then ACCEL=kvm; fi
 fi
+# shellcheck disable=SC2054  # qemu takes comma-separated options in one argument
 if [ "$ACCEL" = kvm ]; then CPUARGS=(-accel kvm -cpu host,-arch-capabilities)
 else CPUARGS=(-accel tcg,thread=multi -cpu "${RXE_VM_CPU:-qemu64}"); fi
 if [ "$CONSOLE" = 1 ]; then SERIAL=(-serial stdio); else SERIAL=(-serial "file:$JOB/console.log"); fi

@@ -79,11 +79,11 @@ done
 # Wait until something LISTENs on TCP port $1 (perftest's out-of-band socket),
 # reading /proc/net/tcp{,6} with builtins: 100 polls x (1 sleep fork) max.
 listening() {
-  local hex f sl local rem st _
+  local hex f laddr st _
   printf -v hex '%04X' "$1"
   for f in /proc/net/tcp /proc/net/tcp6; do
-    while read -r sl local rem st _; do
-      [ "$st" = 0A ] && [[ $local == *:$hex ]] && return 0
+    while read -r _ laddr _ st _; do
+      [ "$st" = 0A ] && [[ $laddr == *:$hex ]] && return 0
     done < "$f"
   done
   return 1
