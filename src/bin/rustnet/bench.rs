@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
 
 use crate::ctl::{parse_size, Ctl};
+use crate::ring::Stat;
 
 const HELP: &str = "\
 rustnet bench: bandwidth and latency through librustnet, beside raw TCP
@@ -56,7 +57,7 @@ struct Opts {
     dev: i32,
 }
 
-fn human(n: usize) -> String {
+pub(crate) fn human(n: usize) -> String {
     if n >= 1 << 30 && n % (1 << 30) == 0 {
         format!("{}G", n >> 30)
     } else if n >= 1 << 20 && n % (1 << 20) == 0 {
@@ -540,33 +541,6 @@ fn server(o: &Opts) -> Result<(), String> {
     }
 }
 
-#[derive(Default, Clone)]
-struct Stat {
-    v: Vec<f64>,
-}
-
-impl Stat {
-    fn sorted(&self) -> Vec<f64> {
-        let mut v = self.v.clone();
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        v
-    }
-    fn min(&self) -> f64 {
-        self.sorted().first().copied().unwrap_or(f64::NAN)
-    }
-    fn max(&self) -> f64 {
-        self.sorted().last().copied().unwrap_or(f64::NAN)
-    }
-    fn med(&self) -> f64 {
-        let v = self.sorted();
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v[v.len() / 2]
-        }
-    }
-}
-
 fn run_cmd(ctl: &mut Ctl, cmd: &str) -> Result<(), String> {
     ctl.send(cmd).map_err(|e| e.to_string())
 }
@@ -642,7 +616,7 @@ fn client(o: &Opts) -> Result<(), String> {
             pump(&net, 0, 1, 1, 1, 0)?;
             let dt = t.elapsed().as_secs_f64();
             wait_ok(&mut ctl)?;
-            ow.v.push((size * count) as f64 / dt / 1e9);
+            ow.0.push((size * count) as f64 / dt / 1e9);
             // plugin bidirectional: both send and receive at once
             let t = Instant::now();
             run_cmd(&mut ctl, &format!("BI {size} {count} {}", o.inflight))?;
@@ -650,7 +624,7 @@ fn client(o: &Opts) -> Result<(), String> {
             pump(&net, 1, 1, 1, 1, 0)?;
             let dt = t.elapsed().as_secs_f64();
             wait_ok(&mut ctl)?;
-            bi.v.push((2 * size * count) as f64 / dt / 1e9);
+            bi.0.push((2 * size * count) as f64 / dt / 1e9);
             if let Some(s) = &raw {
                 let t = Instant::now();
                 run_cmd(&mut ctl, &format!("RAWOW {size} {count} {}", o.inflight))?;
@@ -658,14 +632,14 @@ fn client(o: &Opts) -> Result<(), String> {
                 raw_stream(s, 0, 1, 1, 1)?;
                 let dt = t.elapsed().as_secs_f64();
                 wait_ok(&mut ctl)?;
-                row.v.push((size * count) as f64 / dt / 1e9);
+                row.0.push((size * count) as f64 / dt / 1e9);
                 let t = Instant::now();
                 run_cmd(&mut ctl, &format!("RAWBI {size} {count} {}", o.inflight))?;
                 raw_stream(s, size * count, size * count, size, o.inflight)?;
                 raw_stream(s, 1, 1, 1, 1)?;
                 let dt = t.elapsed().as_secs_f64();
                 wait_ok(&mut ctl)?;
-                rbi.v.push((2 * size * count) as f64 / dt / 1e9);
+                rbi.0.push((2 * size * count) as f64 / dt / 1e9);
             }
         }
         if progress {
@@ -694,14 +668,14 @@ fn client(o: &Opts) -> Result<(), String> {
         run_cmd(&mut ctl, &format!("PP 8 {}", o.lat_iters))?;
         let dt = pingpong(&net, 8, o.lat_iters, true, &mut rtts)?;
         wait_ok(&mut ctl)?;
-        lat.v.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
-        lat_typ.v.push(median(&mut rtts) / 2.0);
+        lat.0.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
+        lat_typ.0.push(median(&mut rtts) / 2.0);
         if let Some(s) = &raw {
             run_cmd(&mut ctl, &format!("RAWPP 8 {}", o.lat_iters))?;
             let dt = raw_pingpong(s, 8, o.lat_iters, true, &mut rtts)?;
             wait_ok(&mut ctl)?;
-            rlat.v.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
-            rlat_typ.v.push(median(&mut rtts) / 2.0);
+            rlat.0.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
+            rlat_typ.0.push(median(&mut rtts) / 2.0);
         }
     }
     let _ = ctl.send("BYE");
@@ -711,8 +685,8 @@ fn client(o: &Opts) -> Result<(), String> {
     }
 
     // table
-    let f = |s: &Stat| if s.v.is_empty() { "-".to_string() } else { format!("{:.2} [{:.2}-{:.2}]", s.med(), s.min(), s.max()) };
-    let ratio = |a: &Stat, b: &Stat| if b.v.is_empty() { "-".to_string() } else { format!("{:.0}%", 100.0 * a.med() / b.med()) };
+    let f = |s: &Stat| if s.0.is_empty() { "-".to_string() } else { format!("{:.2} [{:.2}-{:.2}]", s.med(), s.min(), s.max()) };
+    let ratio = |a: &Stat, b: &Stat| if b.0.is_empty() { "-".to_string() } else { format!("{:.0}%", 100.0 * a.med() / b.med()) };
     println!("\nbandwidth, GB/s: median [min-max] over {} repeats", o.reps);
     println!(
         "{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}",
@@ -737,14 +711,14 @@ fn client(o: &Opts) -> Result<(), String> {
             "  {what}  plugin {:>22}   raw TCP {:>22}   ratio {}",
             f(a),
             f(b),
-            if b.v.is_empty() { "-".into() } else { format!("{:.2}x", a.med() / b.med()) }
+            if b.0.is_empty() { "-".into() } else { format!("{:.2}x", a.med() / b.med()) }
         );
     }
     if let Some(path) = &o.csv {
         let mut w = String::from("test,size,transport,median,min,max,unit\n");
         for (size, ow, bi, row, rbi) in &rows {
             for (t, tr, s) in [("oneway", "plugin", ow), ("oneway", "rawtcp", row), ("bidir", "plugin", bi), ("bidir", "rawtcp", rbi)] {
-                if !s.v.is_empty() {
+                if !s.0.is_empty() {
                     w += &format!("{t},{size},{tr},{:.4},{:.4},{:.4},GB/s\n", s.med(), s.min(), s.max());
                 }
             }
@@ -755,7 +729,7 @@ fn client(o: &Opts) -> Result<(), String> {
             ("latency_typical", "plugin", &lat_typ),
             ("latency_typical", "rawtcp", &rlat_typ),
         ] {
-            if !s.v.is_empty() {
+            if !s.0.is_empty() {
                 w += &format!("{t},8,{tr},{:.3},{:.3},{:.3},us\n", s.med(), s.min(), s.max());
             }
         }

@@ -21,6 +21,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::bench::human;
+
 use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
 
 use crate::ctl::{parse_size, Ctl};
@@ -529,7 +531,7 @@ pub struct Stat(pub Vec<f64>);
 impl Stat {
     fn sorted(&self) -> Vec<f64> {
         let mut v = self.0.clone();
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v.sort_by(f64::total_cmp);
         v
     }
     pub fn med(&self) -> f64 {
@@ -675,16 +677,6 @@ fn run_once(ring: &mut Ring, k: NetKind, size: usize, count: usize) -> Result<(f
         cpu += f[2].parse::<f64>().unwrap_or(f64::NAN);
     }
     Ok((t, cpu))
-}
-
-fn human(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
-        format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
-        format!("{}K", n >> 10)
-    } else {
-        n.to_string()
-    }
 }
 
 fn coordinate(o: &Opts, ring_mode: bool) -> Result<(), String> {
