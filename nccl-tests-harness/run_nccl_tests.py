@@ -42,7 +42,7 @@ from ncclharness.envs import (apply_overrides, describe_env, expected_net_name, 
                               network_env, one_host_env, prepare_plugin_dir)
 from ncclharness.launch import read_text, run_group  # noqa: E402
 from ncclharness.nccllog import check_network, merge_logs, parse_nccl_log  # noqa: E402
-from ncclharness.perfparse import parse_perf_output  # noqa: E402
+from ncclharness.perfparse import parse_perf_output, run_problems  # noqa: E402
 from ncclharness.report import write_report  # noqa: E402
 from ncclharness.sizes import parse_size  # noqa: E402
 
@@ -164,19 +164,7 @@ def run_one(args, coll, binary, net, mpi, flavor, outdir, plugin_dir):
     expected_procs = [(r["host"], r["pid"]) for r in perf.ranks] or None
     proof = check_network(procs, expected_net_name(net), expected_processes=expected_procs,
                           forbid_local=(args.layout != "launcher") or args.forbid_local)
-    errors = []
-    if proc.timed_out:
-        errors.append(f"timed out after {args.timeout}s")
-    elif proc.rc != 0:
-        errors.append(f"exit status {proc.rc}")
-    if perf.failures:
-        errors.append("nccl-tests reported: " + "; ".join(perf.failures[:3]))
-    if not perf.rows:
-        errors.append("no result rows in the output")
-    if perf.wrong_total():
-        errors.append(f"{perf.wrong_total()} wrong elements (#wrong): data corrupted")
-    if perf.out_of_bounds:
-        errors.append(f"out of bounds values: {perf.out_of_bounds}")
+    errors = run_problems(perf, timed_out=proc.timed_out, rc=proc.rc, timeout_desc=f"{args.timeout}s")
     if not proof.ok:
         errors.append("network not proven (see above)")
     print(proof.describe(), flush=True)

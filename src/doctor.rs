@@ -200,21 +200,9 @@ pub fn read_port(sysfs: &Path, dev: &str, port: u8) -> PortInfo {
     }
 }
 
-/// Every RDMA port under `sysfs`.
+/// Every RDMA port under `sysfs`, sorted by device and port.
 pub fn rdma_ports(sysfs: &Path) -> Vec<PortInfo> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(sysfs.join("class/infiniband")) else { return out };
-    let mut devs: Vec<String> = rd.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect();
-    devs.sort();
-    for d in devs {
-        let Ok(pr) = std::fs::read_dir(sysfs.join("class/infiniband").join(&d).join("ports")) else { continue };
-        let mut ports: Vec<u8> = pr.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-        ports.sort();
-        for p in ports {
-            out.push(read_port(sysfs, &d, p));
-        }
-    }
-    out
+    crate::fabric::counters::ports(sysfs).into_iter().map(|(d, p)| read_port(sysfs, &d, p)).collect()
 }
 
 /// GPUs (NVIDIA display/3D controllers) on the PCI bus (shared with the verbs transport: `topo`).

@@ -62,7 +62,7 @@ from .envs import apply_overrides, describe_env, expected_net_name, network_env,
 from .launch import read_text, run_group, tail
 from .mps import read_evidence
 from .nccllog import check_network, merge_logs, parse_nccl_log
-from .perfparse import parse_perf_output
+from .perfparse import parse_perf_output, run_problems
 from .repstats import (SUMMARY_FIELDS, aggregate, describe_verdict, format_points, format_ratio_matrix,
                        plot_series, summary_rows, verdict)
 from .report import MEASUREMENT_FIELDS, svg_plot
@@ -243,23 +243,8 @@ def run_one(args, spec, binary, rank_wrap, plugin_dir, logdir, timeout_s):
     want = expected_net_name(spec.net)
     expected_procs = [(r["host"], r["pid"]) for r in perf.ranks] or spec.nranks
     proof = check_network(merge_logs(*logs), want, expected_processes=expected_procs, forbid_local=True)
-    errors = []
-    if proc.timed_out:
-        errors.append(f"timed out after {timeout_s:.0f}s")
-    elif proc.rc != 0:
-        errors.append(f"exit status {proc.rc}")
-    if perf.failures:
-        errors.append("nccl-tests reported: " + "; ".join(perf.failures[:3]))
-    if not perf.rows:
-        errors.append("no result rows in the output")
-    if perf.nranks is not None and perf.nranks != spec.nranks:
-        errors.append(f"nccl-tests listed {perf.nranks} ranks, not {spec.nranks}")
-    if perf.wrong_total():
-        errors.append(f"{perf.wrong_total()} wrong elements (#wrong): data corrupted")
-    if any(r.oop_wrong is None for r in perf.rows):
-        errors.append("#wrong not reported (validation off?): correctness not shown")
-    if perf.out_of_bounds:
-        errors.append(f"out of bounds values: {perf.out_of_bounds}")
+    errors = run_problems(perf, timed_out=proc.timed_out, rc=proc.rc, timeout_desc=f"{timeout_s:.0f}s",
+                          nranks=spec.nranks, require_validation=True)
     if not proof.ok:
         errors.append("network not proven: " + "; ".join(proof.problems[:2]))
     cover = mps_coverage([r["pid"] for r in perf.ranks])

@@ -177,3 +177,28 @@ def _parse_row(toks, header):
         row.ip_time_us, row.ip_algbw, row.ip_busbw = ip
         row.ip_wrong = get(wrong_key, 1, _wrong) if wrong_key else None
     return row
+
+
+def run_problems(perf, *, timed_out, rc, timeout_desc, nranks=None, require_validation=False):
+    """What is wrong with one nccl-tests run, from its exit and its parsed
+    output (an empty list: nothing). `nranks`: the rank count it must list;
+    `require_validation`: a row without #wrong is a problem (correctness not
+    shown)."""
+    errors = []
+    if timed_out:
+        errors.append(f"timed out after {timeout_desc}")
+    elif rc != 0:
+        errors.append(f"exit status {rc}")
+    if perf.failures:
+        errors.append("nccl-tests reported: " + "; ".join(perf.failures[:3]))
+    if not perf.rows:
+        errors.append("no result rows in the output")
+    if nranks is not None and perf.nranks is not None and perf.nranks != nranks:
+        errors.append(f"nccl-tests listed {perf.nranks} ranks, not {nranks}")
+    if perf.wrong_total():
+        errors.append(f"{perf.wrong_total()} wrong elements (#wrong): data corrupted")
+    if require_validation and any(r.oop_wrong is None for r in perf.rows):
+        errors.append("#wrong not reported (validation off?): correctness not shown")
+    if perf.out_of_bounds:
+        errors.append(f"out of bounds values: {perf.out_of_bounds}")
+    return errors
