@@ -392,8 +392,11 @@ def parse_args(argv):
     ap.add_argument("-b", "--min-bytes", default="256K")
     ap.add_argument("-e", "--max-bytes", default="64M")
     ap.add_argument("-f", "--step-factor", type=int, default=4)
-    ap.add_argument("-n", "--iters", type=int, default=10)
-    ap.add_argument("-w", "--warmup", type=int, default=3)
+    # -n 10 left the same binary's busbw 25% apart between repeats at 8 ranks
+    # (an iteration of 1 MiB takes about a millisecond); -n 40 brought that to
+    # about 10% for about 3 s more per 8-rank run (H200, 2026-11-30)
+    ap.add_argument("-n", "--iters", type=int, default=40)
+    ap.add_argument("-w", "--warmup", type=int, default=5)
     ap.add_argument("--budget", type=float, default=420, help="seconds for all runs (default 420)")
     ap.add_argument("--caps", default="", help="hard timeout per run by ranks, e.g. 2:60,4:75,8:100")
     ap.add_argument("--estimates", default="", help="expected seconds per run by ranks, e.g. 2:8,4:12,8:20")
