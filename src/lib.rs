@@ -13,6 +13,7 @@
 pub mod abi;
 pub mod bisect;
 pub mod config;
+pub mod context;
 pub mod doctor;
 pub mod driver;
 pub mod error;

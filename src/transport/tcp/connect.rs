@@ -120,6 +120,8 @@ pub struct TcpListen {
     rejected: Rejections,
     fd_warned: Option<Instant>,
     fd_failures: u64,
+    /// IP TOS / IPv6 traffic class of the accepted data sockets (the context's class).
+    tos: Option<u8>,
 }
 
 impl TcpListen {
@@ -143,8 +145,19 @@ impl TcpListen {
             rejected: Rejections::default(),
             fd_warned: None,
             fd_failures: 0,
+            tos: None,
         };
         Ok((l, h))
+    }
+
+    /// Accepted data sockets (and this one's SYN-ACKs) carry `tos` as their
+    /// IP TOS / IPv6 traffic class byte: the listening context's class.
+    pub fn with_tos(mut self, tos: Option<u8>) -> Result<TcpListen> {
+        if let Some(t) = tos {
+            self.sock.set_tos(self.addr.is_ipv6(), t)?;
+        }
+        self.tos = tos;
+        Ok(self)
     }
 
     /// The address peers connect to.
@@ -172,6 +185,9 @@ impl TcpListen {
             let socks: Vec<Socket> = g.streams.into_iter().map(Option::unwrap).collect();
             for s in &socks {
                 s.tune_stream(self.cfg.timeout_s, self.cfg.bufsize)?;
+                if let Some(t) = self.tos {
+                    s.set_tos(self.addr.is_ipv6(), t)?;
+                }
             }
             return Ok(Some((socks, g.peer)));
         }
@@ -436,6 +452,17 @@ impl TcpConnecting {
             streams.push(ConnStream { sock, connected: false, hello, sent: 0, reply: [0; REPLY_LEN], got: 0 });
         }
         Ok(TcpConnecting { peer: h.addr, streams, cfg, confirm: h.kind == HandleKind::Tcp, started: Instant::now() })
+    }
+
+    /// Every stream carries `tos` as its IP TOS / IPv6 traffic class byte
+    /// (the communicator's traffic class), from the first byte of the hello on.
+    pub fn with_tos(self, tos: Option<u8>) -> Result<TcpConnecting> {
+        if let Some(t) = tos {
+            for s in &self.streams {
+                s.sock.set_tos(self.peer.is_ipv6(), t)?;
+            }
+        }
+        Ok(self)
     }
 
     /// Advance; `Ok(true)` once every stream is connected, has sent its
