@@ -189,6 +189,19 @@ impl NetContext {
         }
     }
 
+    /// Err, for a call on one of its comms, when the context was finalized.
+    #[inline]
+    pub fn check_comm(&self) -> Result<()> {
+        if self.is_finalized() {
+            Err(Error::Usage(format!(
+                "this comm belongs to the plugin context of communicator {:#x}, which was already finalized: only close works now",
+                self.comm_id
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
     #[cold]
     fn finalized_error(&self, slot: &str) -> Error {
         Error::Usage(format!(

@@ -569,7 +569,7 @@ impl Comm {
     #[inline]
     pub fn check_usable(&self) -> Result<()> {
         match self.failed.get() {
-            None => self.ctx.ctx().check_live("this comm"),
+            None => self.ctx.ctx().check_comm(),
             Some(why) => Err(Error::Internal(format!(
                 "this comm was failed by an earlier panic in {why}; its state is not trusted, only close works now"
             ))),

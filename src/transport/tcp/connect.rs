@@ -444,25 +444,21 @@ pub struct TcpConnecting {
 impl TcpConnecting {
     /// Open `nstreams` sockets to the listener in `h`.
     pub fn start(h: &Handle, nstreams: usize, cfg: StreamCfg) -> Result<TcpConnecting> {
+        TcpConnecting::start_tos(h, nstreams, cfg, None)
+    }
+
+    /// [`TcpConnecting::start`] with every stream carrying `tos` as its IP
+    /// TOS / IPv6 traffic class byte (the communicator's traffic class),
+    /// from the SYN on.
+    pub fn start_tos(h: &Handle, nstreams: usize, cfg: StreamCfg, tos: Option<u8>) -> Result<TcpConnecting> {
         let conn_id = random_u64();
         let mut streams = Vec::with_capacity(nstreams);
         for i in 0..nstreams {
-            let sock = Socket::connect_start(h.addr)?;
+            let sock = Socket::connect_start_tos(h.addr, tos)?;
             let hello = Hello { version: PROTO_VERSION, stream: i as u16, nstreams: nstreams as u16, conn_id, nonce: h.nonce }.encode();
             streams.push(ConnStream { sock, connected: false, hello, sent: 0, reply: [0; REPLY_LEN], got: 0 });
         }
         Ok(TcpConnecting { peer: h.addr, streams, cfg, confirm: h.kind == HandleKind::Tcp, started: Instant::now() })
-    }
-
-    /// Every stream carries `tos` as its IP TOS / IPv6 traffic class byte
-    /// (the communicator's traffic class), from the first byte of the hello on.
-    pub fn with_tos(self, tos: Option<u8>) -> Result<TcpConnecting> {
-        if let Some(t) = tos {
-            for s in &self.streams {
-                s.sock.set_tos(self.peer.is_ipv6(), t)?;
-            }
-        }
-        Ok(self)
     }
 
     /// Advance; `Ok(true)` once every stream is connected, has sent its

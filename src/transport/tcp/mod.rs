@@ -162,7 +162,7 @@ impl TcpNet {
                 h.kind
             )));
         }
-        TcpConnecting::start(h, self.cfg.nstreams, self.cfg)?.with_tos(tos)
+        TcpConnecting::start_tos(h, self.cfg.nstreams, self.cfg, tos)
     }
 }
 
