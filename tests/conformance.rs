@@ -417,7 +417,11 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
             };
             let n = |port: u16| pk.iter().filter(|x| x.3 > 0 && (x.0 == port || x.1 == port)).count();
             let (t1, t2) = (tos_of(p1), tos_of(p2));
-            eprintln!("wire: port {p1} (ctx tc 96): {} data packets, tos {t1:x?}; port {p2} (ctx tc 184): {} data packets, tos {t2:x?}", n(p1), n(p2));
+            eprintln!(
+                "wire: port {p1} (ctx tc 96): {} data packets, tos {t1:x?}; port {p2} (ctx tc 184): {} data packets, tos {t2:x?}",
+                n(p1),
+                n(p2)
+            );
             assert!(n(p1) > 0 && n(p2) > 0, "no data packets captured: {pk:?}");
             assert_eq!(t1, [0x60u8].into(), "context 1's packets");
             assert_eq!(t2, [0xb8u8].into(), "context 2's packets");
@@ -429,7 +433,10 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
     out.push(format!("finalize_open={}", code(p.finalize(c1))));
     let mut b = [0u8; 8];
     out.push(format!("regMr_after_finalize={}", p.reg_mr(s1, b.as_mut_ptr(), 8).map(|_| 0).unwrap_or_else(|e| e.code)));
-    out.push(format!("isend_after_finalize={}", p.isend(s1, b.as_mut_ptr(), 8, 1, std::ptr::null_mut()).map(|_| 0).unwrap_or_else(|e| e.code)));
+    out.push(format!(
+        "isend_after_finalize={}",
+        p.isend(s1, b.as_mut_ptr(), 8, 1, std::ptr::null_mut()).map(|_| 0).unwrap_or_else(|e| e.code)
+    ));
     out.push(format!("listen_finalized_ctx={}", p.listen_in(c1, dev).map(|_| 0).unwrap_or_else(|e| e.code)));
     out.push(format!("finalize_twice={}", code(p.finalize(c1))));
     // the other context is untouched
@@ -1386,7 +1393,12 @@ fn two_contexts_case(version: u32) -> Result<String, String> {
     }
     std::thread::sleep(Duration::from_millis(100));
     let err = ea.lock().unwrap().clone();
-    for want in ["still has 3 listen/send/receive comm(s) open", "which was already finalized: only close works now", "was already finalized", "is a send comm, not a plugin context"] {
+    for want in [
+        "still has 3 listen/send/receive comm(s) open",
+        "which was already finalized: only close works now",
+        "was already finalized",
+        "is a send comm, not a plugin context",
+    ] {
         if !err.contains(want) {
             return Err(format!("no WARN saying {want:?}; stderr: {err}"));
         }
