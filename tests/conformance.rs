@@ -402,7 +402,7 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
     let (h2, l2) = p.listen_in(c2, dev).unwrap();
     let port = |h: &[u8; 128]| rustnet::proto::handle::Handle::decode(h).unwrap().addr.port();
     let (p1, p2) = (port(&h1), port(&h2));
-    let why_not = if tcp { no_capture() } else { Some("verbs: the wire proof is verbs_roce::tos_two_v11_contexts_on_the_wire".into()) };
+    let why_not = if tcp { no_capture() } else { Some("verbs: the wire proof is verbs_roce::tos_two_v11/v12_contexts_on_the_wire".into()) };
     let cap = why_not.is_none().then(|| start_capture("lo", &format!("tcp and (port {p1} or port {p2})")));
     let (mut h1, mut h2) = (h1, h2);
     let (s1, r1) = p.connect_accept_in(c1, dev, &mut h1, l1, Duration::from_secs(60)).unwrap();
