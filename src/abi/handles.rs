@@ -312,10 +312,11 @@ pub(crate) fn ctx_ref<'a>(h: *mut c_void, slot_name: &str) -> Result<&'a Arc<Net
 }
 
 /// Finalize `h`: the context, whose handle is dead after.
-pub(crate) fn ctx_take(h: *mut c_void, slot_name: &str) -> Result<Box<Arc<NetContext>>> {
+pub(crate) fn ctx_take(h: *mut c_void, slot_name: &str) -> Result<Arc<NetContext>> {
     let p = remove(h as u64, Kind::Ctx, slot_name)? as *mut Arc<NetContext>;
-    // SAFETY: the slot owned this box and has just given it up.
-    Ok(unsafe { Box::from_raw(p) })
+    // SAFETY: the slot owned this box (a thin pointer to the Arc, which the
+    // table needs) and has just given it up.
+    Ok(*unsafe { Box::from_raw(p) })
 }
 
 /// The request value for request `id` of the comm whose handle is `comm`:
