@@ -11,6 +11,8 @@ pub(crate) mod handles;
 pub mod result;
 pub mod sys;
 mod v10;
+mod v11;
+mod v12;
 mod v6;
 mod v7;
 mod v8;

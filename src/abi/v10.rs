@@ -7,9 +7,11 @@ use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{v9, VoidPtr};
 
-unsafe extern "C" fn init(log: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
+unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
     crate::transport::ib::vdev::set_nccl_fuses(true);
+    // v10 comms all belong to the implicit context: its profiler callback
+    crate::context::implicit().set_profiler(prof);
     c::init(v8::logger(log))
 }
 
@@ -27,10 +29,10 @@ unsafe extern "C" fn connect(
     // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::connect(dev, handle, sc, tc) }
+    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, tc) }
 }
 
-unsafe extern "C" fn isend(
+pub(crate) unsafe extern "C" fn isend(
     sc: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -44,7 +46,7 @@ unsafe extern "C" fn isend(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn irecv(
+pub(crate) unsafe extern "C" fn irecv(
     rc: *mut c_void,
     n: c_int,
     data: *mut VoidPtr,
