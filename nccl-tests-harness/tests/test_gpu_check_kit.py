@@ -90,7 +90,7 @@ class GpuCheckKit(unittest.TestCase):
         self.assertNotIn("PARTIAL", summary)
         self.assertIn("MPS: every rank a client in 40 of 40 runs", summary)
         self.assertIn("median busbw ratio rustnet/Socket", summary)
-        self.assertIn("exports v6, v7, v8, v9, v10; vtable name(s): rustnet", out)
+        self.assertIn("exports v6, v7, v8, v9, v10, v11, v12; vtable name(s): rustnet", out)
         self.assert_mps_stopped()
         order = [tuple(line.split()) for line in self.read(self.record).splitlines()]
         self.assertEqual(len(order), 40)

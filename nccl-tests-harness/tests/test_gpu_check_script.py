@@ -49,7 +49,7 @@ class GpuCheckScript(unittest.TestCase):
     def test_pass(self):
         rc, out, files, summary = self.run_script(None, "--quick")
         self.assertEqual(rc, 0, out)
-        self.assertIn("exports v6, v7, v8, v9, v10; vtable name(s): rustnet", out)
+        self.assertIn("exports v6, v7, v8, v9, v10, v11, v12; vtable name(s): rustnet", out)
         self.assertIn("GOAL MET", summary)
         self.assertIn("DDP CHECK PASSED", summary)
         self.assertIn("busbw ratio rustnet/Socket", summary)
