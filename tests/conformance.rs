@@ -56,6 +56,30 @@ impl Peer {
     }
 }
 
+/// With the driver's profiler checks on (RUSTNET_DRIVER_PROFILER=check):
+/// " prof=ok ..." when every start had its stop, nothing is open and the
+/// checks found nothing, else " prof=BAD ..." with what they found.
+fn prof_summary() -> String {
+    if driver::prof::mode() == driver::prof::Mode::Off {
+        return String::new();
+    }
+    let r = driver::prof::report();
+    let ok = r.errors.is_empty() && r.starts == r.stops && r.open == 0 && r.starts > 0;
+    format!(
+        " prof={} starts={} stops={} open={} ib={} sock={} ev_bytes={} parents_with_events={}/{}{}",
+        if ok { "ok" } else { "BAD" },
+        r.starts,
+        r.stops,
+        r.open,
+        r.ib,
+        r.sock,
+        r.bytes,
+        r.parents_with_events,
+        r.parents,
+        if r.errors.is_empty() { String::new() } else { format!(" errors={:?}", r.errors) }
+    )
+}
+
 fn env_u64(k: &str, d: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
 }
@@ -387,7 +411,7 @@ fn peer_main(role: String) {
                 peer.say(&format!("FAIL growth after {cycles} cycles: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB"));
                 std::process::exit(1);
             }
-            peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}"));
+            peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}{}", prof_summary()));
         }
         "killed_sender" => {
             // B sends big messages forever and gets SIGKILLed by the coordinator.
@@ -584,6 +608,8 @@ fn peer_main(role: String) {
                 peer.say("FAIL no error 60 s after the peer was killed");
                 std::process::exit(1);
             };
+            // the failed comm ended its events before test reported the failure
+            let open_at_fail = driver::prof::report().open;
             // the send side towards the dead peer fails too (maybe after a few sends)
             let mut sbuf = vec![1u8; 1 << 20];
             let smh = peer.p.reg_mr(s, sbuf.as_mut_ptr(), sbuf.len()).unwrap();
@@ -613,10 +639,11 @@ fn peer_main(role: String) {
             peer.p.close_send(s).unwrap();
             peer.p.close_listen(l).unwrap();
             peer.say(&format!(
-                "DONE recv_error={} after_ms={} send_error={}",
+                "DONE recv_error={} after_ms={} send_error={} open_at_fail={open_at_fail}{}",
                 e.code,
                 t0.elapsed().as_millis(),
-                send_err.map_or(-1, |e| e.code)
+                send_err.map_or(-1, |e| e.code),
+                prof_summary()
             ));
         }
         "panic" => {
@@ -985,9 +1012,13 @@ fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
 }
 
 fn killed_peer_case() -> Result<String, String> {
+    killed_peer_case_with(8, &[])
+}
+
+fn killed_peer_case_with(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", 8, "killed_receiver_side", &[]);
-    let mut b = spawn("B", 8, "killed_sender", &[]);
+    let mut a = spawn("A", version, "killed_receiver_side", env);
+    let mut b = spawn("B", version, "killed_sender", env);
     swap_handles(&mut a, &mut b, t)?;
     a.expect("POSTED", t)?;
     b.expect("STARTED", t)?;
@@ -1000,6 +1031,52 @@ fn killed_peer_case() -> Result<String, String> {
     }
     if !r.contains("send_error=6") && !r.contains("send_error=2") {
         return Err(format!("expected an error on the send side too: {r}"));
+    }
+    Ok(r)
+}
+
+/// The transport the peers use ("ib" when RUSTNET_TRANSPORT says so).
+fn on_verbs() -> bool {
+    std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib")
+}
+
+/// Pull `key=N` out of a peer's DONE line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+}
+
+/// ABI v10 traffic with the driver's profiler callback checking every call:
+/// both peers report exact pairing (as many stops as starts, none open after
+/// close, no stop without a start, none open when test reports its request
+/// done), parent handles as handed out, and events of the transport in use
+/// (QP events on verbs, socket events on TCP) covering the bytes moved.
+fn profiler_case(env: &[(&str, &str)]) -> Result<String, String> {
+    let mut e: Vec<(&str, &str)> = vec![("RUSTNET_DRIVER_PROFILER", "check"), ("RUSTNET_CONF_CYCLES", "2")];
+    e.extend_from_slice(env);
+    let r = traffic_case(10, &e)?;
+    for side in r.split("; ") {
+        if !side.contains("prof=ok") {
+            return Err(format!("profiler events not paired or malformed: {side}"));
+        }
+        let (ib, sock) = (field(side, "ib"), field(side, "sock"));
+        if on_verbs() && (ib == 0 || sock > 0) || !on_verbs() && (sock == 0 || ib > 0) {
+            return Err(format!("events of the wrong transport (ib={ib} sock={sock}): {side}"));
+        }
+        // every byte moved lies in some event (sends and receives; verbs
+        // receive events carry the most a QP can land, so >=)
+        if field(side, "ev_bytes") < field(side, "bytes") {
+            return Err(format!("events cover fewer bytes than moved: {side}"));
+        }
+    }
+    Ok(r)
+}
+
+/// A peer killed mid-transfer with the profiler on: the failed comm stops
+/// its open events before test reports the failure, and pairing holds.
+fn profiler_killed_case() -> Result<String, String> {
+    let r = killed_peer_case_with(10, &[("RUSTNET_DRIVER_PROFILER", "check")])?;
+    if !r.contains("prof=ok") || !r.contains("open_at_fail=0") {
+        return Err(format!("events open after the failure, or unpaired: {r}"));
     }
     Ok(r)
 }
@@ -1402,6 +1479,17 @@ fn main() {
         Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
     ));
     cases.push(("grouped_tags_across_rounds".into(), Box::new(cross_round_case)));
+    cases.push(("profiler_events_v10".into(), Box::new(|| profiler_case(&[]))));
+    if !on_verbs() {
+        // several pieces per message, moved by helper threads
+        cases.push((
+            "profiler_events_v10_tcp_4_streams_helper".into(),
+            Box::new(|| {
+                profiler_case(&[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_SOCKET_HELPER", "1")])
+            }),
+        ));
+    }
+    cases.push(("profiler_events_peer_killed".into(), Box::new(profiler_killed_case)));
     for v in [9u32, 10] {
         cases.push((format!("vdevice_v{v}"), Box::new(move || vdevice_case(v))));
     }

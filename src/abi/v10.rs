@@ -7,10 +7,12 @@ use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{v9, VoidPtr};
 
-unsafe extern "C" fn init(log: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
+unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
     crate::transport::ib::vdev::set_nccl_fuses(true);
-    c::init(v8::logger(log))
+    let r = c::init(v8::logger(log));
+    super::profiler::set_callback(prof);
+    r
 }
 
 unsafe extern "C" fn connect(
@@ -30,32 +32,32 @@ unsafe extern "C" fn connect(
     unsafe { c::connect(dev, handle, sc, tc) }
 }
 
-unsafe extern "C" fn isend(
+pub(crate) unsafe extern "C" fn isend(
     sc: *mut c_void,
     data: *mut c_void,
     size: usize,
     tag: c_int,
     mh: *mut c_void,
-    _ph: *mut c_void,
+    ph: *mut c_void,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
-    unsafe { v9::isend(sc, data, size, tag, mh, req) }
+    unsafe { c::isend_p(sc, data, size, tag, mh, ph, req) }
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn irecv(
+pub(crate) unsafe extern "C" fn irecv(
     rc: *mut c_void,
     n: c_int,
     data: *mut VoidPtr,
     sizes: *mut usize,
     tags: *mut c_int,
     mh: *mut VoidPtr,
-    _ph: *mut VoidPtr,
+    ph: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
-    unsafe { v9::irecv(rc, n, data, sizes, tags, mh, req) }
+    unsafe { v9::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
 }
 
 /// The v10 vtable (NCCL 2.26 through 2.30 accept it).
