@@ -467,7 +467,7 @@ fn peer_main(role: String) {
             peer.p.close_listen(l).unwrap();
             peer.say("CYCLE");
             peer.hear("GO");
-            peer.say("DONE traffic over the fused device");
+            peer.say(&format!("DONE traffic over the fused device{}", prof_summary()));
         }
         "cross_round_tags" => {
             // Shared-comm pattern (PXN): two grouped receives of tags [1, 2];
@@ -1234,9 +1234,13 @@ fn ipv6_case() -> Result<String, String> {
 /// makeVDevice through the .so (ABI v9 and v10), then traffic over the
 /// fused device; where the transport cannot fuse, both ends see a clean refusal.
 fn vdevice_case(version: u32) -> Result<String, String> {
+    vdevice_case_with(version, &[])
+}
+
+fn vdevice_case_with(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(240);
-    let mut a = spawn("A", version, "vdevice", &[]);
-    let mut b = spawn("B", version, "vdevice", &[]);
+    let mut a = spawn("A", version, "vdevice", env);
+    let mut b = spawn("B", version, "vdevice", env);
     let (fa, fb) = (a.expect("", t)?, b.expect("", t)?);
     if fa.starts_with("REFUSED") || fb.starts_with("REFUSED") {
         // only TCP refuses, with ncclInvalidUsage, and both ends alike
@@ -1255,9 +1259,18 @@ fn vdevice_case(version: u32) -> Result<String, String> {
     b.expect("CYCLE", t)?;
     a.send("GO");
     b.send("GO");
-    finish(a)?;
-    finish(b)?;
-    Ok(format!("A {fa}; B {fb}; traffic ok"))
+    let (ra, rb) = (finish(a)?, finish(b)?);
+    Ok(format!("A {fa}; B {fb}; traffic ok;{ra};{rb}"))
+}
+
+/// Verbs over a device NCCL fused (makeVDevice): every member's events
+/// link to NCCL's parent and pair exactly.
+fn profiler_fused_case() -> Result<String, String> {
+    let r = vdevice_case_with(10, &[("RUSTNET_DRIVER_PROFILER", "check")])?;
+    if r.matches("prof=ok").count() != 2 {
+        return Err(format!("profiler events not paired or malformed on the fused device: {r}"));
+    }
+    Ok(r)
 }
 
 fn cross_round_case() -> Result<String, String> {
@@ -1490,6 +1503,9 @@ fn main() {
         ));
     }
     cases.push(("profiler_events_peer_killed".into(), Box::new(profiler_killed_case)));
+    if on_verbs() {
+        cases.push(("profiler_events_fused_device".into(), Box::new(profiler_fused_case)));
+    }
     for v in [9u32, 10] {
         cases.push((format!("vdevice_v{v}"), Box::new(move || vdevice_case(v))));
     }
