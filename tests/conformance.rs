@@ -1071,6 +1071,16 @@ fn profiler_case(env: &[(&str, &str)]) -> Result<String, String> {
     Ok(r)
 }
 
+/// RUSTNET_PROFILER=0: the plugin ignores NCCL's callback (not one call).
+fn profiler_off_case() -> Result<String, String> {
+    let e = [("RUSTNET_DRIVER_PROFILER", "check"), ("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_PROFILER", "0")];
+    let r = traffic_case(10, &e)?;
+    if r.matches("starts=0 stops=0 open=0").count() != 2 || r.contains("errors=") {
+        return Err(format!("events with RUSTNET_PROFILER=0: {r}"));
+    }
+    Ok(r)
+}
+
 /// A peer killed mid-transfer with the profiler on: the failed comm stops
 /// its open events before test reports the failure, and pairing holds.
 fn profiler_killed_case() -> Result<String, String> {
@@ -1503,6 +1513,7 @@ fn main() {
         ));
     }
     cases.push(("profiler_events_peer_killed".into(), Box::new(profiler_killed_case)));
+    cases.push(("profiler_knob_off_no_events".into(), Box::new(profiler_off_case)));
     if on_verbs() {
         cases.push(("profiler_events_fused_device".into(), Box::new(profiler_fused_case)));
     }
