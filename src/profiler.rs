@@ -38,6 +38,13 @@ impl Parent {
     }
 }
 
+/// Events per parent handle at most: NCCL's IB transport never has more
+/// per request (`MAX_QPS_PER_REQ`, `src/transport/net_ib/common.h`), and
+/// NCCL's example profiler stores that many per proxy step without a bound
+/// check (`MAX_EVENTS_PER_REQ`, `ext-profiler/example/event.h`). Pieces or
+/// QPs beyond it move without an event.
+pub const MAX_EVENTS_PER_PARENT: usize = 8;
+
 /// `ibv_wr_opcode` IBV_WR_RDMA_WRITE.
 pub const OP_RDMA_WRITE: i32 = 0;
 /// `ibv_wr_opcode` IBV_WR_RDMA_WRITE_WITH_IMM.

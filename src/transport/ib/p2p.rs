@@ -18,7 +18,7 @@ use super::ffi::{self, ibv_wc};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
-use crate::profiler::{EventSlots, Fields, Parent, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
+use crate::profiler::{EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
 use crate::proto::eager::{self, CtsQueue, EagerRx, EagerTx, Header, HDR_BYTES, RING_SLOTS};
 use crate::proto::fifo::{
     self, Cts, FailCode, Group, Imm, ImmKind, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH,
@@ -870,7 +870,7 @@ impl SendComm {
                 *w = SendWr { wr_id: g.seq, local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: inl };
             }
             let qi = (first + lane) % nqps;
-            if fail.is_none() && self.link.ev.is_some() {
+            if fail.is_none() && self.link.ev.is_some() && lane < MAX_EVENTS_PER_PARENT {
                 self.lane_events(g, qi, lane, nlanes, &plan[..k]);
             }
             let qp = &self.link.qps[qi];
@@ -1352,7 +1352,7 @@ impl RecvComm {
         if let Some(ev) = &mut self.link.ev {
             ev.set_parents(id, parents);
             let device = self.link.dev.index as i32;
-            for lane in 0..nlanes {
+            for lane in 0..nlanes.min(MAX_EVENTS_PER_PARENT) {
                 let qi = (first + lane) % nqps;
                 let qpn = self.link.qps[qi].qpn();
                 for (i, &cap) in caps[..n].iter().enumerate() {

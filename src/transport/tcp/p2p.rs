@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use super::sys::{self, EventFd, Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
-use crate::profiler::{Fields, OpenEvent, Parent, Profiler, SOCK_RECV, SOCK_SEND};
+use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
@@ -216,7 +216,7 @@ impl SendCore {
             let hdr_len = if s == 0 { HDR_LEN } else { 0 };
             // SAFETY: off < buf.len, inside the caller's buffer.
             let data = unsafe { buf.ptr.add(off) } as *const u8;
-            let ev = parent.and_then(|p| self.streams[s].event(p, len));
+            let ev = parent.filter(|_| s < MAX_EVENTS_PER_PARENT).and_then(|p| self.streams[s].event(p, len));
             self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0, ev });
         }
         if idle && eager {
@@ -599,7 +599,9 @@ impl RecvCore {
             // SAFETY: off + len <= size <= the posted capacity (checked by match_recv).
             let ptr = unsafe { base.add(off) };
             let st = &mut self.streams[s];
-            let ev = parent.and_then(|p| Profiler::start(p, &Fields::Sock { fd: st.sock.as_raw_fd(), op: SOCK_RECV, len }));
+            let ev = parent
+                .filter(|_| s < MAX_EVENTS_PER_PARENT)
+                .and_then(|p| Profiler::start(p, &Fields::Sock { fd: st.sock.as_raw_fd(), op: SOCK_RECV, len }));
             st.q.push_back(Expect { req: id, ptr, len, got: 0, ev });
             r.pieces_left += 1;
         }
