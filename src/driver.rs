@@ -523,7 +523,7 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
 /// names a parent handed out and not yet completed, a known plugin id and a
 /// well-formed descriptor whose direction matches the parent's; every stop
 /// names an open event; no event is open when `test` reports its request
-/// done or failed. `count` only counts (for measuring the cost).
+/// done or failed; no parent gets more than 8 events. `count` only counts (for measuring the cost).
 pub mod prof {
     use std::collections::HashMap;
     use std::ffi::{c_int, c_void};
@@ -756,9 +756,13 @@ pub mod prof {
                     Some(p) if p.done => return err(st, format!("start under parent {ph:p}, whose request already completed")),
                     Some(p) => {
                         p.events += 1;
-                        p.dir
+                        (p.dir, p.events)
                     }
                 };
+                let (dir, n) = dir;
+                if n == 9 {
+                    err(st, format!("a 9th event under parent {ph:p} (NCCL's example profiler keeps 8 per step)"));
+                }
                 st.open.insert(h, ph as usize);
                 if ext.is_null() {
                     return err(st, "start without a descriptor".into());
