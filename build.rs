@@ -8,7 +8,8 @@ use std::{env, path::PathBuf};
 
 fn main() {
     let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("nccl-headers");
-    for f in ["nccl_net.h", "err.h", "net_device.h", "net_v6.h", "net_v7.h", "net_v8.h", "net_v9.h", "net_v10.h"] {
+    for f in ["nccl_net.h", "err.h", "net_device.h", "net_v6.h", "net_v7.h", "net_v8.h", "net_v9.h", "net_v10.h", "net_v11.h", "net_v12.h"]
+    {
         println!("cargo:rerun-if-changed={}", dir.join(f).display());
     }
     let bindings = bindgen::Builder::default()
@@ -19,6 +20,8 @@ fn main() {
         .allowlist_type("ncclNetVDeviceProps_v.*")
         .allowlist_type("ncclNetCommConfig_v.*")
         .allowlist_type("ncclNetDeviceHandle_v.*")
+        .allowlist_type("ncclNetCommAttr_v.*")
+        .allowlist_type("ncclNetAttr_v.*")
         .allowlist_type("ncclResult_t")
         .allowlist_type("ncclDebugLogger_t")
         .allowlist_type("ncclDebugLogLevel")

@@ -23,4 +23,6 @@ typedef struct {
 typedef ncclNetDeviceHandle_v7_t ncclNetDeviceHandle_v8_t;
 typedef ncclNetDeviceHandle_v7_t ncclNetDeviceHandle_v9_t;
 typedef ncclNetDeviceHandle_v7_t ncclNetDeviceHandle_v10_t;
+typedef ncclNetDeviceHandle_v7_t ncclNetDeviceHandle_v11_t;
+typedef ncclNetDeviceHandle_v7_t ncclNetDeviceHandle_v12_t;
 #endif

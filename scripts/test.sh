@@ -13,7 +13,7 @@ echo "== build"
 cargo build --release --quiet
 echo "== export and dependency check"
 syms=$(nm -D --defined-only target/release/librustnet.so | awk '{print $3}' | sort | tr '\n' ' ')
-want="ncclNetPlugin_v10 ncclNetPlugin_v6 ncclNetPlugin_v7 ncclNetPlugin_v8 ncclNetPlugin_v9 "
+want="ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12 ncclNetPlugin_v6 ncclNetPlugin_v7 ncclNetPlugin_v8 ncclNetPlugin_v9 "
 [ "$syms" = "$want" ] || { echo "FAIL: exported symbols are: $syms (want: $want)"; exit 1; }
 if readelf -d target/release/librustnet.so | grep NEEDED | grep -E 'ibverbs|rdmacm|libcuda|cudart'; then
   echo "FAIL: the plugin must not link libibverbs/librdmacm/libcuda/libcudart"; exit 1

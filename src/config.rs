@@ -376,7 +376,7 @@ knobs! {
     ib_retry_cnt: Int<0, 7> = "NCCL_IB_RETRY_CNT", default "7", accepts "an integer 0..7";
     /// InfiniBand partition key index.
     ib_pkey: Int<0, 65535> = "NCCL_IB_PKEY", default "0", accepts "an integer 0..65535";
-    /// Traffic class of the data QPs (RoCE: the GRH traffic class, i.e. DSCP << 2, the IPv4 TOS byte). When set it wins over the communicator's traffic class (ABI v10 `connect`, as NCCL 2.26+); -1: the communicator's, else 0. The sender chooses; the receiver follows it.
+    /// Traffic class of the data QPs (RoCE: the GRH traffic class, i.e. DSCP << 2, the IPv4 TOS byte). When set it wins over the communicator's traffic class (ABI v10 `connect`, v11+ the plugin context's; as NCCL's net_ib, whose documentation says the variables take precedence); -1: the communicator's, else 0. The sender chooses; the receiver follows it. The TCP transport does not read it: there the communicator's class alone sets IP_TOS / IPV6_TCLASS.
     ib_tc: Int<-1, 255> = "NCCL_IB_TC", default "-1", accepts "-1 or 0..255";
     /// Traffic class of the receiver's QPs, which carry its CTS (clear-to-send) writes, so control messages can ride a higher-priority class (RoCE only); -1: the data traffic class.
     ib_fifo_tc: Int<-1, 255> = "NCCL_IB_FIFO_TC", default "-1", accepts "-1 or 0..255";

@@ -60,6 +60,8 @@ enum Table {
     V8(&'static ncclNet_v8_t),
     V9(&'static ncclNet_v9_t),
     V10(&'static ncclNet_v10_t),
+    V11(&'static ncclNet_v11_t),
+    V12(&'static ncclNet_v12_t),
 }
 
 /// The properties a driver needs, from any version.
@@ -79,6 +81,10 @@ pub struct Props {
     pub net_device_type: i32,
     /// maxP2pBytes (v9+), else 0.
     pub max_p2p_bytes: usize,
+    /// maxMultiRequestSize (v11+), else 1 (what NCCL assumes for older plugins).
+    pub max_multi_request_size: i32,
+    /// railId and planeId (v12), else -1 (`NCCL_NET_ID_UNDEF`).
+    pub rail_plane: (i16, i16),
 }
 
 /// An opaque pointer the plugin handed out (comm, mhandle, request).
@@ -90,7 +96,15 @@ pub struct Plugin {
     table: Table,
     /// ABI version in use.
     pub version: u32,
+    /// v11+: the context `init` made, used by `listen`/`connect` (as one
+    /// NCCL communicator); finalized on drop.
+    ctx: std::sync::atomic::AtomicPtr<c_void>,
+    /// Contexts of earlier `init`s, finalized on drop.
+    retired: parking_lot::Mutex<Vec<usize>>,
 }
+
+/// The communicator id the driver's own context passes to a v11+ `init`.
+pub const DRIVER_COMM_ID: u64 = 0x7275_7374_6e65_7401;
 
 // SAFETY: the vtable is immutable; the plugin's entry points are thread-safe
 // per NCCL's contract (different comms from different threads).
@@ -100,6 +114,14 @@ unsafe impl Sync for Plugin {}
 
 impl Drop for Plugin {
     fn drop(&mut self) {
+        // as NCCL: the communicator's context ends before the library is closed
+        let ctx = self.ctx.swap(std::ptr::null_mut(), std::sync::atomic::Ordering::AcqRel);
+        if !ctx.is_null() {
+            let _ = self.finalize(ctx);
+        }
+        for c in std::mem::take(&mut *self.retired.lock()) {
+            let _ = self.finalize(c as Ptr);
+        }
         // SAFETY: lib came from dlopen and is closed once.
         unsafe { libc::dlclose(self.lib) };
     }
@@ -113,6 +135,8 @@ macro_rules! call {
             Table::V8($t) => $e,
             Table::V9($t) => $e,
             Table::V10($t) => $e,
+            Table::V11($t) => $e,
+            Table::V12($t) => $e,
         }
     };
 }
@@ -144,13 +168,15 @@ impl Plugin {
                 8 => Table::V8(&*(p as *const ncclNet_v8_t)),
                 9 => Table::V9(&*(p as *const ncclNet_v9_t)),
                 10 => Table::V10(&*(p as *const ncclNet_v10_t)),
+                11 => Table::V11(&*(p as *const ncclNet_v11_t)),
+                12 => Table::V12(&*(p as *const ncclNet_v12_t)),
                 v => {
                     libc::dlclose(lib);
                     return Err(format!("unsupported ABI version {v}"));
                 }
             }
         };
-        Ok(Plugin { lib, table, version })
+        Ok(Plugin { lib, table, version, ctx: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()), retired: Default::default() })
     }
 
     /// The table's `name`.
@@ -169,7 +195,8 @@ impl Plugin {
         v
     }
 
-    /// `init` with no logger (the plugin then logs to stderr).
+    /// `init` with no logger (the plugin then logs to stderr). v11+: the
+    /// context it returns is the driver's own, which `listen`/`connect` use.
     pub fn init(&self) -> R<()> {
         // SAFETY: calling the plugin's entry point as NCCL does.
         unsafe {
@@ -178,10 +205,68 @@ impl Plugin {
                 Table::V7(t) => ck("init", t.init.unwrap()(None)),
                 Table::V8(t) => ck("init", t.init.unwrap()(None)),
                 Table::V9(t) => ck("init", t.init.unwrap()(None)),
-                Table::V10(t) => {
-                    let cb: ncclProfilerCallback_t = if prof::mode() == prof::Mode::Off { None } else { Some(prof::callback) };
-                    ck("init", t.init.unwrap()(None, cb))
+                Table::V10(t) => ck("init", t.init.unwrap()(None, prof::callback_for_init())),
+                Table::V11(_) | Table::V12(_) => {
+                    let c = self.init_context(DRIVER_COMM_ID, None)?;
+                    let old = self.ctx.swap(c, std::sync::atomic::Ordering::AcqRel);
+                    if !old.is_null() {
+                        // init again (as NCCL for another communicator): the newer
+                        // context serves from now on, the older one ends at drop
+                        self.retired.lock().push(old as usize);
+                    }
+                    Ok(())
                 }
+            }
+        }
+    }
+
+    /// Does this table have per-communicator contexts (v11+)?
+    pub fn has_contexts(&self) -> bool {
+        matches!(self.table, Table::V11(_) | Table::V12(_))
+    }
+
+    /// The driver's own context (v11+ after `init`; NULL before and for older versions).
+    pub fn context(&self) -> Ptr {
+        self.ctx.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// v11+ `init` for another communicator: a new context with traffic
+    /// class `tc` (`None`: `NCCL_NET_TRAFFIC_CLASS_UNDEF`). Older versions: code 5.
+    pub fn init_context(&self, comm_id: u64, tc: Option<i32>) -> R<Ptr> {
+        let mut cfg = ncclNetCommConfig_v11_t { trafficClass: tc.unwrap_or(NCCL_NET_TRAFFIC_CLASS_UNDEF) };
+        let mut c: Ptr = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and config for the call.
+        unsafe {
+            match self.table {
+                Table::V11(t) => ck("init", t.init.unwrap()(&mut c, comm_id, &mut cfg, None, prof::callback_for_init()))?,
+                Table::V12(t) => ck("init", t.init.unwrap()(&mut c, comm_id, &mut cfg, None, prof::callback_for_init()))?,
+                _ => return Err(NcclErr { slot: "init", code: 5 }),
+            }
+        }
+        Ok(c)
+    }
+
+    /// v11+ `finalize(ctx)`. Older versions: code 5.
+    pub fn finalize(&self, ctx: Ptr) -> R<()> {
+        // SAFETY: ctx as NCCL would pass it (checked by the plugin).
+        unsafe {
+            match self.table {
+                Table::V11(t) => ck("finalize", t.finalize.unwrap()(ctx)),
+                Table::V12(t) => ck("finalize", t.finalize.unwrap()(ctx)),
+                _ => Err(NcclErr { slot: "finalize", code: 5 }),
+            }
+        }
+    }
+
+    /// v11+ `setNetAttr(ctx, attr)`. Older versions: code 5.
+    pub fn set_net_attr(&self, ctx: Ptr, attr: &ncclNetAttr_v11_t) -> R<()> {
+        let mut a = *attr;
+        // SAFETY: a valid attribute struct for the call.
+        unsafe {
+            match self.table {
+                Table::V11(t) => ck("setNetAttr", t.setNetAttr.unwrap()(ctx, &mut a)),
+                Table::V12(t) => ck("setNetAttr", t.setNetAttr.unwrap()(ctx, &mut a)),
+                _ => Err(NcclErr { slot: "setNetAttr", code: 5 }),
             }
         }
     }
@@ -207,7 +292,7 @@ impl Plugin {
             let cs = |p: *mut std::ffi::c_char| (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned());
             // one arm per version: the struct type, and the two fields older versions lack
             macro_rules! props {
-                ($t:expr, $ty:ty, |$p:ident| $ndt:expr, $p2p:expr) => {{
+                ($t:expr, $ty:ty, |$p:ident| $ndt:expr, $p2p:expr, $mmr:expr, $rp:expr) => {{
                     let mut $p: $ty = std::mem::zeroed();
                     ck("getProperties", $t.getProperties.unwrap()(dev, &mut $p))?;
                     Ok(Props {
@@ -218,30 +303,66 @@ impl Plugin {
                         max_recvs: $p.maxRecvs,
                         net_device_type: $ndt,
                         max_p2p_bytes: $p2p,
+                        max_multi_request_size: $mmr,
+                        rail_plane: $rp,
                     })
                 }};
             }
+            let undef = (-1, -1);
             match self.table {
-                Table::V6(t) => props!(t, ncclNetProperties_v6_t, |p| 0, 0),
-                Table::V7(t) => props!(t, ncclNetProperties_v7_t, |p| p.netDeviceType as i32, 0),
-                Table::V8(t) => props!(t, ncclNetProperties_v8_t, |p| p.netDeviceType as i32, 0),
-                Table::V9(t) => props!(t, ncclNetProperties_v9_t, |p| p.netDeviceType as i32, p.maxP2pBytes),
-                Table::V10(t) => props!(t, ncclNetProperties_v10_t, |p| p.netDeviceType as i32, p.maxP2pBytes),
+                Table::V6(t) => props!(t, ncclNetProperties_v6_t, |p| 0, 0, 1, undef),
+                Table::V7(t) => props!(t, ncclNetProperties_v7_t, |p| p.netDeviceType as i32, 0, 1, undef),
+                Table::V8(t) => props!(t, ncclNetProperties_v8_t, |p| p.netDeviceType as i32, 0, 1, undef),
+                Table::V9(t) => props!(t, ncclNetProperties_v9_t, |p| p.netDeviceType as i32, p.maxP2pBytes, 1, undef),
+                Table::V10(t) => props!(t, ncclNetProperties_v10_t, |p| p.netDeviceType as i32, p.maxP2pBytes, 1, undef),
+                Table::V11(t) => {
+                    props!(t, ncclNetProperties_v11_t, |p| p.netDeviceType as i32, p.maxP2pBytes, p.maxMultiRequestSize, undef)
+                }
+                Table::V12(t) => props!(
+                    t,
+                    ncclNetProperties_v12_t,
+                    |p| p.netDeviceType as i32,
+                    p.maxP2pBytes,
+                    p.maxMultiRequestSize,
+                    (p.railId, p.planeId)
+                ),
             }
         }
     }
 
-    /// `listen`: the 128-byte handle and the listen comm.
+    /// `listen`: the 128-byte handle and the listen comm (v11+: in the driver's context).
     pub fn listen(&self, dev: i32) -> R<([u8; 128], Ptr)> {
+        self.listen_in(self.context(), dev)
+    }
+
+    /// `listen` in context `ctx` (v11+; older versions have none and ignore it).
+    pub fn listen_in(&self, ctx: Ptr, dev: i32) -> R<([u8; 128], Ptr)> {
         let mut h = [0u8; 128];
         let mut l: Ptr = std::ptr::null_mut();
+        let hp = h.as_mut_ptr() as *mut c_void;
         // SAFETY: valid handle buffer and out-pointer.
-        call!(self, t => ck("listen", unsafe { t.listen.unwrap()(dev, h.as_mut_ptr() as *mut c_void, &mut l) }))?;
+        unsafe {
+            match self.table {
+                Table::V6(t) => ck("listen", t.listen.unwrap()(dev, hp, &mut l))?,
+                Table::V7(t) => ck("listen", t.listen.unwrap()(dev, hp, &mut l))?,
+                Table::V8(t) => ck("listen", t.listen.unwrap()(dev, hp, &mut l))?,
+                Table::V9(t) => ck("listen", t.listen.unwrap()(dev, hp, &mut l))?,
+                Table::V10(t) => ck("listen", t.listen.unwrap()(dev, hp, &mut l))?,
+                Table::V11(t) => ck("listen", t.listen.unwrap()(ctx, dev, hp, &mut l))?,
+                Table::V12(t) => ck("listen", t.listen.unwrap()(ctx, dev, hp, &mut l))?,
+            }
+        }
         Ok((h, l))
     }
 
-    /// One `connect` attempt; `None` = call again with the same handle buffer.
+    /// One `connect` attempt; `None` = call again with the same handle buffer
+    /// (v11+: in the driver's context).
     pub fn connect(&self, dev: i32, handle: &mut [u8; 128]) -> R<Option<Ptr>> {
+        self.connect_in(self.context(), dev, handle)
+    }
+
+    /// One `connect` attempt in context `ctx` (v11+; older versions ignore it).
+    pub fn connect_in(&self, ctx: Ptr, dev: i32, handle: &mut [u8; 128]) -> R<Option<Ptr>> {
         let mut s: Ptr = std::ptr::null_mut();
         let hp = handle.as_mut_ptr() as *mut c_void;
         // SAFETY: valid handle buffer and out-pointers; devComm as NCCL passes it.
@@ -265,6 +386,14 @@ impl Plugin {
                     let mut d: *mut ncclNetDeviceHandle_v10_t = std::ptr::null_mut();
                     ck("connect", t.connect.unwrap()(dev, &mut cfg, hp, &mut s, &mut d))?
                 }
+                Table::V11(t) => {
+                    let mut d: *mut ncclNetDeviceHandle_v11_t = std::ptr::null_mut();
+                    ck("connect", t.connect.unwrap()(ctx, dev, hp, &mut s, &mut d))?
+                }
+                Table::V12(t) => {
+                    let mut d: *mut ncclNetDeviceHandle_v12_t = std::ptr::null_mut();
+                    ck("connect", t.connect.unwrap()(ctx, dev, hp, &mut s, &mut d))?
+                }
             }
         }
         Ok((!s.is_null()).then_some(s))
@@ -281,6 +410,8 @@ impl Plugin {
                 Table::V8(t) => ck("accept", t.accept.unwrap()(l, &mut r, std::ptr::null_mut()))?,
                 Table::V9(t) => ck("accept", t.accept.unwrap()(l, &mut r, std::ptr::null_mut()))?,
                 Table::V10(t) => ck("accept", t.accept.unwrap()(l, &mut r, std::ptr::null_mut()))?,
+                Table::V11(t) => ck("accept", t.accept.unwrap()(l, &mut r, std::ptr::null_mut()))?,
+                Table::V12(t) => ck("accept", t.accept.unwrap()(l, &mut r, std::ptr::null_mut()))?,
             }
         }
         Ok((!r.is_null()).then_some(r))
@@ -303,6 +434,8 @@ impl Plugin {
                 Table::V8(t) => ck("regMr", t.regMr.unwrap()(comm, d, len, ty, &mut m))?,
                 Table::V9(t) => ck("regMr", t.regMr.unwrap()(comm, d, len, ty, &mut m))?,
                 Table::V10(t) => ck("regMr", t.regMr.unwrap()(comm, d, len, ty, &mut m))?,
+                Table::V11(t) => ck("regMr", t.regMr.unwrap()(comm, d, len, ty, &mut m))?,
+                Table::V12(t) => ck("regMr", t.regMr.unwrap()(comm, d, len, ty, &mut m))?,
             }
         }
         Ok(m)
@@ -318,6 +451,18 @@ impl Plugin {
     pub fn isend(&self, comm: Ptr, data: *mut u8, len: usize, tag: i32, mh: Ptr) -> R<Option<Ptr>> {
         let mut r: Ptr = std::ptr::null_mut();
         let d = data as *mut c_void;
+        // v10+: a fresh parent handle per send when the driver's profiler is on
+        macro_rules! isend_p {
+            ($t:expr) => {{
+                let on = prof::mode() != prof::Mode::Off;
+                let ph = if on { prof::new_parent(true) } else { std::ptr::null_mut() };
+                let res = ck("isend", $t.isend.unwrap()(comm, d, len, tag, mh, ph, &mut r));
+                if on {
+                    prof::posted((res.is_ok() && !r.is_null()).then_some(r), &[ph]);
+                }
+                res?
+            }};
+        }
         // SAFETY: the caller keeps `data` valid until the request completes.
         unsafe {
             match self.table {
@@ -325,15 +470,9 @@ impl Plugin {
                 Table::V7(t) => ck("isend", t.isend.unwrap()(comm, d, len as c_int, tag, mh, &mut r))?,
                 Table::V8(t) => ck("isend", t.isend.unwrap()(comm, d, len as c_int, tag, mh, &mut r))?,
                 Table::V9(t) => ck("isend", t.isend.unwrap()(comm, d, len, tag, mh, &mut r))?,
-                Table::V10(t) => {
-                    let on = prof::mode() != prof::Mode::Off;
-                    let ph = if on { prof::new_parent(true) } else { std::ptr::null_mut() };
-                    let res = ck("isend", t.isend.unwrap()(comm, d, len, tag, mh, ph, &mut r));
-                    if on {
-                        prof::posted((res.is_ok() && !r.is_null()).then_some(r), &[ph]);
-                    }
-                    res?
-                }
+                Table::V10(t) => isend_p!(t),
+                Table::V11(t) => isend_p!(t),
+                Table::V12(t) => isend_p!(t),
             }
         }
         Ok((!r.is_null()).then_some(r))
@@ -356,6 +495,22 @@ impl Plugin {
         }
         let mut r: Ptr = std::ptr::null_mut();
         let (d, t2, m) = (data.as_mut_ptr(), tags.as_mut_ptr(), mh.as_mut_ptr());
+        // v10+: a fresh parent handle per buffer when the driver's profiler is on
+        macro_rules! irecv_p {
+            ($t:expr) => {{
+                let on = prof::mode() != prof::Mode::Off;
+                let mut ph: [*mut c_void; N] = [std::ptr::null_mut(); N];
+                if on {
+                    ph[..k].iter_mut().for_each(|p| *p = prof::new_parent(false));
+                }
+                let php = if on { ph.as_mut_ptr() } else { std::ptr::null_mut() };
+                let res = ck("irecv", $t.irecv.unwrap()(comm, n, d, usz.as_mut_ptr(), t2, m, php, &mut r));
+                if on {
+                    prof::posted((res.is_ok() && !r.is_null()).then_some(r), &ph[..k]);
+                }
+                res?
+            }};
+        }
         // SAFETY: arrays of n entries; buffers kept valid by the caller until completion.
         unsafe {
             match self.table {
@@ -363,19 +518,9 @@ impl Plugin {
                 Table::V7(t) => ck("irecv", t.irecv.unwrap()(comm, n, d, isz.as_mut_ptr(), t2, m, &mut r))?,
                 Table::V8(t) => ck("irecv", t.irecv.unwrap()(comm, n, d, isz.as_mut_ptr(), t2, m, &mut r))?,
                 Table::V9(t) => ck("irecv", t.irecv.unwrap()(comm, n, d, usz.as_mut_ptr(), t2, m, &mut r))?,
-                Table::V10(t) => {
-                    let on = prof::mode() != prof::Mode::Off;
-                    let mut ph: [*mut c_void; N] = [std::ptr::null_mut(); N];
-                    if on {
-                        ph[..k].iter_mut().for_each(|p| *p = prof::new_parent(false));
-                    }
-                    let php = if on { ph.as_mut_ptr() } else { std::ptr::null_mut() };
-                    let res = ck("irecv", t.irecv.unwrap()(comm, n, d, usz.as_mut_ptr(), t2, m, php, &mut r));
-                    if on {
-                        prof::posted((res.is_ok() && !r.is_null()).then_some(r), &ph[..k]);
-                    }
-                    res?
-                }
+                Table::V10(t) => irecv_p!(t),
+                Table::V11(t) => irecv_p!(t),
+                Table::V12(t) => irecv_p!(t),
             }
         }
         Ok((!r.is_null()).then_some(r))
@@ -384,20 +529,25 @@ impl Plugin {
     /// `makeVDevice` (ABI v9+): fuse devices `devs` into a new device and
     /// return its index. Older ABIs have no such slot: code 5 (invalid usage).
     pub fn make_vdevice(&self, devs: &[i32]) -> R<i32> {
-        // SAFETY: ncclNetVDeviceProps_v9_t is plain data; all-zero is valid.
-        let mut props: ncclNetVDeviceProps_v9_t = unsafe { std::mem::zeroed() };
-        props.ndevs = devs.len() as c_int;
-        for (o, &d) in props.devs.iter_mut().zip(devs) {
-            *o = d;
-        }
         let mut d: c_int = -1;
-        // SAFETY: valid out-pointer and props for the call.
-        unsafe {
-            match self.table {
-                Table::V9(t) => ck("makeVDevice", t.makeVDevice.unwrap()(&mut d, &mut props))?,
-                Table::V10(t) => ck("makeVDevice", t.makeVDevice.unwrap()(&mut d, &mut props))?,
-                _ => return Err(NcclErr { slot: "makeVDevice", code: 5 }),
-            }
+        macro_rules! fuse {
+            ($t:expr, $ty:ty) => {{
+                // SAFETY: the vProps struct is plain data; all-zero is valid.
+                let mut props: $ty = unsafe { std::mem::zeroed() };
+                props.ndevs = devs.len() as c_int;
+                for (o, &x) in props.devs.iter_mut().zip(devs) {
+                    *o = x;
+                }
+                // SAFETY: valid out-pointer and props for the call.
+                ck("makeVDevice", unsafe { $t.makeVDevice.unwrap()(&mut d, &mut props) })?
+            }};
+        }
+        match self.table {
+            Table::V9(t) => fuse!(t, ncclNetVDeviceProps_v9_t),
+            Table::V10(t) => fuse!(t, ncclNetVDeviceProps_v10_t),
+            Table::V11(t) => fuse!(t, ncclNetVDeviceProps_v11_t),
+            Table::V12(t) => fuse!(t, ncclNetVDeviceProps_v12_t),
+            _ => return Err(NcclErr { slot: "makeVDevice", code: 5 }),
         }
         Ok(d)
     }
@@ -457,11 +607,23 @@ impl Plugin {
         listen: Ptr,
         timeout: std::time::Duration,
     ) -> Result<(Ptr, Ptr), String> {
+        self.connect_accept_in(self.context(), dev, peer_handle, listen, timeout)
+    }
+
+    /// [`Plugin::connect_accept`] with the connect in context `ctx` (v11+).
+    pub fn connect_accept_in(
+        &self,
+        ctx: Ptr,
+        dev: i32,
+        peer_handle: &mut [u8; 128],
+        listen: Ptr,
+        timeout: std::time::Duration,
+    ) -> Result<(Ptr, Ptr), String> {
         let t0 = std::time::Instant::now();
         let (mut s, mut r) = (None, None);
         while s.is_none() || r.is_none() {
             if s.is_none() {
-                s = self.connect(dev, peer_handle).map_err(|e| e.to_string())?;
+                s = self.connect_in(ctx, dev, peer_handle).map_err(|e| e.to_string())?;
             }
             if r.is_none() {
                 r = self.accept(listen).map_err(|e| e.to_string())?;
@@ -720,7 +882,16 @@ pub mod prof {
         }
     }
 
-    /// The callback the driver hands to a v10 `init` (NCCL's signature).
+    /// What `init` passes (v10+): the callback, or NULL when off.
+    pub(crate) fn callback_for_init() -> crate::abi::sys::ncclProfilerCallback_t {
+        if mode() == Mode::Off {
+            None
+        } else {
+            Some(callback)
+        }
+    }
+
+    /// The callback the driver hands to a v10+ `init` (NCCL's signature).
     pub extern "C" fn callback(eh: *mut *mut c_void, ty: c_int, ph: *mut c_void, plugin_id: i64, ext: *mut c_void) -> ncclResult_t {
         // never unwind into the plugin
         let r = std::panic::catch_unwind(|| on_call(eh, ty, ph, plugin_id, ext));

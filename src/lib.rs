@@ -1,10 +1,11 @@
 //! librustnet: an NCCL network plugin.
 //!
 //! Rings, from the outside in:
-//! - [`abi`]: the only code that sees NCCL's pointers (vtables v6..v10, one
+//! - [`abi`]: the only code that sees NCCL's pointers (vtables v6..v12, one
 //!   boundary per slot: panics caught, NULLs rejected, errors mapped);
 //! - the safe core: [`config`], [`proto`] (handle and wire formats, request
-//!   pools, matching; no I/O), [`plugin`] (the comm objects and operations);
+//!   pools, matching; no I/O), [`plugin`] (the comm objects and operations),
+//!   [`context`] (per-communicator plugin contexts, ABI v11+);
 //! - the system ring: [`transport`] (sockets, verbs), where `unsafe` lives
 //!   with a `// SAFETY:` line on each block.
 #![warn(missing_docs)]
@@ -13,6 +14,7 @@
 pub mod abi;
 pub mod bisect;
 pub mod config;
+pub mod context;
 pub mod doctor;
 pub mod driver;
 pub mod error;

@@ -2,11 +2,13 @@
 //! objects NCCL holds, and the operations the vtable slots call. Safe Rust:
 //! the raw pointers of NCCL stop at `abi/`.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use crate::config::{Config, TransportChoice};
+use crate::context::{Member, NetContext};
 use crate::error::{Error, Result};
 use crate::profiler::Parent;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
@@ -128,43 +130,86 @@ impl Plugin {
         }
     }
 
-    /// Listen on `dev`; fills NCCL's handle.
-    pub fn listen(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<ListenComm> {
+    /// Listen on `dev` for context `ctx`; fills NCCL's handle. The comms
+    /// accepted on it belong to `ctx` (on TCP their sockets carry its traffic
+    /// class; over verbs the receiver follows the sender's class).
+    pub fn listen(&self, ctx: &Arc<NetContext>, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<ListenComm> {
+        ctx.check_live("listen")?;
         let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
         match &self.net {
             Net::Tcp(t) => {
-                let (l, h) = t.listen(dev)?;
+                let (l, h) = t.listen(dev, tos_of(ctx.traffic_class()))?;
                 h.encode(handle);
-                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))) })
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))), ctx: ctx.member() })
             }
             Net::Ib(n) => {
                 // plain or merged (vdev.rs): the member listeners' handles in one
                 let (l, h) = n.listen_any(dev)?;
                 h.encode(handle);
-                Ok(ListenComm { inner: Mutex::new(AnyListen::Ib(Box::new(l))) })
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Ib(Box::new(l))), ctx: ctx.member() })
             }
+        }
+    }
+
+    /// The rail and plane of `dev` (ABI v12 `railId`/`planeId`; `None` =
+    /// `NCCL_NET_ID_UNDEF`). A physical verbs port is its own rail, numbered
+    /// by its place in the device list, which is PCI order and so the same
+    /// rail on every node (device.rs); that tells NCCL what its default
+    /// (same NIC and port) already assumes, and keeps NCCL_NET_MERGE_POLICY=RAIL
+    /// from fusing different ports. A merged device spans rails: undefined,
+    /// as NCCL's net_ib reports for members of different rails. Planes and the
+    /// TCP transport's interfaces: undefined (nothing here knows them).
+    pub fn rail_plane(&self, dev: i32) -> (Option<i16>, Option<i16>) {
+        match &self.net {
+            Net::Ib(n) => {
+                let m = self.vdev_members(dev);
+                let physical = dev >= 0 && (dev as usize) < n.ndev() && m == [dev];
+                (physical.then(|| i16::try_from(dev).ok()).flatten(), None)
+            }
+            Net::Tcp(_) => (None, None),
         }
     }
 
     /// Connect to the listener whose handle NCCL passes (the same buffer on
     /// every retry); `Ok(None)` means "call again".
-    pub fn connect(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE], traffic_class: Option<i32>) -> Result<Option<Comm>> {
+    ///
+    /// The connection belongs to `ctx`; its traffic class is `traffic_class`
+    /// (ABI v10 passes it per connect) or else the context's (v11+).
+    pub fn connect(
+        &self,
+        ctx: &Arc<NetContext>,
+        dev: i32,
+        handle: &mut [u8; HANDLE_SIZE],
+        traffic_class: Option<i32>,
+    ) -> Result<Option<Comm>> {
+        ctx.check_live("connect")?;
         let h = Handle::decode(handle)?;
+        let tc = traffic_class.or(ctx.traffic_class());
         let mut st = if h.stage == 0 {
             match &self.net {
-                Net::Tcp(t) => Connecting::Tcp(t.connect(&h)?),
+                Net::Tcp(t) => Connecting::Tcp(t.connect(&h, tos_of(tc))?),
                 Net::Ib(n) => {
                     let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
-                    Connecting::Ib(Box::new(n.connect_any(dev, handle, &h, traffic_class)?))
+                    Connecting::Ib(Box::new(n.connect_any(dev, handle, &h, tc)?))
                 }
             }
         } else {
-            CONNECTING.lock().as_mut().and_then(|m| m.remove(&h.stage)).map(|(st, _)| st).ok_or_else(|| {
+            let (st, _, owner) = CONNECTING.lock().as_mut().and_then(|m| m.remove(&h.stage)).ok_or_else(|| {
                 Error::InvalidArg(format!(
-                    "connect handle carries progress token {:#x} that this process never issued (handle reused or corrupted)",
+                    "connect handle carries progress token {:#x} that this process never issued, or whose context was \
+                     finalized (handle reused or corrupted)",
                     h.stage
                 ))
-            })?
+            })?;
+            if owner != ctx.serial() {
+                Handle::set_stage(handle, 0);
+                return Err(Error::InvalidArg(format!(
+                    "connect: this handle's connection was started under another plugin context than communicator {:#x}'s \
+                     (a handle shared between communicators)",
+                    ctx.comm_id()
+                )));
+            }
+            st
         };
         let done = match &mut st {
             Connecting::Tcp(c) => c.progress(),
@@ -174,11 +219,14 @@ impl Plugin {
             Ok(true) => {
                 Handle::set_stage(handle, 0);
                 Ok(Some(match st {
-                    Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm())))),
-                    Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(match c.into_send()? {
-                        vdev::AnySend::One(s) => AnySend::Ib(Box::new(s)),
-                        vdev::AnySend::Multi(s) => AnySend::IbMulti(Box::new(s)),
-                    }))),
+                    Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm()))), ctx.member()),
+                    Connecting::Ib(c) => Comm::new(
+                        CommBody::Send(Mutex::new(match c.into_send()? {
+                            vdev::AnySend::One(s) => AnySend::Ib(Box::new(s)),
+                            vdev::AnySend::Multi(s) => AnySend::IbMulti(Box::new(s)),
+                        })),
+                        ctx.member(),
+                    ),
                 }))
             }
             Ok(false) => {
@@ -190,8 +238,8 @@ impl Plugin {
                 // long was abandoned (e.g. the communicator was aborted):
                 // free its sockets and queue pairs.
                 let now = std::time::Instant::now();
-                m.retain(|_, (_, t)| now.duration_since(*t) < ABANDONED_CONNECT);
-                m.insert(token, (st, now));
+                m.retain(|_, (_, t, _)| now.duration_since(*t) < ABANDONED_CONNECT);
+                m.insert(token, (st, now, ctx.serial()));
                 Handle::set_stage(handle, token);
                 Ok(None)
             }
@@ -203,15 +251,21 @@ impl Plugin {
     }
 
     /// Accept; `Ok(None)` means "call again".
+    /// The receive comm belongs to the listen comm's context.
     pub fn accept(&self, l: &ListenComm) -> Result<Option<Comm>> {
+        let ctx = l.ctx.ctx();
+        ctx.check_live("accept")?;
         let mut g = l.inner.lock();
         match &mut *g {
-            AnyListen::Tcp(t) => Ok(t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r)))))),
+            AnyListen::Tcp(t) => Ok(t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r))), ctx.member()))),
             AnyListen::Ib(l) => Ok(l.accept()?.map(|r| {
-                Comm::new(CommBody::Recv(Mutex::new(match r {
-                    vdev::AnyRecv::One(r) => AnyRecv::Ib(Box::new(r)),
-                    vdev::AnyRecv::Multi(r) => AnyRecv::IbMulti(Box::new(r)),
-                })))
+                Comm::new(
+                    CommBody::Recv(Mutex::new(match r {
+                        vdev::AnyRecv::One(r) => AnyRecv::Ib(Box::new(r)),
+                        vdev::AnyRecv::Multi(r) => AnyRecv::IbMulti(Box::new(r)),
+                    })),
+                    ctx.member(),
+                )
             })),
         }
     }
@@ -351,7 +405,26 @@ fn auto_reason(e: &Error) -> String {
 pub(crate) unsafe fn teardown() {
     drop(CONNECTING.lock().take());
     // SAFETY: forwarded from our caller.
-    unsafe { PLUGIN.clear() };
+    unsafe {
+        PLUGIN.clear();
+        crate::context::release();
+    }
+}
+
+/// Drop the connect attempts in progress under the context numbered
+/// `serial` (its `finalize`); how many there were.
+pub(crate) fn drop_connecting_of(serial: u64) -> usize {
+    let mut g = CONNECTING.lock();
+    let Some(m) = g.as_mut() else { return 0 };
+    let before = m.len();
+    m.retain(|_, (_, _, owner)| *owner != serial);
+    before - m.len()
+}
+
+/// The IP TOS byte for a traffic class (0..255 checked by the context; a
+/// v10 connect's class out of range is ignored, as over verbs).
+fn tos_of(tc: Option<i32>) -> Option<u8> {
+    tc.and_then(|t| u8::try_from(t).ok())
 }
 
 /// Connect attempts in progress (NCCL may still call connect for them).
@@ -359,8 +432,10 @@ pub(crate) fn connecting() -> usize {
     CONNECTING.lock().as_ref().map_or(0, HashMap::len)
 }
 
-/// Outgoing connections in progress, by the token stored in NCCL's handle.
-static CONNECTING: Mutex<Option<HashMap<u64, (Connecting, std::time::Instant)>>> = Mutex::new(None);
+/// Outgoing connections in progress, by the token stored in NCCL's handle:
+/// the attempt, when it was last touched, the serial of its context.
+#[allow(clippy::type_complexity)]
+static CONNECTING: Mutex<Option<HashMap<u64, (Connecting, std::time::Instant, u64)>>> = Mutex::new(None);
 
 /// An in-progress connect not retried for this long is dropped.
 const ABANDONED_CONNECT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -373,6 +448,15 @@ enum Connecting {
 /// Listening endpoint NCCL holds.
 pub struct ListenComm {
     inner: Mutex<AnyListen>,
+    /// The context it was made under.
+    ctx: Member,
+}
+
+impl ListenComm {
+    /// The context it belongs to.
+    pub fn context(&self) -> &Arc<NetContext> {
+        self.ctx.ctx()
+    }
 }
 
 enum AnyListen {
@@ -387,6 +471,8 @@ pub struct Comm {
     /// Set when a call on this comm panicked: what panicked. Its state may
     /// be half-updated, so every later call but close fails naming it.
     failed: OnceCell<String>,
+    /// The context it was made under (declared last: dropped after the body).
+    ctx: Member,
 }
 
 /// Send or receive side.
@@ -451,8 +537,13 @@ pub enum Dir {
 }
 
 impl Comm {
-    fn new(body: CommBody) -> Comm {
-        Comm { body, failed: OnceCell::new() }
+    fn new(body: CommBody, ctx: Member) -> Comm {
+        Comm { body, failed: OnceCell::new(), ctx }
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> &Arc<NetContext> {
+        self.ctx.ctx()
     }
 
     /// Mark the comm failed after a panic in `slot` (the first panic wins).
@@ -474,11 +565,12 @@ impl Comm {
         }
     }
 
-    /// Err when an earlier panic failed this comm (one atomic load otherwise).
+    /// Err when an earlier panic failed this comm, or its context was
+    /// finalized (two atomic loads otherwise).
     #[inline]
     pub fn check_usable(&self) -> Result<()> {
         match self.failed.get() {
-            None => Ok(()),
+            None => self.ctx.ctx().check_comm(),
             Some(why) => Err(Error::Internal(format!(
                 "this comm was failed by an earlier panic in {why}; its state is not trusted, only close works now"
             ))),

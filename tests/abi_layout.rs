@@ -23,6 +23,21 @@ fn properties_layouts() {
     assert_eq!(offset_of!(ncclNetProperties_v9_t, maxCollBytes), 96);
     assert_eq!(size_of::<ncclNetVDeviceProps_v9_t>(), 20);
     assert_eq!(size_of::<ncclNetProperties_v10_t>(), 104);
+    // v11, v12: checked against NCCL 2.28.9 / 2.30.7 (nccl-headers/PROVENANCE.md)
+    assert_eq!(size_of::<ncclNetProperties_v11_t>(), 112);
+    assert_eq!(offset_of!(ncclNetProperties_v11_t, vProps), 64);
+    assert_eq!(offset_of!(ncclNetProperties_v11_t, maxP2pBytes), 88);
+    assert_eq!(offset_of!(ncclNetProperties_v11_t, maxCollBytes), 96);
+    assert_eq!(offset_of!(ncclNetProperties_v11_t, maxMultiRequestSize), 104);
+    assert_eq!(size_of::<ncclNetVDeviceProps_v11_t>(), 20);
+    assert_eq!(size_of::<ncclNetProperties_v12_t>(), 128);
+    assert_eq!(offset_of!(ncclNetProperties_v12_t, vProps), 64);
+    assert_eq!(offset_of!(ncclNetProperties_v12_t, maxP2pBytes), 104);
+    assert_eq!(offset_of!(ncclNetProperties_v12_t, maxCollBytes), 112);
+    assert_eq!(offset_of!(ncclNetProperties_v12_t, maxMultiRequestSize), 120);
+    assert_eq!(offset_of!(ncclNetProperties_v12_t, railId), 124);
+    assert_eq!(offset_of!(ncclNetProperties_v12_t, planeId), 126);
+    assert_eq!(size_of::<ncclNetVDeviceProps_v12_t>(), 36);
 }
 
 #[test]
@@ -38,6 +53,16 @@ fn vtable_layouts() {
     assert_eq!(offset_of!(ncclNet_v8_t, irecvConsumed), 18 * p);
     assert_eq!(offset_of!(ncclNet_v9_t, makeVDevice), 19 * p);
     assert_eq!(offset_of!(ncclNet_v10_t, makeVDevice), 19 * p);
+    assert_eq!(size_of::<ncclNet_v11_t>(), 22 * p);
+    assert_eq!(size_of::<ncclNet_v12_t>(), 22 * p);
+    assert_eq!(offset_of!(ncclNet_v11_t, listen), 4 * p);
+    assert_eq!(offset_of!(ncclNet_v11_t, connect), 5 * p);
+    assert_eq!(offset_of!(ncclNet_v11_t, makeVDevice), 19 * p);
+    assert_eq!(offset_of!(ncclNet_v11_t, finalize), 20 * p);
+    assert_eq!(offset_of!(ncclNet_v11_t, setNetAttr), 21 * p);
+    assert_eq!(offset_of!(ncclNet_v12_t, makeVDevice), 19 * p);
+    assert_eq!(offset_of!(ncclNet_v12_t, finalize), 20 * p);
+    assert_eq!(offset_of!(ncclNet_v12_t, setNetAttr), 21 * p);
 }
 
 #[test]
@@ -45,6 +70,16 @@ fn small_types() {
     assert_eq!(size_of::<ncclNetDeviceHandle_v7_t>(), 32);
     assert_eq!(offset_of!(ncclNetDeviceHandle_v7_t, needsProxyProgress), 24);
     assert_eq!(size_of::<ncclNetCommConfig_v10_t>(), 4);
+    assert_eq!(size_of::<ncclNetCommConfig_v11_t>(), 4);
+    assert_eq!(size_of::<ncclNetCommConfig_v12_t>(), 4);
+    assert_eq!(size_of::<ncclNetCommAttr_v11_t>(), 16);
+    assert_eq!(size_of::<ncclNetAttr_v11_t>(), 44);
+    assert_eq!(offset_of!(ncclNetAttr_v11_t, recvCommAttr), 16);
+    assert_eq!(offset_of!(ncclNetAttr_v11_t, op), 32);
+    assert_eq!(offset_of!(ncclNetAttr_v11_t, proto), 40);
+    assert_eq!(size_of::<ncclNetAttr_v12_t>(), 44);
+    assert_eq!((NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_NET_ATTR_UNDEF, NCCL_NET_ID_UNDEF), (-1, -1, -1));
+    assert_eq!((NCCL_NET_MAX_DEVS_PER_NIC_V11, NCCL_NET_MAX_DEVS_PER_NIC_V12), (4, 8));
     assert_eq!(size_of::<ncclResult_t>(), 4);
     assert_eq!(NCCL_NET_HANDLE_MAXSIZE, 128);
     assert_eq!((NCCL_PTR_HOST, NCCL_PTR_CUDA, NCCL_PTR_DMABUF), (1, 2, 4));

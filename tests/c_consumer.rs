@@ -52,6 +52,9 @@ fn c_view_of_tables_and_logger() {
     assert!(out.contains("maxRecvs=8 type=0 ver=0"), "{out}");
     assert!(out.contains("V9 name=lo forceFlush=0 maxRecvs=8 vndevs=1 vdev0=0 maxP2p=1073741824 maxColl=536870912"), "{out}");
     assert!(out.contains("V6 name=lo maxRecvs=8"), "{out}");
+    assert!(out.contains("V11 name=lo vndevs=1 maxP2p=1073741824 maxColl=536870912 maxMultiRequestSize=1"), "{out}");
+    assert!(out.contains("V12 name=lo vndevs=1 vdev0=0 maxP2p=1073741824 maxMultiRequestSize=1 railId=-1 planeId=-1"), "{out}");
+    assert!(out.contains("FINALIZE 0"), "{out}");
     // INFO lines about the transport choice went to NCCL's logger
     assert!(out.contains("LOG level=3") && out.contains("using TCP on"), "{out}");
     let _ = std::fs::remove_file(bin);

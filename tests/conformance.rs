@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
 
-const VERSIONS: [u32; 5] = [6, 7, 8, 9, 10];
+const VERSIONS: [u32; 7] = [6, 7, 8, 9, 10, 11, 12];
 
 // ------------------------------------------------------------------ peer side
 
@@ -345,6 +345,155 @@ fn reload_many(version: u32) {
     say(format!("DONE {line}"));
 }
 
+/// `tcpdump -v` lines of a TCP capture: (src port, dst port, tos, payload
+/// length) per packet.
+fn parse_tcp_capture(text: &str) -> Vec<(u16, u16, u8, usize)> {
+    let mut out = Vec::new();
+    let mut tos = None;
+    for l in text.lines() {
+        if let Some(p) = l.find("(tos 0x") {
+            let h: String = l[p + 7..].chars().take_while(|c| c.is_ascii_hexdigit()).collect();
+            tos = u8::from_str_radix(&h, 16).ok();
+            continue;
+        }
+        let (Some(t), Some((a, rest))) = (tos, l.trim().split_once(" > ")) else { continue };
+        let Some((b, rest)) = rest.split_once(": ") else { continue };
+        let port = |s: &str| s.rsplit_once('.').and_then(|x| x.1.parse::<u16>().ok());
+        let len = rest.rsplit_once("length ").and_then(|x| x.1.trim().parse().ok());
+        if let (Some(pa), Some(pb), Some(n)) = (port(a), port(b), len) {
+            out.push((pa, pb, t, n));
+        }
+        tos = None;
+    }
+    out
+}
+
+/// Why a wire capture cannot run here (None: it can).
+fn no_capture() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Command::new("tcpdump").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some("no tcpdump".into());
+    }
+    None
+}
+
+/// tcpdump on `ifname` with `filter`, until [`stop_capture`].
+fn start_capture(ifname: &str, filter: &str) -> (Child, PathBuf) {
+    let out = std::env::temp_dir().join(format!("rustnet-conf-cap-{}.txt", std::process::id()));
+    let f = std::fs::File::create(&out).unwrap();
+    let mut args = vec!["-i", ifname, "-nn", "-v", "-l", "--immediate-mode"];
+    args.extend(filter.split_whitespace());
+    let mut child = Command::new("tcpdump").args(&args).stdout(f).stderr(Stdio::piped()).spawn().expect("tcpdump");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("listening on"), "tcpdump: {line}");
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    (child, out)
+}
+
+fn stop_capture((mut child, out): (Child, PathBuf)) -> String {
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    let t = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    t
+}
+
+/// ABI v11+: two communicators' contexts in one process, with traffic
+/// classes 96 and 184. Each one's comms belong to it: on TCP every data
+/// packet of a context's connections carries its class as the IP TOS byte
+/// (tcpdump on lo, when root); finalize is refused while comms are open and
+/// those comms then fail every call but close; the other context carries
+/// on; stale, foreign and finalized context handles are refused by name.
+fn two_contexts(p: &Plugin, dev: i32, version: u32) {
+    let say = |s: String| {
+        println!("{s}");
+        std::io::stdout().flush().unwrap();
+    };
+    let code = |r: Result<(), driver::NcclErr>| r.map(|_| 0).unwrap_or_else(|e| e.code);
+    let mut out = Vec::new();
+    let (c1, c2) = (p.init_context(0x1111, Some(96)).unwrap(), p.init_context(0x2222, Some(184)).unwrap());
+    let c0 = p.init_context(0x3333, None).unwrap();
+    out.push(format!("tc300={}", p.init_context(0x4444, Some(300)).map(|_| 0).unwrap_or_else(|e| e.code)));
+    let tcp = std::env::var("RUSTNET_TRANSPORT").as_deref() != Ok("ib");
+    let (h1, l1) = p.listen_in(c1, dev).unwrap();
+    let (h2, l2) = p.listen_in(c2, dev).unwrap();
+    let port = |h: &[u8; 128]| rustnet::proto::handle::Handle::decode(h).unwrap().addr.port();
+    let (p1, p2) = (port(&h1), port(&h2));
+    let why_not = if tcp { no_capture() } else { Some("verbs: the wire proof is verbs_roce::tos_two_v11/v12_contexts_on_the_wire".into()) };
+    let cap = why_not.is_none().then(|| start_capture("lo", &format!("tcp and (port {p1} or port {p2})")));
+    let (mut h1, mut h2) = (h1, h2);
+    let (s1, r1) = p.connect_accept_in(c1, dev, &mut h1, l1, Duration::from_secs(60)).unwrap();
+    let (s2, r2) = p.connect_accept_in(c2, dev, &mut h2, l2, Duration::from_secs(60)).unwrap();
+    traffic(p, s1, r1, 5, 5, 4, 4, 1 << 20).unwrap();
+    traffic(p, s2, r2, 6, 6, 4, 4, 1 << 20).unwrap();
+    match cap {
+        Some(c) => {
+            let pk = parse_tcp_capture(&stop_capture(c));
+            let tos_of = |port: u16| {
+                pk.iter().filter(|x| x.3 > 0 && (x.0 == port || x.1 == port)).map(|x| x.2).collect::<std::collections::BTreeSet<_>>()
+            };
+            let n = |port: u16| pk.iter().filter(|x| x.3 > 0 && (x.0 == port || x.1 == port)).count();
+            let (t1, t2) = (tos_of(p1), tos_of(p2));
+            eprintln!(
+                "wire: port {p1} (ctx tc 96): {} data packets, tos {t1:x?}; port {p2} (ctx tc 184): {} data packets, tos {t2:x?}",
+                n(p1),
+                n(p2)
+            );
+            assert!(n(p1) > 0 && n(p2) > 0, "no data packets captured: {pk:?}");
+            assert_eq!(t1, [0x60u8].into(), "context 1's packets");
+            assert_eq!(t2, [0xb8u8].into(), "context 2's packets");
+            out.push(format!("wire_tos={:#04x}/{:#04x}", 0x60, 0xb8));
+        }
+        None => out.push(format!("wire=skipped({})", why_not.unwrap().replace(' ', "_"))),
+    }
+    // finalize with comms open: refused, and they are dead but closable
+    out.push(format!("finalize_open={}", code(p.finalize(c1))));
+    let mut b = [0u8; 8];
+    out.push(format!("regMr_after_finalize={}", p.reg_mr(s1, b.as_mut_ptr(), 8).map(|_| 0).unwrap_or_else(|e| e.code)));
+    out.push(format!(
+        "isend_after_finalize={}",
+        p.isend(s1, b.as_mut_ptr(), 8, 1, std::ptr::null_mut()).map(|_| 0).unwrap_or_else(|e| e.code)
+    ));
+    out.push(format!("listen_finalized_ctx={}", p.listen_in(c1, dev).map(|_| 0).unwrap_or_else(|e| e.code)));
+    out.push(format!("finalize_twice={}", code(p.finalize(c1))));
+    // the other context is untouched
+    one_message(p, s2, r2, 0x42).unwrap();
+    out.push("other_ctx_traffic=0".into());
+    out.push(format!("listen_garbage_ctx={}", p.listen_in(0xdead_0000usize as Ptr, dev).map(|_| 0).unwrap_or_else(|e| e.code)));
+    out.push(format!("listen_comm_as_ctx={}", p.listen_in(s2, dev).map(|_| 0).unwrap_or_else(|e| e.code)));
+    out.push(format!("listen_null_ctx={}", p.listen_in(std::ptr::null_mut(), dev).map(|_| 0).unwrap_or_else(|e| e.code)));
+    // a handle whose connect started under c2, continued under c0: refused
+    let (mut h3, l3) = p.listen_in(c2, dev).unwrap();
+    let first = p.connect_in(c2, dev, &mut h3).unwrap();
+    let cross = if first.is_none() { p.connect_in(c0, dev, &mut h3).map(|_| 0).unwrap_or_else(|e| e.code) } else { -1 };
+    out.push(format!("connect_resumed_in_other_ctx={cross}"));
+    if let Some(s) = first {
+        p.close_send(s).unwrap();
+    }
+    p.close_listen(l3).unwrap();
+    let mut attr: rustnet::abi::sys::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
+    attr.sendCommAttr.maxConcurrentPeers = 8;
+    attr.op = 1 << 2;
+    out.push(format!("setNetAttr={}", code(p.set_net_attr(c0, &attr))));
+    out.push(format!("setNetAttr_finalized={}", code(p.set_net_attr(c1, &attr))));
+    for (s, r) in [(s1, r1), (s2, r2)] {
+        p.close_send(s).unwrap();
+        p.close_recv(r).unwrap();
+    }
+    p.close_listen(l1).unwrap();
+    p.close_listen(l2).unwrap();
+    out.push(format!("finalize_closed={}", code(p.finalize(c2))));
+    out.push(format!("finalize_unused={}", code(p.finalize(c0))));
+    say(format!("DONE v{version} {}", out.join(" ")));
+}
+
 fn peer_main(role: String) {
     let version = env_u64("RUSTNET_CONF_VERSION", 8) as u32;
     let scenario = std::env::var("RUSTNET_CONF_SCENARIO").unwrap_or_default();
@@ -378,6 +527,15 @@ fn peer_main(role: String) {
             assert_eq!(props.net_device_type, 0, "netDeviceType must be HOST");
             if version >= 9 {
                 assert!(props.max_p2p_bytes > 0 && props.max_p2p_bytes <= 1 << 40);
+            }
+            assert_eq!(props.max_multi_request_size, 1, "maxMultiRequestSize (v11+; 1 = no multi-requests)");
+            if version >= 12 {
+                let verbs = std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib");
+                // a physical verbs port is its own rail (a self-merged one spans
+                // rails: undefined); planes and TCP interfaces: undefined
+                let plain = verbs && std::env::var_os("RUSTNET_IB_MERGE_NICS").is_none();
+                let want = (if plain { peer.dev as i16 } else { -1 }, -1);
+                assert_eq!(props.rail_plane, want, "railId/planeId of device {}", peer.dev);
             }
             let cycles = env_u64("RUSTNET_CONF_CYCLES", 3) as usize;
             let rounds = env_u64("RUSTNET_CONF_ROUNDS", 40) as usize;
@@ -659,6 +817,7 @@ fn peer_main(role: String) {
             peer.p.close_listen(l).unwrap();
             peer.say(&format!("DONE isend_code={} devices_after={n}", e.code));
         }
+        "two_contexts" => two_contexts(&peer.p, peer.dev, version),
         "misuse" => {
             let mut out = Vec::new();
             out.push(format!("devices_null={}", peer.p.devices_null().unwrap_err().code));
@@ -1051,15 +1210,15 @@ fn field(line: &str, key: &str) -> u64 {
 /// done), parent handles as handed out, and events of the transport in use
 /// (QP events on verbs, socket events on TCP) covering the bytes moved.
 fn profiler_case(env: &[(&str, &str)]) -> Result<String, String> {
-    profiler_case_with(env, true)
+    profiler_case_with(10, env, true)
 }
 
 /// `all_bytes`: the events must cover every byte moved (not so beyond 8
 /// streams or QPs: pieces past the eighth of a message carry no event).
-fn profiler_case_with(env: &[(&str, &str)], all_bytes: bool) -> Result<String, String> {
+fn profiler_case_with(version: u32, env: &[(&str, &str)], all_bytes: bool) -> Result<String, String> {
     let mut e: Vec<(&str, &str)> = vec![("RUSTNET_DRIVER_PROFILER", "check"), ("RUSTNET_CONF_CYCLES", "2")];
     e.extend_from_slice(env);
-    let r = traffic_case(10, &e)?;
+    let r = traffic_case(version, &e)?;
     for side in r.split("; ") {
         if !side.contains("prof=ok") {
             return Err(format!("profiler events not paired or malformed: {side}"));
@@ -1247,7 +1406,7 @@ fn ipv6_case() -> Result<String, String> {
 }
 
 /// Grouped receives with tags, sends arriving across rounds (PXN shared comms).
-/// makeVDevice through the .so (ABI v9 and v10), then traffic over the
+/// makeVDevice through the .so (ABI v9 through v12), then traffic over the
 /// fused device; where the transport cannot fuse, both ends see a clean refusal.
 fn vdevice_case(version: u32) -> Result<String, String> {
     vdevice_case_with(version, &[])
@@ -1307,6 +1466,55 @@ fn cross_round_case() -> Result<String, String> {
         return Err(format!("expected {want:?}, got {r:?}"));
     }
     Ok(r)
+}
+
+/// Two plugin contexts with different traffic classes in one process (v11, v12).
+fn two_contexts_case(version: u32) -> Result<String, String> {
+    let a = spawn("A", version, "two_contexts", &[]);
+    let ea = a.stderr.clone();
+    let r = finish_within(a, Duration::from_secs(120)).map_err(|e| format!("{e}\n    stderr: {}", ea.lock().unwrap()))?;
+    for want in [
+        "tc300=4",
+        "finalize_open=5",
+        "regMr_after_finalize=5",
+        "isend_after_finalize=5",
+        "listen_finalized_ctx=4",
+        "finalize_twice=4",
+        "other_ctx_traffic=0",
+        "listen_garbage_ctx=4",
+        "listen_comm_as_ctx=4",
+        "listen_null_ctx=4",
+        "setNetAttr=0",
+        "setNetAttr_finalized=4",
+        "finalize_closed=0",
+        "finalize_unused=0",
+    ] {
+        if !r.split_whitespace().any(|x| x == want) {
+            return Err(format!("expected {want}: {r}\n    stderr: {}", ea.lock().unwrap()));
+        }
+    }
+    // -1: the connect finished in one call (nothing to resume)
+    if !(r.contains("connect_resumed_in_other_ctx=4") || r.contains("connect_resumed_in_other_ctx=-1")) {
+        return Err(format!("a connect resumed under another context was not refused: {r}"));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let err = ea.lock().unwrap().clone();
+    for want in [
+        "still has 3 listen/send/receive comm(s) open",
+        "which was already finalized: only close works now",
+        "was already finalized",
+        "is a send comm, not a plugin context",
+    ] {
+        if !err.contains(want) {
+            return Err(format!("no WARN saying {want:?}; stderr: {err}"));
+        }
+    }
+    let tcp = std::env::var("RUSTNET_TRANSPORT").map_or(true, |t| t != "ib");
+    if tcp && r.contains("wire=skipped") && std::env::var("RUSTNET_CONF_REQUIRE_WIRE").as_deref() == Ok("1") {
+        return Err(format!("RUSTNET_CONF_REQUIRE_WIRE=1 but the wire check was skipped: {r}"));
+    }
+    let wire = err.lines().find(|l| l.starts_with("wire: ")).unwrap_or("").to_string();
+    Ok(format!("{r} {wire}"))
 }
 
 fn garbage_warned(stderr: &str) -> bool {
@@ -1508,7 +1716,9 @@ fn main() {
         Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
     ));
     cases.push(("grouped_tags_across_rounds".into(), Box::new(cross_round_case)));
-    cases.push(("profiler_events_v10".into(), Box::new(|| profiler_case(&[]))));
+    for v in [10u32, 11, 12] {
+        cases.push((format!("profiler_events_v{v}"), Box::new(move || profiler_case_with(v, &[], true))));
+    }
     if !on_verbs() {
         // several pieces per message, moved by helper threads
         cases.push((
@@ -1520,7 +1730,7 @@ fn main() {
         // 12 pieces per large message: at most 8 events under one parent
         cases.push((
             "profiler_events_v10_tcp_12_streams_capped".into(),
-            Box::new(|| profiler_case_with(&[("NCCL_NSOCKS_PERTHREAD", "12"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K")], false)),
+            Box::new(|| profiler_case_with(10, &[("NCCL_NSOCKS_PERTHREAD", "12"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K")], false)),
         ));
     }
     cases.push(("profiler_events_peer_killed".into(), Box::new(profiler_killed_case)));
@@ -1528,8 +1738,11 @@ fn main() {
     if on_verbs() {
         cases.push(("profiler_events_fused_device".into(), Box::new(profiler_fused_case)));
     }
-    for v in [9u32, 10] {
+    for v in [9u32, 10, 11, 12] {
         cases.push((format!("vdevice_v{v}"), Box::new(move || vdevice_case(v))));
+    }
+    for v in [11u32, 12] {
+        cases.push((format!("two_contexts_traffic_classes_v{v}"), Box::new(move || two_contexts_case(v))));
     }
     cases.push(("peer_killed_mid_transfer".into(), Box::new(killed_peer_case)));
     cases.push(("garbage_on_listen_port".into(), Box::new(garbage_case)));

@@ -514,7 +514,7 @@ impl Child {
 
 fn child_main(seed: u64) {
     let mut rng = Rng(seed);
-    let version = [6u32, 7, 8, 9, 10][rng.below(5)];
+    let version = [6u32, 7, 8, 9, 10, 11, 12][rng.below(7)];
     let p = Plugin::open(&driver::default_plugin_path(), version).unwrap_or_else(|e| fail(seed, e));
     if let Err(e) = p.init() {
         fail(seed, format!("init: {e}"));

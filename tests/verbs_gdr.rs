@@ -373,11 +373,12 @@ fn tcp_rejects_cuda_memory_with_a_clear_error() {
     let p = Plugin { net: select_net(&cfg).expect("TCP over lo"), cfg };
     assert_eq!(p.properties(0).unwrap().ptr_support, PTR_HOST);
     let mut h = [0u8; 128];
-    let l = p.listen(0, &mut h).expect("listen");
+    let ctx = rustnet::context::implicit();
+    let l = p.listen(ctx, 0, &mut h).expect("listen");
     let (mut s, mut r) = (None, None);
     until("TCP connect/accept", || {
         if s.is_none() {
-            s = p.connect(0, &mut h, None).expect("connect");
+            s = p.connect(ctx, 0, &mut h, None).expect("connect");
         }
         if r.is_none() {
             r = p.accept(&l).expect("accept");

@@ -2,7 +2,8 @@
 //! node's addresses change (IPv6, a VLAN upper, an IPv4 address added after
 //! start-up, NCCL_IB_ADDR_RANGE), the family check between the two ends, and
 //! traffic classes seen on the wire (tcpdump on the veth: the IPv4 TOS byte
-//! of the RoCE v2 packets, UDP 4791).
+//! of the RoCE v2 packets, UDP 4791), also per plugin context (ABI v11/v12)
+//! through the built `.so`.
 //!
 //! Every test here is `#[ignore]`d with the reason (on a build host they count
 //! as ignored); `tests/rxe-vm/verbs-suite.sh` runs them with
@@ -16,7 +17,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ib::{captured, device, device2, net, pair_tc, reg, until, Buf};
+use ib::{captured, device, device2, net, pair_tc, reg, until, Buf, DEADLINE};
+use rustnet::driver::{self, Plugin, Ptr};
 use rustnet::transport::ib::{connect, gid, Access, IbNet, RecvComm, SendComm};
 use rustnet::transport::RecvBuf;
 
@@ -403,6 +405,113 @@ fn tos_communicator_traffic_class_from_v10_connect() {
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn tos_nccl_ib_tc_wins_over_the_communicators() {
     tos_case(&[("NCCL_IB_TC", "184")], Some(96), 0xb8, 0xb8);
+}
+
+/// One message of `size` bytes from `s` to `r` through the driver, checked.
+fn drv_transfer(p: &Plugin, s: Ptr, r: Ptr, size: usize, fill: u8) {
+    let mut src = vec![fill; size];
+    let mut dst = vec![0u8; size];
+    let smh = p.reg_mr(s, src.as_mut_ptr(), size).expect("regMr send");
+    let rmh = p.reg_mr(r, dst.as_mut_ptr(), size).expect("regMr recv");
+    let rq = until("irecv", || p.irecv(r, &[(dst.as_mut_ptr(), size, 3, rmh)]).expect("irecv"));
+    let mut sizes = [0i32; 8];
+    let mut rdone = false;
+    let sq = until("isend", || {
+        rdone = rdone || p.test(rq, &mut sizes).expect("test recv");
+        p.isend(s, src.as_mut_ptr(), size, 3, smh).expect("isend")
+    });
+    until("send completion", || p.test(sq, &mut [0]).expect("test send").then_some(()));
+    if !rdone {
+        until("receive completion", || p.test(rq, &mut sizes).expect("test recv").then_some(()));
+    }
+    assert_eq!(sizes[0] as usize, size);
+    assert!(dst == src, "payload of {size} bytes differs");
+    p.dereg_mr(s, smh).unwrap();
+    p.dereg_mr(r, rmh).unwrap();
+}
+
+/// ABI v11/v12 through the built `.so`, as NCCL 2.28+/2.30+ drive it: two
+/// communicators' plugin contexts in one process, traffic classes 96 and
+/// 184, each with a connection rxe0 -> rxe1, all four comms open before any
+/// traffic. Every RoCE packet of each context's transfer, both ways (data
+/// writes, CTS writes, ACKs), carries its context's class as the IPv4 TOS.
+fn two_contexts_on_the_wire(version: u32) {
+    let (d1, d2) = device2();
+    assert!(root(), "needs root for tcpdump (the VM runs as root)");
+    assert!(std::env::var_os("NCCL_IB_TC").is_none(), "NCCL_IB_TC is set: it would win over the contexts' classes");
+    let (ip0, ip1) = (std::env::var("RXE_VM_IP0").expect("RXE_VM_IP0"), std::env::var("RXE_VM_IP1").expect("RXE_VM_IP1"));
+    // the .so reads its knobs at init, from this process's environment
+    std::env::set_var("NCCL_IB_HCA", format!("={d1},{d2}"));
+    std::env::set_var("RUSTNET_TRANSPORT", "ib");
+    let so = driver::default_plugin_path();
+    let p = Plugin::open(&so, version).unwrap_or_else(|e| panic!("{e}"));
+    p.init().expect("init");
+    let n = p.devices().unwrap();
+    let idx = |d: &str| {
+        (0..n)
+            .find(|&i| {
+                let name = p.properties(i).unwrap().name;
+                name == d || name.starts_with(&format!("{d}:"))
+            })
+            .unwrap_or_else(|| panic!("{d} not among the plugin's {n} devices"))
+    };
+    let (sd, rd) = (idx(&d1), idx(&d2));
+    let ctxs = [(p.init_context(0xc1, Some(96)).unwrap(), 0x60u8), (p.init_context(0xc2, Some(184)).unwrap(), 0xb8u8)];
+    let pairs: Vec<(Ptr, Ptr, Ptr)> = ctxs
+        .iter()
+        .map(|&(c, _)| {
+            let (mut h, l) = p.listen_in(c, rd).expect("listen");
+            let (s, r) = p.connect_accept_in(c, sd, &mut h, l, DEADLINE).expect("connect/accept");
+            (s, r, l)
+        })
+        .collect();
+    for (k, (&(_, want), &(s, r, _))) in ctxs.iter().zip(&pairs).enumerate() {
+        let cap = Tcpdump::start(&netdev_of(&d1));
+        for size in [64, 4096, 65536] {
+            drv_transfer(&p, s, r, size, k as u8 + 1);
+        }
+        let pk = cap.stop();
+        let data: Vec<_> = pk.iter().filter(|x| x.0 == ip0 && x.1 == ip1).collect();
+        let back: Vec<_> = pk.iter().filter(|x| x.0 == ip1 && x.1 == ip0).collect();
+        let tos: std::collections::BTreeSet<String> = pk.iter().map(|x| format!("{:#04x}", x.2)).collect();
+        eprintln!(
+            "v{version} context {} (traffic class {}): {} RoCE packets, {ip0}->{ip1} {} ({} data writes > 1 KiB), {ip1}->{ip0} {} ({} CTS writes); tos {tos:?}",
+            k + 1,
+            want,
+            pk.len(),
+            data.len(),
+            data.iter().filter(|x| x.3 > 1024).count(),
+            back.len(),
+            back.iter().filter(|x| x.3 > ACK_LEN).count()
+        );
+        assert!(data.iter().any(|x| x.3 > 1024), "no data write captured: {pk:?}");
+        assert!(back.iter().any(|x| x.3 > ACK_LEN), "no CTS write captured: {pk:?}");
+        for x in &pk {
+            assert_eq!(x.2, want, "context {} packet {x:?}", k + 1);
+        }
+    }
+    for (s, r, l) in pairs {
+        p.close_send(s).unwrap();
+        p.close_recv(r).unwrap();
+        p.close_listen(l).unwrap();
+    }
+    for (c, _) in ctxs {
+        p.finalize(c).expect("finalize");
+    }
+    drop(p);
+    std::env::remove_var("NCCL_IB_HCA");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
+fn tos_two_v11_contexts_on_the_wire() {
+    two_contexts_on_the_wire(11);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
+fn tos_two_v12_contexts_on_the_wire() {
+    two_contexts_on_the_wire(12);
 }
 
 #[test]

@@ -79,7 +79,7 @@ Section: net
 Priority: optional
 Multi-Arch: foreign
 Description: NCCL network plugin over ibverbs and TCP, and its operator tool
- librustnet is an NCCL network plugin (net ABI v6-v10, NCCL 2.18 and later)
+ librustnet is an NCCL network plugin (net ABI v6-v12, NCCL 2.18 and later)
  that carries collective traffic over InfiniBand/RoCE verbs where an active
  RDMA port exists and over TCP elsewhere. Set NCCL_NET_PLUGIN=rustnet; the
  plugin is installed under NCCL's file names in the multiarch library

@@ -1,10 +1,12 @@
-//! Version-neutral slot bodies. Each exported version (v6..v10) converts its
+//! Version-neutral slot bodies. Each exported version (v6..v12) converts its
 //! own argument types and calls these.
 use std::ffi::{c_char, c_int};
+use std::sync::Arc;
 
 use super::handles::{self, comm_ref, mr_ref};
 use super::{guard, guard_on, nonnull, out, VoidPtr};
 use crate::abi::sys::ncclResult_t;
+use crate::context::{NetAttr, NetContext};
 use crate::error::{Error, Result};
 use crate::plugin::{self, Dir, MemHandle};
 use crate::profiler::{Parent, Profiler};
@@ -19,6 +21,72 @@ pub(crate) fn init(logger: Option<crate::log::NcclLogger>) -> ncclResult_t {
     crate::log::set_nccl_logger(logger);
     crate::unload::serving();
     guard("init", || plugin::init().map(|_| ()))
+}
+
+/// Which context a listen or connect works for.
+#[derive(Clone, Copy)]
+pub(crate) enum Ctx {
+    /// v6-v10: the one implicit context.
+    Implicit,
+    /// v11+: the handle NCCL got from init.
+    Handle(VoidPtr),
+}
+
+impl Ctx {
+    fn get(self, slot: &'static str) -> Result<Arc<NetContext>> {
+        match self {
+            Ctx::Implicit => Ok(crate::context::implicit().clone()),
+            Ctx::Handle(h) => {
+                nonnull(h, slot, "ctx")?;
+                Ok(handles::ctx_ref(h, slot)?.clone())
+            }
+        }
+    }
+}
+
+/// v11+ init: the process-wide init (once), then a new context for the
+/// communicator `comm_id` with its traffic class, handed to NCCL in `*ctx`.
+pub(crate) unsafe fn init_ctx(
+    ctx: *mut VoidPtr,
+    comm_id: u64,
+    traffic_class: Option<i32>,
+    logger: Option<crate::log::NcclLogger>,
+    profiler: crate::context::ProfilerCallback,
+) -> ncclResult_t {
+    crate::log::set_nccl_logger(logger);
+    crate::unload::serving();
+    guard("init", || {
+        // SAFETY: out-pointer from NCCL.
+        let out_ctx = unsafe { out(ctx, "init", "ctx")? };
+        *out_ctx = std::ptr::null_mut();
+        plugin::init()?;
+        let c = NetContext::new(comm_id, traffic_class, profiler)?;
+        tracing::debug!(
+            "context for communicator {comm_id:#x}: traffic class {}",
+            traffic_class.map_or_else(|| "undefined".to_string(), |t| t.to_string())
+        );
+        *out_ctx = handles::ctx_new(c)?;
+        Ok(())
+    })
+}
+
+/// v11+ finalize: the context's handle dies; refused (after that) while its
+/// comms are open.
+pub(crate) fn finalize(ctx: VoidPtr) -> ncclResult_t {
+    guard("finalize", || {
+        nonnull(ctx, "finalize", "ctx")?;
+        let c = handles::ctx_take(ctx, "finalize")?;
+        c.finalize()
+    })
+}
+
+/// v11+ setNetAttr: record the hints on the context.
+pub(crate) fn set_net_attr(ctx: VoidPtr, attr: Option<NetAttr>) -> ncclResult_t {
+    guard("setNetAttr", || {
+        nonnull(ctx, "setNetAttr", "ctx")?;
+        let a = attr.ok_or(Error::NullArg { slot: "setNetAttr", arg: "netAttr" })?;
+        handles::ctx_ref(ctx, "setNetAttr")?.set_attr(a)
+    })
 }
 
 pub(crate) unsafe fn devices(ndev: *mut c_int) -> ncclResult_t {
@@ -39,26 +107,28 @@ pub(crate) fn c_str_or_null(s: Option<&'static std::ffi::CStr>) -> *mut c_char {
     s.map_or(std::ptr::null_mut(), |s| s.as_ptr() as *mut c_char)
 }
 
-pub(crate) unsafe fn listen(dev: c_int, handle: VoidPtr, listen_comm: *mut VoidPtr) -> ncclResult_t {
+pub(crate) unsafe fn listen(ctx: Ctx, dev: c_int, handle: VoidPtr, listen_comm: *mut VoidPtr) -> ncclResult_t {
     guard("listen", || {
+        let ctx = ctx.get("listen")?;
         // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes.
         let h = unsafe { (nonnull(handle as *const u8, "listen", "handle")? as *mut [u8; HANDLE_SIZE]).as_mut() }.unwrap();
         // SAFETY: out-pointer from NCCL.
         let lc = unsafe { out(listen_comm, "listen", "listenComm")? };
-        let l = plugin::get()?.listen(dev, h)?;
+        let l = plugin::get()?.listen(&ctx, dev, h)?;
         *lc = handles::listen_new(l)?;
         Ok(())
     })
 }
 
-pub(crate) unsafe fn connect(dev: c_int, handle: VoidPtr, send_comm: *mut VoidPtr, tc: Option<i32>) -> ncclResult_t {
+pub(crate) unsafe fn connect(ctx: Ctx, dev: c_int, handle: VoidPtr, send_comm: *mut VoidPtr, tc: Option<i32>) -> ncclResult_t {
     guard("connect", || {
+        let ctx = ctx.get("connect")?;
         // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes.
         let h = unsafe { (nonnull(handle as *const u8, "connect", "handle")? as *mut [u8; HANDLE_SIZE]).as_mut() }.unwrap();
         // SAFETY: out-pointer from NCCL.
         let sc = unsafe { out(send_comm, "connect", "sendComm")? };
         *sc = std::ptr::null_mut();
-        if let Some(c) = plugin::get()?.connect(dev, h, tc)? {
+        if let Some(c) = plugin::get()?.connect(&ctx, dev, h, tc)? {
             *sc = handles::comm_new(c)?;
         }
         Ok(())

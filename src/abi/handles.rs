@@ -1,5 +1,5 @@
 //! The handles NCCL holds (listen comms, send comms, receive comms, memory
-//! handles, requests) and the one checker per kind.
+//! handles, plugin contexts, requests) and the one checker per kind.
 //!
 //! Design: a handle is not an address but a number `kind | slot << 4 | gen << 24`
 //! naming a slot of a process-wide table; the slot holds the boxed object and
@@ -30,9 +30,11 @@
 //! call returns.
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::context::NetContext;
 use crate::error::{Error, Result};
 use crate::plugin::{Comm, Dir, ListenComm, MemHandle};
 use crate::proto::pool::ReqId;
@@ -45,6 +47,8 @@ pub(crate) enum Kind {
     Send = 2,
     Recv = 3,
     Mr = 4,
+    /// A plugin context (ABI v11+ `init`).
+    Ctx = 6,
 }
 
 /// Tag of request values (never in the table: they name a comm's slot).
@@ -57,6 +61,7 @@ impl Kind {
             2 => Some(Kind::Send),
             3 => Some(Kind::Recv),
             4 => Some(Kind::Mr),
+            6 => Some(Kind::Ctx),
             _ => None,
         }
     }
@@ -66,6 +71,7 @@ impl Kind {
             Kind::Send => "send comm",
             Kind::Recv => "receive comm",
             Kind::Mr => "memory handle",
+            Kind::Ctx => "plugin context",
         }
     }
     fn closer(self) -> &'static str {
@@ -74,6 +80,7 @@ impl Kind {
             Kind::Send => "closeSend",
             Kind::Recv => "closeRecv",
             Kind::Mr => "deregMr",
+            Kind::Ctx => "finalize",
         }
     }
 }
@@ -166,6 +173,7 @@ fn explain(v: u64, want: Kind, slot_name: &str) -> Error {
     }
     match slot((v >> 4) & ((1 << SLOT_BITS) - 1)) {
         Some(_) if want == Kind::Mr => Error::InvalidArg(format!("{slot_name}: memory handle {p:p} was already deregistered")),
+        Some(_) if want == Kind::Ctx => Error::InvalidArg(format!("{slot_name}: plugin context {p:p} was already finalized")),
         Some(_) => Error::InvalidArg(format!("{slot_name}: {} {p:p} was already closed", want.what())),
         None => Error::InvalidArg(format!("{slot_name}: {p:p} is not a librustnet {}", want.what())),
     }
@@ -286,6 +294,29 @@ pub(crate) fn mr_take(h: *mut c_void, slot_name: &str) -> Result<Box<MemHandle>>
     let p = remove(h as u64, Kind::Mr, slot_name)? as *mut MemHandle;
     // SAFETY: the slot owned this box and has just given it up.
     Ok(unsafe { Box::from_raw(p) })
+}
+
+/// A new plugin context handle.
+pub(crate) fn ctx_new(c: Arc<NetContext>) -> Result<*mut c_void> {
+    let p = Box::into_raw(Box::new(c));
+    // SAFETY (the error arm): p came from Box::into_raw just above and was never shared.
+    insert(Kind::Ctx, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| drop(unsafe { Box::from_raw(p) }))
+}
+
+/// The context behind `h`.
+pub(crate) fn ctx_ref<'a>(h: *mut c_void, slot_name: &str) -> Result<&'a Arc<NetContext>> {
+    let p = lookup(h as u64, Kind::Ctx, slot_name)? as *const Arc<NetContext>;
+    // SAFETY: a live context slot holds an Arc<NetContext> box, freed only by
+    // finalize, which NCCL does not run concurrently with calls naming it.
+    Ok(unsafe { &*p })
+}
+
+/// Finalize `h`: the context, whose handle is dead after.
+pub(crate) fn ctx_take(h: *mut c_void, slot_name: &str) -> Result<Arc<NetContext>> {
+    let p = remove(h as u64, Kind::Ctx, slot_name)? as *mut Arc<NetContext>;
+    // SAFETY: the slot owned this box (a thin pointer to the Arc, which the
+    // table needs) and has just given it up.
+    Ok(*unsafe { Box::from_raw(p) })
 }
 
 /// The request value for request `id` of the comm whose handle is `comm`:

@@ -12,6 +12,8 @@ pub mod profiler;
 pub mod result;
 pub mod sys;
 mod v10;
+mod v11;
+mod v12;
 mod v6;
 mod v7;
 mod v8;

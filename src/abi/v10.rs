@@ -10,7 +10,10 @@ use super::{v9, VoidPtr};
 unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
     crate::transport::ib::vdev::set_nccl_fuses(true);
+    // v10 comms all belong to the implicit context: its profiler callback
+    crate::context::implicit().set_profiler(prof);
     let r = c::init(v8::logger(log));
+    // the events' callback (process-wide, see abi/profiler.rs)
     super::profiler::set_callback(prof);
     r
 }
@@ -29,7 +32,7 @@ unsafe extern "C" fn connect(
     // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::connect(dev, handle, sc, tc) }
+    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, tc) }
 }
 
 pub(crate) unsafe extern "C" fn isend(

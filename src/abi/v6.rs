@@ -37,7 +37,7 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v6
 
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::connect(dev, handle, sc, None) }
+    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr) -> ncclResult_t {

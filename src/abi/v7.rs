@@ -43,7 +43,7 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
         unsafe { *dc = std::ptr::null_mut() };
     }
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::connect(dev, handle, sc, None) }
+    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {

@@ -45,7 +45,7 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v8
 
 pub(crate) unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, lc: *mut VoidPtr) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::listen(dev, handle, lc) }
+    unsafe { c::listen(c::Ctx::Implicit, dev, handle, lc) }
 }
 
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v8_t) -> ncclResult_t {
@@ -54,7 +54,7 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
         unsafe { *dc = std::ptr::null_mut() };
     }
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::connect(dev, handle, sc, None) }
+    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v8_t) -> ncclResult_t {

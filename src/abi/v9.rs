@@ -40,14 +40,30 @@ pub(crate) fn fill_v9(dev: c_int, d: &DeviceProps) -> ncclNetProperties_v9_t {
     }
 }
 
-/// vProps: the physical devices fused in `dev` (itself for a plain device).
-fn vprops(dev: c_int) -> ncclNetVDeviceProps_v9_t {
+/// vProps: the physical devices fused in `dev` (itself for a plain
+/// device), into `devs` (4 entries up to v11, 8 in v12); the count.
+pub(crate) fn vprops_into(dev: c_int, devs: &mut [c_int]) -> c_int {
     let m = crate::plugin::get().map(|p| p.vdev_members(dev)).unwrap_or_else(|_| vec![dev]);
-    let mut v = ncclNetVDeviceProps_v9_t { ndevs: m.len().min(4) as c_int, devs: [0; 4] };
-    for (o, x) in v.devs.iter_mut().zip(&m) {
+    for (o, x) in devs.iter_mut().zip(&m) {
         *o = *x;
     }
+    m.len().min(devs.len()) as c_int
+}
+
+fn vprops(dev: c_int) -> ncclNetVDeviceProps_v9_t {
+    let mut v = ncclNetVDeviceProps_v9_t { ndevs: 0, devs: [0; 4] };
+    v.ndevs = vprops_into(dev, &mut v.devs);
     v
+}
+
+/// makeVDevice of any version: fuse `devs[..ndevs]` into a new device, index in `*d`.
+pub(crate) fn make_vdevice_from(out_d: &mut c_int, ndevs: c_int, devs: &[c_int]) -> crate::error::Result<()> {
+    let n = usize::try_from(ndevs)
+        .ok()
+        .filter(|&n| n <= devs.len())
+        .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {ndevs} (1..={} accepted)", devs.len())))?;
+    *out_d = crate::plugin::get()?.make_vdevice(&devs[..n])?;
+    Ok(())
 }
 
 /// makeVDevice: fuse `props->devs[..ndevs]` into a new device, index in `*d`.
@@ -55,12 +71,7 @@ pub(crate) unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetV
     guard("makeVDevice", || {
         // SAFETY: pointers from NCCL; NULL rejected.
         let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        let n = usize::try_from(p.ndevs)
-            .ok()
-            .filter(|&n| n <= p.devs.len())
-            .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {} (1..={} accepted)", p.ndevs, p.devs.len())))?;
-        *out_d = crate::plugin::get()?.make_vdevice(&p.devs[..n])?;
-        Ok(())
+        make_vdevice_from(out_d, p.ndevs, &p.devs)
     })
 }
 
@@ -79,7 +90,7 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
         unsafe { *dc = std::ptr::null_mut() };
     }
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::connect(dev, handle, sc, None) }
+    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {

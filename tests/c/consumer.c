@@ -43,6 +43,21 @@ int main(int argc, char** argv) {
     printf("V9 name=%s forceFlush=%d maxRecvs=%d vndevs=%d vdev0=%d maxP2p=%zu maxColl=%zu\n", p9.name, p9.forceFlush,
            p9.maxRecvs, p9.vProps.ndevs, p9.vProps.devs[0], p9.maxP2pBytes, p9.maxCollBytes);
     printf("V6 name=%s maxRecvs=%d\n", p6.name, p6.maxRecvs);
+    /* v11/v12: a context per communicator, properties with maxMultiRequestSize (and rail/plane) */
+    ncclNet_v11_t* v11 = (ncclNet_v11_t*)dlsym(h, "ncclNetPlugin_v11");
+    ncclNet_v12_t* v12 = (ncclNet_v12_t*)dlsym(h, "ncclNetPlugin_v12");
+    if (!v11 || !v12) { printf("FAIL missing v11/v12 symbols\n"); return 1; }
+    ncclNetCommConfig_v11_t cfg = { 96 };
+    void* ctx = NULL;
+    if (v12->init(&ctx, 0x1234, &cfg, logger, NULL) != ncclSuccess || !ctx) { printf("FAIL v12 init\n"); return 1; }
+    ncclNetProperties_v11_t p11; memset(&p11, 0xab, sizeof p11);
+    ncclNetProperties_v12_t p12; memset(&p12, 0xab, sizeof p12);
+    if (v11->getProperties(0, &p11) || v12->getProperties(0, &p12)) { printf("FAIL v11/v12 getProperties\n"); return 1; }
+    printf("V11 name=%s vndevs=%d maxP2p=%zu maxColl=%zu maxMultiRequestSize=%d\n", p11.name, p11.vProps.ndevs, p11.maxP2pBytes,
+           p11.maxCollBytes, p11.maxMultiRequestSize);
+    printf("V12 name=%s vndevs=%d vdev0=%d maxP2p=%zu maxMultiRequestSize=%d railId=%d planeId=%d\n", p12.name, p12.vProps.ndevs,
+           p12.vProps.devs[0], p12.maxP2pBytes, p12.maxMultiRequestSize, (int)p12.railId, (int)p12.planeId);
+    printf("FINALIZE %d\n", (int)v12->finalize(ctx));
     printf("INFOS %d WARNS %d\n", infos, warns);
     return 0;
   }

@@ -18,7 +18,7 @@
 #    the traffic cases with 4 QPs per connection split (NCCL_IB_QPS_PER_CONNECTION=4
 #    NCCL_IB_SPLIT_DATA_ON_QPS=1); the v6-v8 traffic cases and the cross-round
 #    tags case through merged devices (rxe0+rxe2 -> rxe1+rxe3, RUSTNET_IB_MERGE_NICS),
-#    and v9/v10 makeVDevice fusing the same two devices per side.
+#    and v9-v12 makeVDevice fusing the same two devices per side.
 # 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
 #    any failed, 125 when the VM died or timed out, other values when the build
 #    failed.
@@ -109,7 +109,7 @@ if [ "${1:-}" = --in-vm ]; then
         run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1) ;;
       conformance_merged*)
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
-        extra=(traffic_v6 traffic_v7 traffic_v8 grouped_tags_across_rounds vdevice_v9 vdevice_v10)
+        extra=(traffic_v6 traffic_v7 traffic_v8 grouped_tags_across_rounds vdevice_v9 vdevice_v10 vdevice_v11 vdevice_v12)
         export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0,rxe2 RUSTNET_IB_MERGE_NICS=rxe0,rxe2 NCCL_SOCKET_IFNAME=veth0" \
                RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1,rxe3 RUSTNET_IB_MERGE_NICS=rxe1,rxe3 NCCL_SOCKET_IFNAME=veth1" ;;
     esac

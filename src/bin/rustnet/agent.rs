@@ -41,7 +41,7 @@ options:
                        0.0.0.0:PORT for every interface)
   --plugin PATH        the plugin .so (default: $RUSTNET_PLUGIN, else librustnet.so
                        beside this binary, else ../lib/librustnet.so as installed)
-  --abi N              vtable version to drive: 6..10 (default 8)
+  --abi N              vtable version to drive: 6..12 (default 8)
   --dev N              plugin device index (default 0)
   --once               exit after the first coordinator session
   --idle-timeout S     end a session whose coordinator says nothing for S seconds (default 300)

@@ -29,7 +29,7 @@ options:
   --lat-iters N     ping-pong round trips per latency repeat (default 2000; 0 skips latency)
   --csv FILE        also write every point as CSV
   --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
-  --abi N           vtable version to drive: 6..10 (default 8)
+  --abi N           vtable version to drive: 6..12 (default 8)
   --no-raw          skip the raw TCP baseline
   --idle-nap-us N   bandwidth runs: after 8 passes that moved nothing, sleep N us
                     (doubling up to 8N while nothing moves) instead of yielding (default 0). For soft-RoCE, whose NIC is

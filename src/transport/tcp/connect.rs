@@ -120,6 +120,8 @@ pub struct TcpListen {
     rejected: Rejections,
     fd_warned: Option<Instant>,
     fd_failures: u64,
+    /// IP TOS / IPv6 traffic class of the accepted data sockets (the context's class).
+    tos: Option<u8>,
 }
 
 impl TcpListen {
@@ -143,8 +145,19 @@ impl TcpListen {
             rejected: Rejections::default(),
             fd_warned: None,
             fd_failures: 0,
+            tos: None,
         };
         Ok((l, h))
+    }
+
+    /// Accepted data sockets (and this one's SYN-ACKs) carry `tos` as their
+    /// IP TOS / IPv6 traffic class byte: the listening context's class.
+    pub fn with_tos(mut self, tos: Option<u8>) -> Result<TcpListen> {
+        if let Some(t) = tos {
+            self.sock.set_tos(self.addr.is_ipv6(), t)?;
+        }
+        self.tos = tos;
+        Ok(self)
     }
 
     /// The address peers connect to.
@@ -172,6 +185,9 @@ impl TcpListen {
             let socks: Vec<Socket> = g.streams.into_iter().map(Option::unwrap).collect();
             for s in &socks {
                 s.tune_stream(self.cfg.timeout_s, self.cfg.bufsize)?;
+                if let Some(t) = self.tos {
+                    s.set_tos(self.addr.is_ipv6(), t)?;
+                }
             }
             return Ok(Some((socks, g.peer)));
         }
@@ -428,10 +444,17 @@ pub struct TcpConnecting {
 impl TcpConnecting {
     /// Open `nstreams` sockets to the listener in `h`.
     pub fn start(h: &Handle, nstreams: usize, cfg: StreamCfg) -> Result<TcpConnecting> {
+        TcpConnecting::start_tos(h, nstreams, cfg, None)
+    }
+
+    /// [`TcpConnecting::start`] with every stream carrying `tos` as its IP
+    /// TOS / IPv6 traffic class byte (the communicator's traffic class),
+    /// from the SYN on.
+    pub fn start_tos(h: &Handle, nstreams: usize, cfg: StreamCfg, tos: Option<u8>) -> Result<TcpConnecting> {
         let conn_id = random_u64();
         let mut streams = Vec::with_capacity(nstreams);
         for i in 0..nstreams {
-            let sock = Socket::connect_start(h.addr)?;
+            let sock = Socket::connect_start_tos(h.addr, tos)?;
             let hello = Hello { version: PROTO_VERSION, stream: i as u16, nstreams: nstreams as u16, conn_id, nonce: h.nonce }.encode();
             streams.push(ConnStream { sock, connected: false, hello, sent: 0, reply: [0; REPLY_LEN], got: 0 });
         }

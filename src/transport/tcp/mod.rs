@@ -147,21 +147,22 @@ impl TcpNet {
         self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))
     }
 
-    /// Listen on `dev`.
-    pub fn listen(&self, dev: usize) -> Result<(TcpListen, Handle)> {
+    /// Listen on `dev`; accepted sockets carry `tos` (IP TOS / IPv6 traffic class) when set.
+    pub fn listen(&self, dev: usize, tos: Option<u8>) -> Result<(TcpListen, Handle)> {
         let ifc = self.ifs.get(dev).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))?;
-        TcpListen::new(ifc.addr, HandleKind::Tcp, self.cfg)
+        let (l, h) = TcpListen::new(ifc.addr, HandleKind::Tcp, self.cfg)?;
+        Ok((l.with_tos(tos)?, h))
     }
 
-    /// Start connecting to the listener in `h`.
-    pub fn connect(&self, h: &Handle) -> Result<TcpConnecting> {
+    /// Start connecting to the listener in `h`; the data sockets carry `tos` when set.
+    pub fn connect(&self, h: &Handle, tos: Option<u8>) -> Result<TcpConnecting> {
         if h.kind != HandleKind::Tcp {
             return Err(Error::Usage(format!(
                 "the peer listens with the {:?} transport but this process uses TCP: set the same RUSTNET_TRANSPORT on every rank",
                 h.kind
             )));
         }
-        TcpConnecting::start(h, self.cfg.nstreams, self.cfg)
+        TcpConnecting::start_tos(h, self.cfg.nstreams, self.cfg, tos)
     }
 }
 

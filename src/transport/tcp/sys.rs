@@ -128,7 +128,16 @@ impl Socket {
 
     /// Start a non-blocking connect; completion is seen with [`Socket::connect_done`].
     pub fn connect_start(addr: SocketAddr) -> Result<Socket> {
+        Socket::connect_start_tos(addr, None)
+    }
+
+    /// [`Socket::connect_start`] with the IP TOS / IPv6 traffic class byte
+    /// set before the SYN leaves, so every packet of the stream carries it.
+    pub fn connect_start_tos(addr: SocketAddr, tos: Option<u8>) -> Result<Socket> {
         let s = Socket::new(&addr)?;
+        if let Some(t) = tos {
+            s.set_tos(addr.is_ipv6(), t)?;
+        }
         let (ss, len) = to_sockaddr(&addr);
         // SAFETY: ss/len describe a valid address for this socket's family.
         let r = unsafe { libc::connect(s.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) };

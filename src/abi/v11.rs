@@ -1,0 +1,146 @@
+//! `ncclNetPlugin_v11` (NCCL 2.28 and later): per-communicator contexts.
+//! `init` runs once per communicator and returns a context (the
+//! process-wide set-up still happens once); `listen` and `connect` name it;
+//! `finalize` ends it; `setNetAttr` passes NCCL's hints. The traffic class
+//! comes with `init` instead of each `connect`. Everything else is v10.
+use std::ffi::{c_int, c_void};
+
+use super::common::{self as c, c_str_or_null, Ctx, NET_NAME};
+use super::sys::*;
+use super::v8::{self, Vtable};
+use super::{guard, out, v10, v9, VoidPtr};
+use crate::context::{CommAttr, NetAttr};
+
+/// What a v11+ property struct reports for `maxMultiRequestSize`: one
+/// request per multi-request, i.e. none grouped (what NCCL assumes for
+/// plugins older than v11; `NCCL_NET_MULTI_REQUEST` is not consumed yet).
+pub(crate) const MAX_MULTI_REQUEST_SIZE: c_int = 1;
+
+/// init (v11, v12): a context for the communicator `comm_id`.
+pub(crate) unsafe extern "C" fn init(
+    ctx: *mut VoidPtr,
+    comm_id: u64,
+    config: *mut ncclNetCommConfig_v11_t,
+    log: ncclDebugLogger_t,
+    prof: ncclProfilerCallback_t,
+) -> ncclResult_t {
+    // NCCL fuses devices through makeVDevice: the plugin never self-merges
+    crate::transport::ib::vdev::set_nccl_fuses(true);
+    // SAFETY: config may be NULL (no class); else NCCL's struct for this call.
+    let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
+    // SAFETY: forwarded NCCL out-pointer.
+    let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), prof) };
+    // the events' callback (process-wide: NCCL passes the same one to every context)
+    super::profiler::set_callback(prof);
+    r
+}
+
+pub(crate) unsafe extern "C" fn listen(ctx: *mut c_void, dev: c_int, handle: *mut c_void, lc: *mut VoidPtr) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::listen(Ctx::Handle(ctx), dev, handle, lc) }
+}
+
+pub(crate) unsafe extern "C" fn connect(
+    ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    sc: *mut VoidPtr,
+    dc: *mut *mut ncclNetDeviceHandle_v11_t,
+) -> ncclResult_t {
+    if !dc.is_null() {
+        // SAFETY: a non-null devComm out-pointer; host plugins return none.
+        unsafe { *dc = std::ptr::null_mut() };
+    }
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { c::connect(Ctx::Handle(ctx), dev, handle, sc, None) }
+}
+
+pub(crate) unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
+    c::finalize(ctx)
+}
+
+fn comm_attr(a: &ncclNetCommAttr_v11_t) -> CommAttr {
+    CommAttr {
+        max_concurrent_peers: a.maxConcurrentPeers,
+        min_concurrent_peers: a.minConcurrentPeers,
+        max_flows_per_peer: a.maxFlowsPerPeer,
+        min_flows_per_peer: a.minFlowsPerPeer,
+    }
+}
+
+pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> ncclResult_t {
+    // SAFETY: NCCL's struct for the duration of the call; NULL is reported.
+    let a = unsafe { attr.as_ref() }.map(|a| NetAttr {
+        send: comm_attr(&a.sendCommAttr),
+        recv: comm_attr(&a.recvCommAttr),
+        op: a.op,
+        algo: a.algo,
+        proto: a.proto,
+    });
+    c::set_net_attr(ctx, a)
+}
+
+unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v11_t) -> ncclResult_t {
+    guard("getProperties", || {
+        // SAFETY: out-pointer from NCCL.
+        let p = unsafe { out(props, "getProperties", "props")? };
+        let d = c::properties(dev)?;
+        let mut v = ncclNetVDeviceProps_v11_t { ndevs: 0, devs: [0; 4] };
+        v.ndevs = v9::vprops_into(dev, &mut v.devs);
+        *p = ncclNetProperties_v11_t {
+            name: d.name.as_ptr() as *mut _,
+            pciPath: c_str_or_null(d.pci_path),
+            guid: d.guid,
+            ptrSupport: d.ptr_support,
+            regIsGlobal: d.reg_is_global as c_int,
+            forceFlush: d.force_flush as c_int,
+            speed: d.speed_mbps,
+            port: d.port,
+            latency: d.latency_us,
+            maxComms: d.max_comms,
+            maxRecvs: d.max_recvs,
+            netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
+            vProps: v,
+            maxP2pBytes: d.max_p2p_bytes,
+            maxCollBytes: d.max_coll_bytes,
+            maxMultiRequestSize: MAX_MULTI_REQUEST_SIZE,
+        };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v11_t) -> ncclResult_t {
+    guard("makeVDevice", || {
+        // SAFETY: pointers from NCCL; NULL rejected.
+        let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
+        v9::make_vdevice_from(out_d, p.ndevs, &p.devs)
+    })
+}
+
+/// The v11 vtable (NCCL 2.28, 2.29 load it first; 2.30 after v12).
+#[no_mangle]
+pub static ncclNetPlugin_v11: Vtable<ncclNet_v11_t> = Vtable(ncclNet_v11_t {
+    name: NET_NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(v9::devices),
+    getProperties: Some(get_properties),
+    listen: Some(listen),
+    connect: Some(connect),
+    accept: Some(v9::accept),
+    regMr: Some(v8::reg_mr),
+    regMrDmaBuf: Some(v8::reg_mr_dmabuf),
+    deregMr: Some(v8::dereg_mr),
+    isend: Some(v10::isend),
+    irecv: Some(v10::irecv),
+    iflush: Some(v8::iflush),
+    test: Some(v8::test),
+    closeSend: Some(v8::close_send),
+    closeRecv: Some(v8::close_recv),
+    closeListen: Some(v8::close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+    makeVDevice: Some(make_vdevice),
+    finalize: Some(finalize),
+    setNetAttr: Some(set_net_attr),
+});
