@@ -404,6 +404,8 @@ knobs! {
     force_flush: Int<0, 1> = "RUSTNET_FORCE_FLUSH", default "0", accepts "0 or 1";
     /// 1: every verbs comm prints one INFO line on close with what each of its QPs carried (messages, bytes); the same line is logged at TRACE (NCCL_DEBUG=TRACE) without it.
     stats: Int<0, 1> = "RUSTNET_STATS", default "0", accepts "0 or 1";
+    /// NCCL profiler events (ABI v10+): with 1, when NCCL passes its profiler callback to init, the plugin reports a start and a stop event per posted verbs work request per QP and per TCP stream piece, linked to NCCL's per-request parent handle, in the formats of NCCL's own IB and socket transports (docs/profiler.md); 0 ignores the callback (no events, no cost).
+    profiler: Int<0, 1> = "RUSTNET_PROFILER", default "1", accepts "0 or 1";
     /// Testing only: panic on entry to the named vtable slot (e.g. `isend`), or inside isend/test after the transport changed its state (`isend:queued`, `test:progressed`), to prove the boundary catches it and fails that comm (see src/fault.rs).
     fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name, isend:queued or test:progressed";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.

@@ -23,6 +23,7 @@ pub mod fault;
 pub mod gpu;
 pub mod log;
 pub mod plugin;
+pub mod profiler;
 pub mod proto;
 pub mod registry;
 pub mod svg;

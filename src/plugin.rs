@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use crate::config::{Config, TransportChoice};
 use crate::context::{Member, NetContext};
 use crate::error::{Error, Result};
+use crate::profiler::Parent;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::ReqId;
 use crate::transport::ib::{self, vdev, IbNet};
@@ -588,15 +589,16 @@ impl Comm {
     ///
     /// # Safety
     /// `buf` must stay readable until the request completes.
-    pub unsafe fn isend(&self, buf: RawBuf, tag: i32, mr: Option<&MemHandle>) -> Result<Option<ReqId>> {
+    /// `parent`: NCCL's profiler parent handle (events are linked to it).
+    pub unsafe fn isend(&self, buf: RawBuf, tag: i32, mr: Option<&MemHandle>, parent: Option<Parent>) -> Result<Option<ReqId>> {
         let CommBody::Send(s) = &self.body else { return Err(Error::InvalidArg("isend on a receive comm".into())) };
         let r = match &mut *s.lock() {
             // SAFETY: forwarded from our caller.
-            AnySend::Tcp(t) => unsafe { t.isend(buf, tag) },
+            AnySend::Tcp(t) => unsafe { t.isend_p(buf, tag, parent) },
             // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
-            AnySend::Ib(c) => unsafe { c.isend(buf, tag, mr.and_then(|m| m.ib.as_ref())) },
+            AnySend::Ib(c) => unsafe { c.isend_p(buf, tag, mr.and_then(|m| m.ib.as_ref()), parent) },
             // SAFETY: as above.
-            AnySend::IbMulti(c) => unsafe { c.isend(buf, tag, &rail_mrs(mr)) },
+            AnySend::IbMulti(c) => unsafe { c.isend_p(buf, tag, &rail_mrs(mr), parent) },
         };
         if matches!(r, Ok(Some(_))) {
             // the transport took the send; NCCL never learns its request
@@ -609,18 +611,19 @@ impl Comm {
     ///
     /// # Safety
     /// Every buffer must stay writable until the request completes.
-    pub unsafe fn irecv(&self, bufs: &[RecvBuf], mrs: &[Option<&MemHandle>]) -> Result<Option<ReqId>> {
+    /// `parents[i]`: NCCL's profiler parent handle of buffer i.
+    pub unsafe fn irecv(&self, bufs: &[RecvBuf], mrs: &[Option<&MemHandle>], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("irecv on a send comm".into())) };
         match &mut *r.lock() {
             // SAFETY: forwarded from our caller.
-            AnyRecv::Tcp(t) => unsafe { t.irecv(bufs) },
+            AnyRecv::Tcp(t) => unsafe { t.irecv_p(bufs, parents) },
             AnyRecv::Ib(c) => {
                 let mut ibm: [Option<&ib::IbMr>; crate::transport::MAX_RECVS] = [None; crate::transport::MAX_RECVS];
                 for (o, m) in ibm.iter_mut().zip(mrs) {
                     *o = m.and_then(|m| m.ib.as_ref());
                 }
                 // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
-                unsafe { c.irecv(bufs, &ibm[..mrs.len().min(crate::transport::MAX_RECVS)]) }
+                unsafe { c.irecv_p(bufs, &ibm[..mrs.len().min(crate::transport::MAX_RECVS)], parents) }
             }
             AnyRecv::IbMulti(c) => {
                 const N: usize = crate::transport::MAX_RECVS;
@@ -630,7 +633,7 @@ impl Comm {
                 }
                 let refs: [&[Option<&ib::IbMr>]; N] = std::array::from_fn(|j| &per[j][..]);
                 // SAFETY: forwarded from our caller.
-                unsafe { c.irecv(bufs, &refs[..mrs.len().min(N)]) }
+                unsafe { c.irecv_p(bufs, &refs[..mrs.len().min(N)], parents) }
             }
         }
     }

@@ -56,6 +56,30 @@ impl Peer {
     }
 }
 
+/// With the driver's profiler checks on (RUSTNET_DRIVER_PROFILER=check):
+/// " prof=ok ..." when every start had its stop, nothing is open and the
+/// checks found nothing, else " prof=BAD ..." with what they found.
+fn prof_summary() -> String {
+    if driver::prof::mode() == driver::prof::Mode::Off {
+        return String::new();
+    }
+    let r = driver::prof::report();
+    let ok = r.errors.is_empty() && r.starts == r.stops && r.open == 0 && r.starts > 0;
+    format!(
+        " prof={} starts={} stops={} open={} ib={} sock={} ev_bytes={} parents_with_events={}/{}{}",
+        if ok { "ok" } else { "BAD" },
+        r.starts,
+        r.stops,
+        r.open,
+        r.ib,
+        r.sock,
+        r.bytes,
+        r.parents_with_events,
+        r.parents,
+        if r.errors.is_empty() { String::new() } else { format!(" errors={:?}", r.errors) }
+    )
+}
+
 fn env_u64(k: &str, d: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
 }
@@ -545,7 +569,7 @@ fn peer_main(role: String) {
                 peer.say(&format!("FAIL growth after {cycles} cycles: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB"));
                 std::process::exit(1);
             }
-            peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}"));
+            peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}{}", prof_summary()));
         }
         "killed_sender" => {
             // B sends big messages forever and gets SIGKILLed by the coordinator.
@@ -601,7 +625,7 @@ fn peer_main(role: String) {
             peer.p.close_listen(l).unwrap();
             peer.say("CYCLE");
             peer.hear("GO");
-            peer.say("DONE traffic over the fused device");
+            peer.say(&format!("DONE traffic over the fused device{}", prof_summary()));
         }
         "cross_round_tags" => {
             // Shared-comm pattern (PXN): two grouped receives of tags [1, 2];
@@ -742,6 +766,8 @@ fn peer_main(role: String) {
                 peer.say("FAIL no error 60 s after the peer was killed");
                 std::process::exit(1);
             };
+            // the failed comm ended its events before test reported the failure
+            let open_at_fail = driver::prof::report().open;
             // the send side towards the dead peer fails too (maybe after a few sends)
             let mut sbuf = vec![1u8; 1 << 20];
             let smh = peer.p.reg_mr(s, sbuf.as_mut_ptr(), sbuf.len()).unwrap();
@@ -771,10 +797,11 @@ fn peer_main(role: String) {
             peer.p.close_send(s).unwrap();
             peer.p.close_listen(l).unwrap();
             peer.say(&format!(
-                "DONE recv_error={} after_ms={} send_error={}",
+                "DONE recv_error={} after_ms={} send_error={} open_at_fail={open_at_fail}{}",
                 e.code,
                 t0.elapsed().as_millis(),
-                send_err.map_or(-1, |e| e.code)
+                send_err.map_or(-1, |e| e.code),
+                prof_summary()
             ));
         }
         "panic" => {
@@ -1144,9 +1171,13 @@ fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
 }
 
 fn killed_peer_case() -> Result<String, String> {
+    killed_peer_case_with(8, &[])
+}
+
+fn killed_peer_case_with(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", 8, "killed_receiver_side", &[]);
-    let mut b = spawn("B", 8, "killed_sender", &[]);
+    let mut a = spawn("A", version, "killed_receiver_side", env);
+    let mut b = spawn("B", version, "killed_sender", env);
     swap_handles(&mut a, &mut b, t)?;
     a.expect("POSTED", t)?;
     b.expect("STARTED", t)?;
@@ -1159,6 +1190,68 @@ fn killed_peer_case() -> Result<String, String> {
     }
     if !r.contains("send_error=6") && !r.contains("send_error=2") {
         return Err(format!("expected an error on the send side too: {r}"));
+    }
+    Ok(r)
+}
+
+/// The transport the peers use ("ib" when RUSTNET_TRANSPORT says so).
+fn on_verbs() -> bool {
+    std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib")
+}
+
+/// Pull `key=N` out of a peer's DONE line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+}
+
+/// ABI v10 traffic with the driver's profiler callback checking every call:
+/// both peers report exact pairing (as many stops as starts, none open after
+/// close, no stop without a start, none open when test reports its request
+/// done), parent handles as handed out, and events of the transport in use
+/// (QP events on verbs, socket events on TCP) covering the bytes moved.
+fn profiler_case(env: &[(&str, &str)]) -> Result<String, String> {
+    profiler_case_with(10, env, true)
+}
+
+/// `all_bytes`: the events must cover every byte moved (not so beyond 8
+/// streams or QPs: pieces past the eighth of a message carry no event).
+fn profiler_case_with(version: u32, env: &[(&str, &str)], all_bytes: bool) -> Result<String, String> {
+    let mut e: Vec<(&str, &str)> = vec![("RUSTNET_DRIVER_PROFILER", "check"), ("RUSTNET_CONF_CYCLES", "2")];
+    e.extend_from_slice(env);
+    let r = traffic_case(version, &e)?;
+    for side in r.split("; ") {
+        if !side.contains("prof=ok") {
+            return Err(format!("profiler events not paired or malformed: {side}"));
+        }
+        let (ib, sock) = (field(side, "ib"), field(side, "sock"));
+        if on_verbs() && (ib == 0 || sock > 0) || !on_verbs() && (sock == 0 || ib > 0) {
+            return Err(format!("events of the wrong transport (ib={ib} sock={sock}): {side}"));
+        }
+        // every byte moved lies in some event (sends and receives; verbs
+        // receive events carry the most a QP can land, so >=)
+        if all_bytes && field(side, "ev_bytes") < field(side, "bytes") {
+            return Err(format!("events cover fewer bytes than moved: {side}"));
+        }
+    }
+    Ok(r)
+}
+
+/// RUSTNET_PROFILER=0: the plugin ignores NCCL's callback (not one call).
+fn profiler_off_case() -> Result<String, String> {
+    let e = [("RUSTNET_DRIVER_PROFILER", "check"), ("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_PROFILER", "0")];
+    let r = traffic_case(10, &e)?;
+    if r.matches("starts=0 stops=0 open=0").count() != 2 || r.contains("errors=") {
+        return Err(format!("events with RUSTNET_PROFILER=0: {r}"));
+    }
+    Ok(r)
+}
+
+/// A peer killed mid-transfer with the profiler on: the failed comm stops
+/// its open events before test reports the failure, and pairing holds.
+fn profiler_killed_case() -> Result<String, String> {
+    let r = killed_peer_case_with(10, &[("RUSTNET_DRIVER_PROFILER", "check")])?;
+    if !r.contains("prof=ok") || !r.contains("open_at_fail=0") {
+        return Err(format!("events open after the failure, or unpaired: {r}"));
     }
     Ok(r)
 }
@@ -1316,9 +1409,13 @@ fn ipv6_case() -> Result<String, String> {
 /// makeVDevice through the .so (ABI v9 through v12), then traffic over the
 /// fused device; where the transport cannot fuse, both ends see a clean refusal.
 fn vdevice_case(version: u32) -> Result<String, String> {
+    vdevice_case_with(version, &[])
+}
+
+fn vdevice_case_with(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(240);
-    let mut a = spawn("A", version, "vdevice", &[]);
-    let mut b = spawn("B", version, "vdevice", &[]);
+    let mut a = spawn("A", version, "vdevice", env);
+    let mut b = spawn("B", version, "vdevice", env);
     let (fa, fb) = (a.expect("", t)?, b.expect("", t)?);
     if fa.starts_with("REFUSED") || fb.starts_with("REFUSED") {
         // only TCP refuses, with ncclInvalidUsage, and both ends alike
@@ -1337,9 +1434,18 @@ fn vdevice_case(version: u32) -> Result<String, String> {
     b.expect("CYCLE", t)?;
     a.send("GO");
     b.send("GO");
-    finish(a)?;
-    finish(b)?;
-    Ok(format!("A {fa}; B {fb}; traffic ok"))
+    let (ra, rb) = (finish(a)?, finish(b)?);
+    Ok(format!("A {fa}; B {fb}; traffic ok;{ra};{rb}"))
+}
+
+/// Verbs over a device NCCL fused (makeVDevice): every member's events
+/// link to NCCL's parent and pair exactly.
+fn profiler_fused_case() -> Result<String, String> {
+    let r = vdevice_case_with(10, &[("RUSTNET_DRIVER_PROFILER", "check")])?;
+    if r.matches("prof=ok").count() != 2 {
+        return Err(format!("profiler events not paired or malformed on the fused device: {r}"));
+    }
+    Ok(r)
 }
 
 fn cross_round_case() -> Result<String, String> {
@@ -1610,6 +1716,28 @@ fn main() {
         Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
     ));
     cases.push(("grouped_tags_across_rounds".into(), Box::new(cross_round_case)));
+    for v in [10u32, 11, 12] {
+        cases.push((format!("profiler_events_v{v}"), Box::new(move || profiler_case_with(v, &[], true))));
+    }
+    if !on_verbs() {
+        // several pieces per message, moved by helper threads
+        cases.push((
+            "profiler_events_v10_tcp_4_streams_helper".into(),
+            Box::new(|| {
+                profiler_case(&[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_SOCKET_HELPER", "1")])
+            }),
+        ));
+        // 12 pieces per large message: at most 8 events under one parent
+        cases.push((
+            "profiler_events_v10_tcp_12_streams_capped".into(),
+            Box::new(|| profiler_case_with(10, &[("NCCL_NSOCKS_PERTHREAD", "12"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K")], false)),
+        ));
+    }
+    cases.push(("profiler_events_peer_killed".into(), Box::new(profiler_killed_case)));
+    cases.push(("profiler_knob_off_no_events".into(), Box::new(profiler_off_case)));
+    if on_verbs() {
+        cases.push(("profiler_events_fused_device".into(), Box::new(profiler_fused_case)));
+    }
     for v in [9u32, 10, 11, 12] {
         cases.push((format!("vdevice_v{v}"), Box::new(move || vdevice_case(v))));
     }

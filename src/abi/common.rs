@@ -9,6 +9,7 @@ use crate::abi::sys::ncclResult_t;
 use crate::context::{NetAttr, NetContext};
 use crate::error::{Error, Result};
 use crate::plugin::{self, Dir, MemHandle};
+use crate::profiler::{Parent, Profiler};
 use crate::proto::handle::HANDLE_SIZE;
 use crate::transport::{DeviceProps, MemKind, RawBuf, RecvBuf, MAX_RECVS, PTR_CUDA, PTR_DMABUF, PTR_HOST};
 
@@ -217,6 +218,30 @@ pub(crate) unsafe fn dereg_mr(_comm: VoidPtr, mhandle: VoidPtr) -> ncclResult_t 
 }
 
 pub(crate) unsafe fn isend(comm: VoidPtr, data: VoidPtr, size: usize, tag: c_int, mhandle: VoidPtr, request: *mut VoidPtr) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers; no parent handle before v10.
+    unsafe { isend_p(comm, data, size, tag, mhandle, std::ptr::null_mut(), request) }
+}
+
+/// NCCL's profiler parent handle, when events are on (NULL: none).
+#[inline]
+fn parent(ph: VoidPtr) -> Option<Parent> {
+    if Profiler::enabled() {
+        Parent::from_addr(ph as usize)
+    } else {
+        None
+    }
+}
+
+/// isend with NCCL's profiler parent handle `phandle` (v10+).
+pub(crate) unsafe fn isend_p(
+    comm: VoidPtr,
+    data: VoidPtr,
+    size: usize,
+    tag: c_int,
+    mhandle: VoidPtr,
+    phandle: VoidPtr,
+    request: *mut VoidPtr,
+) -> ncclResult_t {
     guard_on("isend", comm, || {
         let c = live_comm(comm, Some(Dir::Send), "isend")?;
         // SAFETY: out-pointer from NCCL.
@@ -226,7 +251,7 @@ pub(crate) unsafe fn isend(comm: VoidPtr, data: VoidPtr, size: usize, tag: c_int
             nonnull(data as *const u8, "isend", "data")?;
         }
         // SAFETY: NCCL keeps `data` valid until the request completes; mhandle from regMr.
-        let id = unsafe { c.isend(RawBuf { ptr: data as *mut u8, len: size }, tag, opt_mr(mhandle, "isend")?)? };
+        let id = unsafe { c.isend(RawBuf { ptr: data as *mut u8, len: size }, tag, opt_mr(mhandle, "isend")?, parent(phandle))? };
         if let Some(id) = id {
             *req = handles::req_encode(comm, id);
         }
@@ -244,6 +269,23 @@ pub(crate) unsafe fn irecv(
     mhandles: *mut VoidPtr,
     request: *mut VoidPtr,
 ) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers; no parent handles before v10.
+    unsafe { irecv_p(comm, n, data, sizes, tags, mhandles, std::ptr::null_mut(), request) }
+}
+
+/// irecv with NCCL's profiler parent handles `phandles` (v10+; the array,
+/// or NULL for none).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn irecv_p(
+    comm: VoidPtr,
+    n: c_int,
+    data: *mut VoidPtr,
+    sizes: &[usize],
+    tags: *mut c_int,
+    mhandles: *mut VoidPtr,
+    phandles: *mut VoidPtr,
+    request: *mut VoidPtr,
+) -> ncclResult_t {
     guard_on("irecv", comm, || {
         let c = live_comm(comm, Some(Dir::Recv), "irecv")?;
         // SAFETY: out-pointer from NCCL.
@@ -254,17 +296,22 @@ pub(crate) unsafe fn irecv(
         nonnull(tags, "irecv", "tags")?;
         let mut bufs = [RecvBuf { buf: RawBuf::EMPTY, tag: 0 }; MAX_RECVS];
         let mut mrs: [Option<&MemHandle>; MAX_RECVS] = [None; MAX_RECVS];
+        let mut parents = [None; MAX_RECVS];
+        let with_parents = !phandles.is_null() && Profiler::enabled();
         for i in 0..n {
-            // SAFETY: NCCL passes arrays of n entries.
+            // SAFETY: NCCL passes arrays of n entries (phandles too, when not NULL).
             unsafe {
                 bufs[i] = RecvBuf { buf: RawBuf { ptr: *data.add(i) as *mut u8, len: sizes[i] }, tag: *tags.add(i) };
                 if !mhandles.is_null() {
                     mrs[i] = opt_mr(*mhandles.add(i), "irecv")?;
                 }
+                if with_parents {
+                    parents[i] = parent(*phandles.add(i));
+                }
             }
         }
         // SAFETY: NCCL keeps the buffers valid until the request completes.
-        if let Some(id) = unsafe { c.irecv(&bufs[..n], &mrs[..n])? } {
+        if let Some(id) = unsafe { c.irecv(&bufs[..n], &mrs[..n], &parents[..n])? } {
             *req = handles::req_encode(comm, id);
         }
         Ok(())

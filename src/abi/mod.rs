@@ -8,6 +8,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub(crate) mod handles;
+pub mod profiler;
 pub mod result;
 pub mod sys;
 mod v10;

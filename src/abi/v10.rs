@@ -12,7 +12,10 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) 
     crate::transport::ib::vdev::set_nccl_fuses(true);
     // v10 comms all belong to the implicit context: its profiler callback
     crate::context::implicit().set_profiler(prof);
-    c::init(v8::logger(log))
+    let r = c::init(v8::logger(log));
+    // the events' callback (process-wide, see abi/profiler.rs)
+    super::profiler::set_callback(prof);
+    r
 }
 
 unsafe extern "C" fn connect(
@@ -38,11 +41,11 @@ pub(crate) unsafe extern "C" fn isend(
     size: usize,
     tag: c_int,
     mh: *mut c_void,
-    _ph: *mut c_void,
+    ph: *mut c_void,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
-    unsafe { v9::isend(sc, data, size, tag, mh, req) }
+    unsafe { c::isend_p(sc, data, size, tag, mh, ph, req) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -53,11 +56,11 @@ pub(crate) unsafe extern "C" fn irecv(
     sizes: *mut usize,
     tags: *mut c_int,
     mh: *mut VoidPtr,
-    _ph: *mut VoidPtr,
+    ph: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
     // SAFETY: forwarded NCCL pointers.
-    unsafe { v9::irecv(rc, n, data, sizes, tags, mh, req) }
+    unsafe { v9::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
 }
 
 /// The v10 vtable (NCCL 2.26 through 2.30 accept it).

@@ -29,7 +29,10 @@ pub(crate) unsafe extern "C" fn init(
     // SAFETY: config may be NULL (no class); else NCCL's struct for this call.
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: forwarded NCCL out-pointer.
-    unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), prof) }
+    let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), prof) };
+    // the events' callback (process-wide: NCCL passes the same one to every context)
+    super::profiler::set_callback(prof);
+    r
 }
 
 pub(crate) unsafe extern "C" fn listen(ctx: *mut c_void, dev: c_int, handle: *mut c_void, lc: *mut VoidPtr) -> ncclResult_t {

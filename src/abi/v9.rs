@@ -123,13 +123,29 @@ pub(crate) unsafe extern "C" fn irecv(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
+    // SAFETY: forwarded NCCL pointers.
+    unsafe { irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
+}
+
+/// irecv with NCCL's profiler parent handles (v10+; NULL: none).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn irecv_p(
+    rc: *mut c_void,
+    n: c_int,
+    data: *mut VoidPtr,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mh: *mut VoidPtr,
+    ph: *mut VoidPtr,
+    req: *mut VoidPtr,
+) -> ncclResult_t {
     // SAFETY: NCCL passes n sizes.
     let s = match unsafe { c::recv_sizes(n, sizes) } {
         Ok(s) => s,
         Err(e) => return guard("irecv", || Err(e)),
     };
     // SAFETY: forwarded NCCL pointers.
-    unsafe { c::irecv(rc, n, data, &s, tags, mh, req) }
+    unsafe { c::irecv_p(rc, n, data, &s, tags, mh, ph, req) }
 }
 
 /// The v9 vtable (NCCL 2.24, 2.25). `makeVDevice` fuses devices (verbs; TCP refuses, which NCCL tolerates).

@@ -520,6 +520,16 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
         }
         let _ = n.p.close_listen(l);
     }
+    if driver::prof::mode() != driver::prof::Mode::Off {
+        // RUSTNET_DRIVER_PROFILER=count|check: say that events flowed (and paired)
+        let r = driver::prof::report();
+        eprintln!(
+            "rank {me}: profiler callback saw {} starts, {} stops{}",
+            r.starts,
+            r.stops,
+            if r.errors.is_empty() { String::new() } else { format!(", errors {:?}", r.errors) }
+        );
+    }
     Ok(())
 }
 

@@ -18,6 +18,7 @@ use super::ffi::{self, ibv_wc};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
+use crate::profiler::{EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
 use crate::proto::eager::{self, CtsQueue, EagerRx, EagerTx, Header, HDR_BYTES, RING_SLOTS};
 use crate::proto::fifo::{
     self, Cts, FailCode, Group, Imm, ImmKind, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH,
@@ -112,6 +113,9 @@ pub(super) struct Link {
     /// The out-of-band socket still carries the connection handshake (the
     /// receiver's metadata, READY): liveness probes must not read it.
     handshake: bool,
+    /// Open profiler events by request slot (None: profiling off when the
+    /// comm was built). Declared after the QPs: dropped (stopped) last.
+    ev: Option<EventSlots>,
 }
 
 fn is_remote_status(s: u32) -> bool {
@@ -151,6 +155,19 @@ impl Link {
             eager_stats: (0, 0),
             ctl_posts: 0,
             handshake: true,
+            ev: None,
+        }
+    }
+
+    /// Index of our QP `qpn`.
+    fn qp_index(&self, qpn: u32) -> Option<usize> {
+        self.qps.iter().position(|q| q.qpn() == qpn)
+    }
+
+    /// The failure ends every open event: nothing more moves.
+    fn stop_events(&mut self) {
+        if let Some(ev) = &mut self.ev {
+            ev.stop_all();
         }
     }
 
@@ -199,6 +216,7 @@ impl Link {
         if self.failed.is_none() {
             tracing::warn!("{}: comm failed: {e}", self.dev.name);
             self.failed = Some(e);
+            self.stop_events();
             // Stop the QPs so nothing more lands in our memory.
             for q in &self.qps {
                 let _ = q.set_error();
@@ -219,6 +237,7 @@ impl Link {
         if self.failed.is_none() {
             tracing::warn!("{}: comm failed: {e}", self.dev.name);
             self.failed = Some(e);
+            self.stop_events();
         }
     }
 
@@ -469,6 +488,7 @@ impl SendComm {
                     let qps = connect::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
                     self.link.qps = qps;
                     self.link.init_stats();
+                    self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
                     self.link.set_peer(&remote);
                     self.remote_sizes = (remote.addr, remote.rkey);
                     if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
@@ -619,6 +639,16 @@ impl SendComm {
     /// `buf` must stay readable, and `mr` registered, until `test` reports
     /// this request done or failed.
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>) -> Result<Option<ReqId>> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.isend_p(buf, tag, mr, None) }
+    }
+
+    /// [`Self::isend`] with NCCL's profiler parent handle: one event per
+    /// QP the message's writes go out on.
+    ///
+    /// # Safety
+    /// As [`Self::isend`].
+    pub unsafe fn isend_p(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>, parent: Option<Parent>) -> Result<Option<ReqId>> {
         self.link.check()?;
         let lkey = check_buf("isend", buf, mr, &self.link.dev, Access::LOCAL_READ)?;
         // The credit word first, the CTS FIFO after: the receiver writes CTS
@@ -630,6 +660,9 @@ impl SendComm {
             match self.fifo.match_send(tag, buf.len) {
                 Ok(i) => {
                     let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: false }) else { return Ok(None) };
+                    if let Some(ev) = &mut self.link.ev {
+                        ev.set_parents(id, &[parent]);
+                    }
                     self.link.progressed();
                     if let Some(e) = &mut self.eager {
                         e.st.on_rendezvous(tag);
@@ -665,7 +698,7 @@ impl SendComm {
             }
         }
         // SAFETY: forwarded from our caller.
-        if let Some(id) = unsafe { self.try_eager(buf, tag, freed)? } {
+        if let Some(id) = unsafe { self.try_eager(buf, tag, freed, parent)? } {
             return Ok(Some(id));
         }
         if self.eager.is_some() {
@@ -686,7 +719,7 @@ impl SendComm {
     ///
     /// # Safety
     /// `buf` must be readable (it is copied before this returns).
-    unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64) -> Result<Option<ReqId>> {
+    unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64, parent: Option<Parent>) -> Result<Option<ReqId>> {
         let Some(e) = &self.eager else { return Ok(None) };
         if let Err(what) = e.st.check_credits(freed) {
             return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what }));
@@ -725,11 +758,26 @@ impl SendComm {
             signaled,
             inline: len <= self.link.max_inline as usize,
         };
+        if let Some(ev) = &mut self.link.ev {
+            // one event for the one write on QP 0, until the send is reported done
+            ev.set_parents(id, &[parent]);
+            let f = Fields::Qp {
+                device: self.link.dev.index as i32,
+                qpn: self.link.qps[0].qpn(),
+                opcode: OP_RDMA_WRITE,
+                wr_id: wr.wr_id,
+                len: buf.len,
+            };
+            ev.start(id, 0, 0, &f);
+        }
         // SAFETY: the source is this slot of our staging, which lives in this
         // comm after the QPs (field order) and is rewritten only for message
         // idx + RING_SLOTS, which needs the receiver's credit for idx, i.e.
         // after this write landed.
         if let Err(err) = unsafe { self.link.qps[0].post_writes(&[wr]) } {
+            if let Some(ev) = &mut self.link.ev {
+                ev.stop_req(id);
+            }
             let _ = self.reqs.release(id);
             return Err(self.link.fail_with(err));
         }
@@ -822,6 +870,9 @@ impl SendComm {
                 *w = SendWr { wr_id: g.seq, local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: inl };
             }
             let qi = (first + lane) % nqps;
+            if fail.is_none() && self.link.ev.is_some() && lane < MAX_EVENTS_PER_PARENT {
+                self.lane_events(g, qi, lane, nlanes, &plan[..k]);
+            }
             let qp = &self.link.qps[qi];
             if let Some(st) = self.link.stats.get_mut(qi) {
                 st.msgs += 1;
@@ -845,6 +896,24 @@ impl SendComm {
             }
         }
         Ok(())
+    }
+
+    /// Profiler events of one lane about to be posted on QP `qi`: one per
+    /// send of the group (as NCCL's IB transport: per request per QP), its
+    /// share of the lane's bytes, the opcode of its write (a send with no
+    /// bytes on this lane: the lane's last write, whose completion it waits for).
+    fn lane_events(&mut self, g: &Group, qi: usize, lane: usize, nlanes: usize, plan: &[PlannedWr]) {
+        let qpn = self.link.qps[qi].qpn();
+        let device = self.link.dev.index as i32;
+        let op = |w: &PlannedWr| if w.imm.is_some() { OP_RDMA_WRITE_WITH_IMM } else { OP_RDMA_WRITE };
+        let last = plan.last().map_or(OP_RDMA_WRITE_WITH_IMM, op);
+        let Some(ev) = &mut self.link.ev else { return };
+        for e in (0..g.n).filter(|&e| !g.is_eager(e)) {
+            let Some(id) = g.reqs[e] else { continue };
+            let len = fifo::chunk(g.sizes[e] as usize, lane, nlanes).1;
+            let opcode = plan.iter().find(|w| matches!(w.kind, WrKind::Data { elem, .. } if elem == e)).map_or(last, op);
+            ev.start(id, qi, 0, &Fields::Qp { device, qpn, opcode, wr_id: g.seq, len });
+        }
     }
 
     /// Writes posted whose completion has not been seen yet.
@@ -882,6 +951,14 @@ impl SendComm {
                     continue;
                 }
                 f.lanes_left -= 1;
+                if let Some(ev) = &mut self.link.ev {
+                    // this QP's share of each send is on the wire and acknowledged
+                    if let Some(qi) = self.link.qps.iter().position(|q| q.qpn() == wc.qp_num) {
+                        for r in f.reqs[..f.n].iter().flatten() {
+                            ev.stop(*r, qi);
+                        }
+                    }
+                }
                 if f.lanes_left == 0 {
                     f.active = false;
                     for r in f.reqs[..f.n].iter().flatten() {
@@ -909,19 +986,27 @@ impl SendComm {
         let r = self.reqs.get(id).unwrap();
         if r.done {
             let size = r.size;
-            self.reqs.release(id).unwrap();
+            self.release(id);
             return Ok(Some(Completion::one(size)));
         }
         if let Err(e) = self.link.check() {
-            let _ = self.reqs.release(id);
+            self.release(id);
             return Err(e);
         }
         self.link.idle_tick(self.reqs.len());
         if let Err(e) = self.link.check() {
-            let _ = self.reqs.release(id);
+            self.release(id);
             return Err(e);
         }
         Ok(None)
+    }
+
+    /// Free a request NCCL is told about (done or failed): its events end first.
+    fn release(&mut self, id: ReqId) {
+        if let Some(ev) = &mut self.link.ev {
+            ev.stop_req(id);
+        }
+        let _ = self.reqs.release(id);
     }
 }
 
@@ -1087,6 +1172,8 @@ impl RecvComm {
         }
         link.qps = qps;
         link.init_stats();
+        // events: one per receive buffer per QP (index buffer * nq + QP)
+        link.ev = EventSlots::new(RECV_POOL, MAX_RECVS * nq);
         link.set_peer(remote);
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         let limit = offer.min(remote.eager) as usize;
@@ -1208,6 +1295,16 @@ impl RecvComm {
     /// Every buffer must stay writable, and its registration alive, until
     /// `test` reports this request done or failed.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.irecv_p(bufs, mrs, &[]) }
+    }
+
+    /// [`Self::irecv`] with NCCL's profiler parent handle of each buffer:
+    /// one event per buffer per QP the message's writes arrive on.
+    ///
+    /// # Safety
+    /// As [`Self::irecv`].
+    pub unsafe fn irecv_p(&mut self, bufs: &[RecvBuf], mrs: &[Option<&IbMr>], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         self.link.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
@@ -1231,7 +1328,7 @@ impl RecvComm {
         let seq = self.cts.next();
         let slot = (seq % FIFO_DEPTH as u64) as usize;
         let nqps = self.link.qps.len();
-        let (_, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
+        let (first, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
         if self.by_slot[slot].is_some() || !self.cts.can_post() {
             self.poll();
             if self.by_slot[slot].is_some() || !self.cts.can_post() {
@@ -1252,6 +1349,18 @@ impl RecvComm {
         self.cts_store[slot][..n].copy_from_slice(&cts[..n]);
         self.slot_n[slot] = n as u8;
         self.by_slot[slot] = Some((seq, id));
+        if let Some(ev) = &mut self.link.ev {
+            ev.set_parents(id, parents);
+            let device = self.link.dev.index as i32;
+            for lane in 0..nlanes.min(MAX_EVENTS_PER_PARENT) {
+                let qi = (first + lane) % nqps;
+                let qpn = self.link.qps[qi].qpn();
+                for (i, &cap) in caps[..n].iter().enumerate() {
+                    let len = fifo::chunk(cap, lane, nlanes).1;
+                    ev.start(id, i * nqps + qi, i, &Fields::Qp { device, qpn, opcode: OP_RECV_RDMA_WITH_IMM, wr_id: seq, len });
+                }
+            }
+        }
         let mut deferrable = false;
         let mut js = [None; MAX_RECVS];
         if let Some(e) = &mut self.eager {
@@ -1561,7 +1670,8 @@ impl RecvComm {
 
     fn complete_recv(&mut self, wc: &ibv_wc) -> Result<()> {
         // keep the receive queue full (receive WRs are not tied to a receive)
-        if let Some(q) = self.link.qps.iter().find(|q| q.qpn() == wc.qp_num) {
+        let qi = self.link.qp_index(wc.qp_num);
+        if let Some(q) = qi.map(|i| &self.link.qps[i]) {
             q.post_recv_empty(RECV_WR)?;
         }
         if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
@@ -1580,6 +1690,13 @@ impl RecvComm {
                 what: format!("completion {imm:?} for FIFO slot {slot}, which has no receive waiting for a rendezvous"),
             });
         };
+        if let (Some(ev), Some(qi)) = (&mut self.link.ev, qi) {
+            // what this QP carries of every buffer of the receive has landed
+            let nq = self.link.qps.len();
+            for i in 0..MAX_RECVS {
+                ev.stop(id, i * nq + qi);
+            }
+        }
         let link = &self.link;
         let sizes_mem = &self.sizes_mem;
         let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive #{seq}: {s}")))?;
@@ -1665,6 +1782,10 @@ impl RecvComm {
         if r.done {
             let mut c = Completion { n: if r.flush { 0 } else { r.n }, sizes: [0; MAX_RECVS] };
             c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+            if let Some(ev) = &mut self.link.ev {
+                // buffers filled by eager messages had no completion of their own
+                ev.stop_req(id);
+            }
             self.reqs.release(id).unwrap();
             return Ok(Some(c));
         }
@@ -1675,6 +1796,9 @@ impl RecvComm {
             self.link.idle_tick(self.reqs.len());
         }
         if let Some(e) = self.link.failed.clone() {
+            if let Some(ev) = &mut self.link.ev {
+                ev.stop_req(id);
+            }
             let r = self.reqs.release(id).unwrap();
             let slot = (r.seq % FIFO_DEPTH as u64) as usize;
             if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {

@@ -26,6 +26,7 @@ use super::p2p::{QpStat, RecvComm, SendComm};
 use super::reg::IbMr;
 use super::topo::{nic_key, NumaScope};
 use crate::error::{Error, Result};
+use crate::profiler::Parent;
 use crate::proto::fifo;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::{Pool, ReqId};
@@ -403,6 +404,17 @@ impl MultiSend {
     /// # Safety
     /// As [`SendComm::isend`].
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.isend_p(buf, tag, mrs, None) }
+    }
+
+    /// [`Self::isend`] with NCCL's profiler parent handle (every member's
+    /// events link to it).
+    ///
+    /// # Safety
+    /// As [`SendComm::isend`].
+    #[allow(clippy::needless_range_loop)]
+    pub unsafe fn isend_p(&mut self, buf: RawBuf, tag: i32, mrs: &[Option<&IbMr>], parent: Option<Parent>) -> Result<Option<ReqId>> {
         let k = self.rails.len();
         let mut caps = [0usize; MAX_MEMBERS];
         // ask every member, not only up to the first that is not ready: each
@@ -429,7 +441,7 @@ impl MultiSend {
             let mr = mrs.get(i).copied().flatten();
             let r = &mut self.rails[i];
             // SAFETY: a sub-range of the caller's buffer, same contract.
-            let sid = match unsafe { r.isend(sub, tag, mr) } {
+            let sid = match unsafe { r.isend_p(sub, tag, mr, parent) } {
                 Ok(Some(s)) => s,
                 Ok(None) => {
                     let _ = self.reqs.release(id);
@@ -504,6 +516,15 @@ impl MultiRecv {
     /// # Safety
     /// As [`RecvComm::irecv`].
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[&[Option<&IbMr>]]) -> Result<Option<ReqId>> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.irecv_p(bufs, mrs, &[]) }
+    }
+
+    /// [`Self::irecv`] with NCCL's profiler parent handle of each buffer.
+    ///
+    /// # Safety
+    /// As [`RecvComm::irecv`].
+    pub unsafe fn irecv_p(&mut self, bufs: &[RecvBuf], mrs: &[&[Option<&IbMr>]], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         let k = self.rails.len();
         let n = bufs.len().min(MAX_RECVS);
         // post on no member unless every member takes it now (and ask them
@@ -528,7 +549,7 @@ impl MultiRecv {
             }
             let r = &mut self.rails[i];
             // SAFETY: sub-ranges of the caller's buffers, same contract.
-            let rid = match unsafe { r.irecv(&sub[..n], &smr[..n]) } {
+            let rid = match unsafe { r.irecv_p(&sub[..n], &smr[..n], parents) } {
                 Ok(Some(x)) => Ok(x),
                 // member 0 busy after all: nothing posted yet, NCCL retries
                 Ok(None) if i == 0 => {

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use super::sys::{self, EventFd, Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
+use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
@@ -51,6 +52,8 @@ struct Piece {
     data: *const u8,
     len: usize,
     done: usize,
+    /// Its profiler event (stopped when the piece is written or dropped).
+    ev: Option<OpenEvent>,
 }
 
 struct SendReq {
@@ -61,6 +64,13 @@ struct SendReq {
 struct SendStream {
     sock: Socket,
     q: VecDeque<Piece>,
+}
+
+impl SendStream {
+    /// A profiler event for a piece of `len` bytes on this stream.
+    fn event(&self, parent: Parent, len: usize) -> Option<OpenEvent> {
+        Profiler::start(parent, &Fields::Sock { fd: self.sock.as_raw_fd(), op: SOCK_SEND, len })
+    }
 }
 
 /// How often a send side waiting on its peer looks at TCP_INFO.
@@ -183,7 +193,8 @@ impl SendCore {
     ///
     /// # Safety
     /// `buf` must stay readable until `test` reports this request done or failed.
-    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, eager: bool) -> Result<Option<ReqId>> {
+    /// `parent`: NCCL's profiler parent handle; each piece is one event.
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, eager: bool, parent: Option<Parent>) -> Result<Option<ReqId>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -198,13 +209,15 @@ impl SendCore {
         // write now would most likely only return EAGAIN.
         let idle = self.streams.iter().all(|st| st.q.is_empty());
         if buf.len == 0 {
-            self.streams[0].q.push_back(Piece { req: id, hdr, hdr_len: HDR_LEN, data: std::ptr::null(), len: 0, done: 0 });
+            let ev = parent.and_then(|p| self.streams[0].event(p, 0));
+            self.streams[0].q.push_back(Piece { req: id, hdr, hdr_len: HDR_LEN, data: std::ptr::null(), len: 0, done: 0, ev });
         }
         for (s, off, len) in wire::chunks(buf.len, self.streams.len(), self.min_chunk) {
             let hdr_len = if s == 0 { HDR_LEN } else { 0 };
             // SAFETY: off < buf.len, inside the caller's buffer.
             let data = unsafe { buf.ptr.add(off) } as *const u8;
-            self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0 });
+            let ev = parent.filter(|_| s < MAX_EVENTS_PER_PARENT).and_then(|p| self.streams[s].event(p, len));
+            self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0, ev });
         }
         if idle && eager {
             self.progress();
@@ -296,6 +309,7 @@ impl SendCore {
         if let Some(e) = &self.failed {
             let e = e.clone();
             let _ = self.reqs.release(id);
+            self.stop_events();
             return Err(e);
         }
         if !done {
@@ -303,6 +317,18 @@ impl SendCore {
         }
         self.reqs.release(id).unwrap();
         Ok(Some(Completion::one(size)))
+    }
+}
+
+impl SendCore {
+    /// The comm failed: stop the events of every piece still queued (no
+    /// byte of theirs moves any more; NCCL learns of the failure next).
+    fn stop_events(&mut self) {
+        for st in &mut self.streams {
+            for p in st.q.iter_mut() {
+                p.ev = None;
+            }
+        }
     }
 }
 
@@ -335,6 +361,8 @@ struct Expect {
     ptr: *mut u8,
     len: usize,
     got: usize,
+    /// Its profiler event (stopped when the piece is read or dropped).
+    ev: Option<OpenEvent>,
 }
 
 struct RecvReq {
@@ -344,6 +372,8 @@ struct RecvReq {
     sizes: [usize; MAX_RECVS],
     unmatched: usize,
     pieces_left: usize,
+    /// NCCL's profiler parent handle of each buffer.
+    parents: [Option<Parent>; MAX_RECVS],
 }
 
 struct RecvStream {
@@ -409,7 +439,8 @@ impl RecvCore {
     ///
     /// # Safety
     /// Every buffer must stay writable until `test` reports this request done or failed.
-    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
+    /// `parents[i]`: NCCL's profiler parent handle of buffer i.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -423,10 +454,12 @@ impl RecvCore {
             sizes: [0; MAX_RECVS],
             unmatched: bufs.len(),
             pieces_left: 0,
+            parents: [None; MAX_RECVS],
         };
         for (i, b) in bufs.iter().enumerate() {
             r.bufs[i] = *b;
             r.specs[i] = RecvSpec { cap: b.buf.len, tag: b.tag, matched: false };
+            r.parents[i] = parents.get(i).copied().flatten();
         }
         let Some(id) = self.reqs.alloc(r) else { return Ok(None) };
         self.order.push_back(id);
@@ -560,11 +593,16 @@ impl RecvCore {
         r.sizes[i] = size;
         r.unmatched -= 1;
         let base = r.bufs[i].buf.ptr;
+        let parent = r.parents[i];
         let nstreams = self.streams.len();
         for (s, off, len) in wire::chunks(size, nstreams, self.min_chunk) {
             // SAFETY: off + len <= size <= the posted capacity (checked by match_recv).
             let ptr = unsafe { base.add(off) };
-            self.streams[s].q.push_back(Expect { req: id, ptr, len, got: 0 });
+            let st = &mut self.streams[s];
+            let ev = parent
+                .filter(|_| s < MAX_EVENTS_PER_PARENT)
+                .and_then(|p| Profiler::start(p, &Fields::Sock { fd: st.sock.as_raw_fd(), op: SOCK_RECV, len }));
+            st.q.push_back(Expect { req: id, ptr, len, got: 0, ev });
             r.pieces_left += 1;
         }
         if r.unmatched == 0 {
@@ -632,6 +670,12 @@ impl RecvCore {
             let e = e.clone();
             if self.reqs.release(id).is_ok() {
                 self.order.retain(|&o| o != id);
+            }
+            // no byte moves any more: stop every piece's event before NCCL hears of it
+            for st in &mut self.streams {
+                for x in st.q.iter_mut() {
+                    x.ev = None;
+                }
             }
             return Err(e);
         }
@@ -849,15 +893,24 @@ impl SendComm {
     /// # Safety
     /// `buf` must stay readable until `test` reports this request done or failed.
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.isend_p(buf, tag, None) }
+    }
+
+    /// [`Self::isend`] with NCCL's profiler parent handle.
+    ///
+    /// # Safety
+    /// As [`Self::isend`].
+    pub unsafe fn isend_p(&mut self, buf: RawBuf, tag: i32, parent: Option<Parent>) -> Result<Option<ReqId>> {
         match self {
             // SAFETY: forwarded from our caller.
-            SendComm::Direct(c) => unsafe { c.isend(buf, tag, true) },
+            SendComm::Direct(c) => unsafe { c.isend(buf, tag, true, parent) },
             SendComm::Helper(h) => {
                 let mut c = h.sh.core.lock();
                 // the caller writes what fits at once (no hand-off for a
                 // small message); the helper takes over what is left
                 // SAFETY: forwarded from our caller.
-                let r = unsafe { c.isend(buf, tag, true) };
+                let r = unsafe { c.isend(buf, tag, true, parent) };
                 let left = c.streams.iter().any(|st| !st.q.is_empty());
                 drop(c);
                 if left && matches!(r, Ok(Some(_))) {
@@ -942,12 +995,21 @@ impl RecvComm {
     /// # Safety
     /// Every buffer must stay writable until `test` reports this request done or failed.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.irecv_p(bufs, &[]) }
+    }
+
+    /// [`Self::irecv`] with NCCL's profiler parent handle of each buffer.
+    ///
+    /// # Safety
+    /// As [`Self::irecv`].
+    pub unsafe fn irecv_p(&mut self, bufs: &[RecvBuf], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         match self {
             // SAFETY: forwarded from our caller.
-            RecvComm::Direct(c) => unsafe { c.irecv(bufs) },
+            RecvComm::Direct(c) => unsafe { c.irecv(bufs, parents) },
             RecvComm::Helper(h) => {
                 // SAFETY: forwarded from our caller.
-                let r = unsafe { h.sh.core.lock().irecv(bufs) };
+                let r = unsafe { h.sh.core.lock().irecv(bufs, parents) };
                 if matches!(r, Ok(Some(_))) {
                     h.posted();
                 }

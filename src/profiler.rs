@@ -1,0 +1,315 @@
+//! NCCL profiler events (ABI v10+): start/stop events for the plugin's own
+//! work, in the formats NCCL's IB and socket transports emit, linked to the
+//! per-request parent handle NCCL passes to isend/irecv. See
+//! `docs/profiler.md` for the formats and where they come from.
+//!
+//! This is the safe half. The C callback itself lives in
+//! [`crate::abi::profiler`]; the core only sees:
+//! - [`Profiler::enabled`]: one relaxed atomic load (no callback, or NCCL
+//!   passed NULL: false, and nothing else runs);
+//! - [`Profiler::start`] -> [`OpenEvent`]: an open event that is stopped
+//!   exactly once, when it is dropped (or [`OpenEvent::stop`]ped), so every
+//!   path that ends an event (completion, failure, close) pairs it by
+//!   construction;
+//! - [`EventSlots`]: the open events of one comm, preallocated when the
+//!   comm is built with profiling on and keyed by request slot, so the data
+//!   path never allocates.
+use std::num::NonZeroUsize;
+
+use crate::proto::pool::ReqId;
+use crate::transport::MAX_RECVS;
+
+/// NCCL's parent handle for one request (one receive buffer): the `phandle`
+/// of isend, `phandles[i]` of irecv. Opaque: only handed back to NCCL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent(NonZeroUsize);
+
+impl Parent {
+    /// From NCCL's pointer value; NULL (bootstrap traffic, or an old ABI)
+    /// is no parent, and then no events are emitted: NCCL's callback
+    /// dereferences the parent on start.
+    pub fn from_addr(addr: usize) -> Option<Parent> {
+        NonZeroUsize::new(addr).map(Parent)
+    }
+
+    /// The pointer value.
+    pub fn addr(self) -> usize {
+        self.0.get()
+    }
+}
+
+/// Events per parent handle at most: NCCL's IB transport never has more
+/// per request (`MAX_QPS_PER_REQ`, `src/transport/net_ib/common.h`), and
+/// NCCL's example profiler stores that many per proxy step without a bound
+/// check (`MAX_EVENTS_PER_REQ`, `ext-profiler/example/event.h`). Pieces or
+/// QPs beyond it move without an event.
+pub const MAX_EVENTS_PER_PARENT: usize = 8;
+
+/// `ibv_wr_opcode` IBV_WR_RDMA_WRITE.
+pub const OP_RDMA_WRITE: i32 = 0;
+/// `ibv_wr_opcode` IBV_WR_RDMA_WRITE_WITH_IMM.
+pub const OP_RDMA_WRITE_WITH_IMM: i32 = 1;
+/// `ibv_wc_opcode` IBV_WC_RECV_RDMA_WITH_IMM: what a receive event waits for
+/// (receive WRs have no `ibv_wr_opcode`; WC opcodes start at 128, so the
+/// two never collide).
+pub const OP_RECV_RDMA_WITH_IMM: i32 = 129;
+/// NCCL_SOCKET_SEND (`src/include/socket.h`).
+pub const SOCK_SEND: i32 = 0;
+/// NCCL_SOCKET_RECV.
+pub const SOCK_RECV: i32 = 1;
+
+/// What one event describes (the event kinds NCCL's own transports emit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fields {
+    /// Verbs: one work request (or a request's share of one) on one QP
+    /// (`ncclProfilerNetIbDescr_v1_t`, type `ncclProfileQp`).
+    Qp {
+        /// The plugin's device index (getProperties(device).name names it).
+        device: i32,
+        /// Our QP number.
+        qpn: u32,
+        /// `ibv_wr_opcode` of the posted write, or [`OP_RECV_RDMA_WITH_IMM`].
+        opcode: i32,
+        /// The work request id the completion will carry (the FIFO
+        /// sequence number of the message; both ends report the same).
+        wr_id: u64,
+        /// Bytes this request moves on this QP (receive: at most).
+        len: usize,
+    },
+    /// TCP: one piece of a message on one stream
+    /// (`ncclProfilerNetSockDescr_v1_t`, type `ncclProfileSocket`).
+    Sock {
+        /// The stream's file descriptor.
+        fd: i32,
+        /// [`SOCK_SEND`] or [`SOCK_RECV`].
+        op: i32,
+        /// Payload bytes of the piece.
+        len: usize,
+    },
+}
+
+/// The process-wide profiler facade (NCCL hands the same callback to every
+/// init; see [`crate::abi::profiler::set_callback`]).
+pub struct Profiler;
+
+impl Profiler {
+    /// Is a callback installed? One relaxed load: the only cost when off.
+    #[inline(always)]
+    pub fn enabled() -> bool {
+        crate::abi::profiler::enabled()
+    }
+
+    /// Start an event under `parent`; `None` when profiling is off or the
+    /// callback refused it (then there is nothing to stop).
+    #[inline]
+    pub fn start(parent: Parent, f: &Fields) -> Option<OpenEvent> {
+        crate::abi::profiler::start(parent, f)
+    }
+
+    /// Stop an event (the same as dropping it).
+    #[inline]
+    pub fn stop(ev: OpenEvent) {
+        drop(ev)
+    }
+}
+
+/// A started event: stopped exactly once, when dropped. Carries the callback
+/// it was started with, so a later init that changes the callback cannot
+/// orphan it.
+#[derive(Debug)]
+pub struct OpenEvent {
+    pub(crate) cb: NonZeroUsize,
+    pub(crate) handle: usize,
+}
+
+impl OpenEvent {
+    /// Stop it now.
+    pub fn stop(self) {}
+}
+
+impl Drop for OpenEvent {
+    fn drop(&mut self) {
+        crate::abi::profiler::stop(self);
+    }
+}
+
+/// The open events of one comm: `per` event slots for each request slot,
+/// and each request's parent handles (one per receive buffer; a send uses
+/// the first). Allocated once, when the comm is built with profiling on.
+pub struct EventSlots {
+    per: usize,
+    /// `nreq * per`: (generation of the request that owns it, the event).
+    open: Box<[Option<(u8, OpenEvent)>]>,
+    /// `nreq * MAX_RECVS`.
+    parents: Box<[Option<Parent>]>,
+}
+
+impl EventSlots {
+    /// For `nreq` request slots with up to `per` events each; `None` (and no
+    /// allocation) when profiling is off.
+    pub fn new(nreq: usize, per: usize) -> Option<EventSlots> {
+        if !Profiler::enabled() {
+            return None;
+        }
+        Some(EventSlots {
+            per: per.max(1),
+            open: (0..nreq * per.max(1)).map(|_| None).collect(),
+            parents: vec![None; nreq * MAX_RECVS].into_boxed_slice(),
+        })
+    }
+
+    /// Events per request.
+    pub fn per(&self) -> usize {
+        self.per
+    }
+
+    /// Remember the parents of a request just posted (stops anything a
+    /// previous request of the slot left open).
+    pub fn set_parents(&mut self, id: ReqId, parents: &[Option<Parent>]) {
+        self.stop_slot(id.slot as usize);
+        let base = id.slot as usize * MAX_RECVS;
+        if base + MAX_RECVS > self.parents.len() {
+            return;
+        }
+        let p = &mut self.parents[base..base + MAX_RECVS];
+        p.fill(None);
+        for (o, x) in p.iter_mut().zip(parents) {
+            *o = *x;
+        }
+    }
+
+    /// Parent `i` of request `id`.
+    pub fn parent(&self, id: ReqId, i: usize) -> Option<Parent> {
+        self.parents.get(id.slot as usize * MAX_RECVS + i).copied().flatten()
+    }
+
+    /// Start event `k` of request `id` under its parent `i` (stops one
+    /// left open in that slot first: never two events in one slot).
+    pub fn start(&mut self, id: ReqId, k: usize, i: usize, f: &Fields) {
+        if k >= self.per {
+            return;
+        }
+        let Some(parent) = self.parent(id, i) else { return };
+        let at = id.slot as usize * self.per + k;
+        let Some(slot) = self.open.get_mut(at) else { return };
+        *slot = None;
+        *slot = Profiler::start(parent, f).map(|e| (id.gen, e));
+    }
+
+    /// Is event `k` of `id` open?
+    pub fn is_open(&self, id: ReqId, k: usize) -> bool {
+        k < self.per && matches!(self.open.get(id.slot as usize * self.per + k), Some(Some((g, _))) if *g == id.gen)
+    }
+
+    /// Stop event `k` of request `id` if it is open (and still `id`'s).
+    pub fn stop(&mut self, id: ReqId, k: usize) {
+        if k >= self.per {
+            return;
+        }
+        if let Some(slot) = self.open.get_mut(id.slot as usize * self.per + k) {
+            if matches!(slot, Some((g, _)) if *g == id.gen) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Stop every open event of request `id` (it completed or failed).
+    pub fn stop_req(&mut self, id: ReqId) {
+        let base = id.slot as usize * self.per;
+        if let Some(s) = self.open.get_mut(base..base + self.per) {
+            for slot in s {
+                if matches!(slot, Some((g, _)) if *g == id.gen) {
+                    *slot = None;
+                }
+            }
+        }
+    }
+
+    fn stop_slot(&mut self, slot: usize) {
+        let base = slot * self.per;
+        if let Some(s) = self.open.get_mut(base..base + self.per) {
+            s.iter_mut().for_each(|x| *x = None);
+        }
+    }
+
+    /// Stop everything (the comm failed or closes).
+    pub fn stop_all(&mut self) {
+        self.open.iter_mut().for_each(|x| *x = None);
+    }
+
+    /// Events open now.
+    pub fn open_count(&self) -> usize {
+        self.open.iter().filter(|x| x.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::{c_int, c_void};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::abi::sys::ncclResult_t;
+
+    static STARTS: AtomicUsize = AtomicUsize::new(0);
+    static STOPS: AtomicUsize = AtomicUsize::new(0);
+    static NEXT: AtomicUsize = AtomicUsize::new(0x1000);
+
+    extern "C" fn cb(eh: *mut *mut c_void, ty: c_int, _ph: *mut c_void, _id: i64, _ext: *mut c_void) -> ncclResult_t {
+        // SAFETY: the plugin passes a valid out-pointer.
+        unsafe {
+            if ty == 0 {
+                STARTS.fetch_add(1, Ordering::SeqCst);
+                *eh = NEXT.fetch_add(16, Ordering::SeqCst) as *mut c_void;
+            } else {
+                STOPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        ncclResult_t::ncclSuccess
+    }
+
+    /// The one test that installs a callback in this process (others see
+    /// profiling off, or on for a moment without parents: no events).
+    #[test]
+    fn event_slots_pair_every_start_with_one_stop() {
+        assert!(EventSlots::new(4, 2).is_none(), "off: no table, no allocation");
+        crate::abi::profiler::set_callback(Some(cb));
+        let f = Fields::Sock { fd: 3, op: SOCK_SEND, len: 8 };
+        let p = Parent::from_addr(0x40).unwrap();
+        let (a, b) = (ReqId { slot: 1, gen: 0 }, ReqId { slot: 2, gen: 0 });
+        {
+            let mut s = EventSlots::new(4, 2).expect("on");
+            // no parent: nothing starts
+            s.start(a, 0, 0, &f);
+            assert_eq!(s.open_count(), 0);
+            s.set_parents(a, &[Some(p)]);
+            s.set_parents(b, &[Some(p)]);
+            s.start(a, 0, 0, &f);
+            s.start(a, 1, 0, &f);
+            s.start(b, 0, 0, &f);
+            assert_eq!(s.open_count(), 3);
+            // a stale id (older generation of the slot) stops nothing
+            s.stop(ReqId { slot: 1, gen: 7 }, 0);
+            s.stop_req(ReqId { slot: 1, gen: 7 });
+            assert_eq!(s.open_count(), 3);
+            s.stop(a, 0);
+            s.stop(a, 0); // twice: once only
+            assert!(!s.is_open(a, 0) && s.is_open(a, 1));
+            s.stop_req(a);
+            assert_eq!(s.open_count(), 1);
+            // restarting an open slot stops the old event first
+            s.start(b, 0, 0, &f);
+            assert_eq!(s.open_count(), 1);
+            // out of range: ignored
+            s.start(b, 9, 0, &f);
+            // b stays open: dropping the table stops it
+        }
+        // a plain event, stopped by drop
+        drop(Profiler::start(p, &Fields::Qp { device: 0, qpn: 0x11, opcode: OP_RDMA_WRITE, wr_id: 1, len: 4 }));
+        crate::abi::profiler::set_callback(None);
+        assert!(!Profiler::enabled());
+        assert!(Profiler::start(p, &f).is_none());
+        assert_eq!(STARTS.load(Ordering::SeqCst), 5);
+        assert_eq!(STOPS.load(Ordering::SeqCst), 5);
+    }
+}
