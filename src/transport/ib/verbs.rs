@@ -314,6 +314,13 @@ impl Context {
         self.0.lib
     }
 
+    /// The device's `transport_type` (`IBV_TRANSPORT_IB`, `IBV_TRANSPORT_IWARP`, ...).
+    pub fn transport_type(&self) -> ibv_transport_type {
+        // SAFETY: ptr is a live context; ibv_open_device set its `device`,
+        // which libibverbs keeps alive as long as the context.
+        unsafe { (*(*self.0.ptr).device).transport_type }
+    }
+
     /// `ibv_query_device`.
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut a = ibv_device_attr::default();
@@ -1011,6 +1018,15 @@ impl Qp<Init> {
             "RTR",
         )?;
         Ok(self.into_state())
+    }
+}
+
+impl Qp<Init> {
+    /// For iWARP: the QP, named to rdma_cm by number, is connected: the
+    /// kernel's iw_cm moved it to RTS when rdma_cm reported ESTABLISHED
+    /// ([`super::rdmacm`]), so only our type changes.
+    pub fn connected_by_cm(self) -> Qp<Rts> {
+        self.into_state()
     }
 }
 
