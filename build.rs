@@ -1,9 +1,10 @@
 //! Generates Rust bindings for NCCL's net-plugin ABI from our own headers in
 //! `nccl-headers/` (`$OUT_DIR/nccl_net.rs`), and the ibverbs *types* from the
-//! system's `<infiniband/verbs.h>` (`$OUT_DIR/verbs.rs`; libibverbs-dev).
+//! system's `<infiniband/verbs.h>` (`$OUT_DIR/verbs.rs`; libibverbs-dev) and
+//! `<rdma/rdma_cma.h>` (`$OUT_DIR/rdmacm.rs`; librdmacm-dev).
 //! Only types and constants are generated for verbs, never function
-//! declarations: the library is dlopen'ed at run time, so no NEEDED entry
-//! on libibverbs can appear.
+//! declarations: the libraries are dlopen'ed at run time, so no NEEDED entry
+//! on libibverbs or librdmacm can appear.
 use std::{env, path::PathBuf};
 
 fn main() {
@@ -63,4 +64,28 @@ fn verbs_types() {
         .expect("bindgen could not parse <infiniband/verbs.h>: install libibverbs-dev (and libclang-dev)");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("verbs.rs");
     bindings.write_to_file(out).expect("write verbs bindings");
+    rdmacm_types();
+}
+
+/// Layouts of the librdmacm structures (`<rdma/rdma_cma.h>`, librdmacm-dev)
+/// for the iWARP connection path; types only, like [`verbs_types`]. The
+/// ibverbs types they point to come from `verbs.rs` (blocklisted here, the
+/// including module imports them).
+fn rdmacm_types() {
+    println!("cargo:rerun-if-changed=/usr/include/rdma/rdma_cma.h");
+    let bindings = bindgen::Builder::default()
+        .header_contents("rustnet_rdmacm.h", "#include <rdma/rdma_cma.h>\n")
+        .allowlist_type("rdma_(cm_id|cm_event|event_channel|conn_param|cm_event_type|port_space)")
+        .blocklist_type("ibv_(device|context|context_ops|pd|mr|cq|qp|srq|comp_channel|qp_init_attr|qp_cap|qp_type|qp_state|gid|ah_attr|global_route|mtu|.*_flags|wc.*|send_wr|recv_wr|sge|async_event|event_type|node_type|transport_type|device_attr|port_attr|atomic_cap|mig_state|port_state|qp_attr|qp_attr_mask|wr_opcode)")
+        .blocklist_function(".*")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        .derive_default(true)
+        .derive_debug(false)
+        .wrap_unsafe_ops(true)
+        .generate()
+        .expect("bindgen could not parse <rdma/rdma_cma.h>: install librdmacm-dev");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("rdmacm.rs");
+    bindings.write_to_file(out).expect("write rdmacm bindings");
 }

@@ -77,6 +77,8 @@ pub struct PortInfo {
     pub numa: Option<i32>,
     /// Passes NCCL_IB_HCA.
     pub selected: bool,
+    /// An iWARP device (sysfs `node_type` RNIC): link layer Ethernet, but no RoCE GIDs or lossless needs.
+    pub iwarp: bool,
 }
 
 /// A GPU on the PCI bus.
@@ -197,6 +199,7 @@ pub fn read_port(sysfs: &Path, dev: &str, port: u8) -> PortInfo {
         pci: device::pci_path(sysfs, dev).filter(|p| p.contains("/pci")),
         numa: read(&devdir.join("numa_node")).and_then(|s| s.parse().ok()).filter(|&n: &i32| n >= 0),
         selected: true,
+        iwarp: crate::transport::ib::iwarp::sysfs_is_iwarp(sysfs, dev),
     }
 }
 
@@ -294,15 +297,24 @@ pub fn run(o: &Opts) -> Report {
         p.selected = cfg.ib_hca.accepts(&p.dev, Some(p.port as u32));
         let label = format!("{}:{}", p.dev, p.port);
         let detail = format!(
-            "{} / {} / {} / {}{}",
+            "{} / {} / {}{} / {}{}",
             p.state,
             p.phys_state,
             p.link_layer,
+            if p.iwarp { " (iWARP)" } else { "" },
             p.rate,
             p.netdev.as_ref().map(|n| format!(" / netdev {n}")).unwrap_or_default()
         );
         if !p.selected {
             r.add("rdma", label, Status::Pass, format!("{detail} (excluded by NCCL_IB_HCA)"), "");
+        } else if p.state == "ACTIVE" && p.iwarp {
+            r.add(
+                "rdma",
+                label,
+                Status::Warn,
+                crate::transport::ib::rdmacm::doctor_line(&detail),
+                crate::transport::ib::rdmacm::doctor_fix(),
+            );
         } else if p.state == "ACTIVE" {
             r.add("rdma", label, Status::Pass, detail, "");
         } else {
@@ -316,7 +328,7 @@ pub fn run(o: &Opts) -> Report {
         }
     }
     // ---- GIDs (RoCE): the plugin's own choice (gid::choose), with its reason
-    for p in ports.iter_mut().filter(|p| p.selected && p.link_layer == "Ethernet") {
+    for p in ports.iter_mut().filter(|p| p.selected && p.link_layer == "Ethernet" && !p.iwarp) {
         let label = format!("{}:{}", p.dev, p.port);
         let len = gid::SysfsGids::sysfs_len(&o.sysfs, &p.dev, p.port);
         let table = gid::SysfsGids::new(&o.sysfs, &p.dev, p.port, len);
@@ -544,7 +556,9 @@ fn verbs_active_mtus() -> BTreeMap<(String, u8), u32> {
 fn fabric_checks(o: &Opts, cfg: &Config, ports: &[PortInfo], r: &mut Report) {
     use crate::fabric::{classify, counters, lossless};
     let (ethtool, dcb) = tools(o);
-    let roce: Vec<&PortInfo> = ports.iter().filter(|p| p.selected && p.link_layer == "Ethernet" && p.netdev.is_some()).collect();
+    // iWARP runs over TCP: no PFC/ECN tuning to check
+    let roce: Vec<&PortInfo> =
+        ports.iter().filter(|p| p.selected && p.link_layer == "Ethernet" && !p.iwarp && p.netdev.is_some()).collect();
     let mtus = if o.probe_plugin && !roce.is_empty() { verbs_active_mtus() } else { BTreeMap::new() };
     let qos: Vec<lossless::PortQos> = roce
         .iter()
@@ -771,7 +785,7 @@ pub fn render_json(r: &Report) -> String {
         .map(|p| {
             let gids: Vec<String> = p.gids.iter().map(|g| format!("{{\"index\":{},\"gid\":{},\"type\":{},\"ndev\":{}}}", g.index, js(&g.gid), js(&g.kind), g.ndev.as_deref().map(js).unwrap_or("null".into()))).collect();
             format!(
-                "{{\"dev\":{},\"port\":{},\"state\":{},\"link_layer\":{},\"rate\":{},\"netdev\":{},\"selected\":{},\"pci\":{},\"numa\":{},\"gid_index\":{},\"gid_reason\":{},\"gids\":[{}]}}",
+                "{{\"dev\":{},\"port\":{},\"state\":{},\"link_layer\":{},\"rate\":{},\"netdev\":{},\"selected\":{},\"iwarp\":{},\"pci\":{},\"numa\":{},\"gid_index\":{},\"gid_reason\":{},\"gids\":[{}]}}",
                 js(&p.dev),
                 p.port,
                 js(&p.state),
@@ -779,6 +793,7 @@ pub fn render_json(r: &Report) -> String {
                 js(&p.rate),
                 p.netdev.as_deref().map(js).unwrap_or("null".into()),
                 p.selected,
+                p.iwarp,
                 p.pci.as_deref().map(js).unwrap_or("null".into()),
                 p.numa.map(|n| n.to_string()).unwrap_or("null".into()),
                 p.choice.as_ref().map(|c| c.0.to_string()).unwrap_or("null".into()),

@@ -136,3 +136,38 @@ fn no_rdma_host_says_so_and_reports_tcp() {
     assert!(out.contains("TCP / out-of-band interfaces: lo 127.0.0.1"), "{out}");
     assert!(code <= 1, "{out}");
 }
+
+/// An iWARP device beside the ConnectX ones: soft-iWARP `siw0` as sysfs shows
+/// it (node_type RNIC, link layer Ethernet, one MAC-based GID, no PCI device).
+fn add_siw(t: &Tree) {
+    let d = t.0.join("class/infiniband/siw0");
+    w(&d.join("node_type"), "4: RNIC\n");
+    let p = d.join("ports/1");
+    w(&p.join("state"), "4: ACTIVE\n");
+    w(&p.join("phys_state"), "5: LinkUp\n");
+    w(&p.join("link_layer"), "Ethernet\n");
+    w(&p.join("rate"), "25 Gb/sec (1X EDR)\n");
+    w(&p.join("gids/0"), &format!("{}\n", gid_text("5254:ff:fe12:3456::")));
+}
+
+/// doctor tells iWARP apart from RoCE (node_type, not link layer): it says
+/// that iWARP connects only through rdma_cm, whether librdmacm loads here,
+/// and that this build leaves the port out; no RoCE GID check runs on it.
+#[test]
+fn iwarp_port_is_named_with_the_rdma_cm_requirement() {
+    let t = fixture("iwarp");
+    add_siw(&t);
+    let (out, _) = doctor(&t.0, &[], &[]);
+    let line = out.lines().find(|l| l.contains("siw0:1:")).unwrap_or_else(|| panic!("no siw0 line: {out}"));
+    assert!(line.contains("[WARN]") && line.contains("Ethernet (iWARP)"), "{line}");
+    assert!(line.contains("iWARP connects only through rdma_cm"), "{line}");
+    assert!(line.contains("librdmacm.so.1 loads") || line.contains("librdmacm NOT usable"), "{line}");
+    assert!(line.contains("the plugin leaves it out"), "{line}");
+    assert!(!out.contains("siw0:1 GID"), "no RoCE GID choice for iWARP: {out}");
+    let (js, _) = doctor(&t.0, &["--json"], &[]);
+    assert!(js.contains("\"dev\":\"siw0\"") && js.contains("\"iwarp\":true"), "{js}");
+    assert!(js.contains("\"dev\":\"mlx5_0\"") && js.contains("\"iwarp\":false"), "{js}");
+    // NCCL_IB_HCA rules apply as to any port
+    let (out, _) = doctor(&t.0, &[], &[("NCCL_IB_HCA", "^siw0")]);
+    assert!(out.lines().any(|l| l.contains("siw0:1:") && l.contains("excluded by NCCL_IB_HCA")), "{out}");
+}

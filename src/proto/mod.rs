@@ -5,5 +5,6 @@ pub mod fifo;
 pub mod fuzz;
 pub mod handle;
 pub mod ib_meta;
+pub mod notice;
 pub mod pool;
 pub mod wire;

@@ -20,7 +20,7 @@ log() { echo "rxe-vm: $*" | tee -a $J/setup.log; }
 t_setup=$(uptime)
 # shellcheck disable=SC1091
 . $J/env.sh
-export RXE_VM_NET RXE_VM_PAIRS RXE_VM_MTU
+export RXE_VM_NET RXE_VM_PAIRS RXE_VM_MTU RXE_VM_SIW
 
 # Extra host folders (RXE_VM_RW / RXE_VM_RO). The mount point may have to be
 # created first: paths under /tmp live on the guest's fresh tmpfs.
@@ -43,7 +43,7 @@ done < $J/mounts
 # before the `local` table (moved from pref 0 to 1000). Packets then arrive on
 # the right veth, where `local` delivers them (accept_local allows a local
 # source address, rp_filter off because the reverse path is asymmetric).
-ipcmds="" rdmacmds="" devices=""
+ipcmds="" rdmacmds="" devices="" siwdevs="" vethnames=""
 ip link set lo up
 if [ "$RXE_VM_NET" != none ]; then
   for ((k = 0; k < RXE_VM_PAIRS; k++)); do
@@ -70,19 +70,45 @@ rule add pref $tb iif lo to $ipa lookup $tb
       devices+=" rxe$((2 * k + 1))"
     fi
   done
+  # soft-iWARP pairs (RXE_VM_SIW=n): siw needs netdevs of its own -- on a
+  # netdev that also carries rxe, rdma_cm binds to whichever RDMA device
+  # registered first. Pair j: sveth(2j) 10.198.j.1 <-> sveth(2j+1) 10.198.j.2
+  # with siw(2j)/siw(2j+1), routed like the rxe pairs (tables 600+2j, 601+2j).
+  for ((j = 0; j < ${RXE_VM_SIW:-0}; j++)); do
+    a=sveth$((2 * j)) b=sveth$((2 * j + 1))
+    ipa=10.198.$j.1 ipb=10.198.$j.2
+    ta=$((600 + 2 * j)) tb=$((601 + 2 * j))
+    ipcmds+="link add $a type veth peer name $b
+link set dev $a mtu $RXE_VM_MTU up
+link set dev $b mtu $RXE_VM_MTU up
+addr add $ipa/24 dev $a
+addr add $ipb/24 dev $b
+route add $ipb dev $a src $ipa table $ta
+route add $ipa dev $b src $ipb table $tb
+rule add pref $ta iif lo to $ipb lookup $ta
+rule add pref $tb iif lo to $ipa lookup $tb
+"
+    export "RXE_VM_SIW_IP$((2 * j))=$ipa" "RXE_VM_SIW_IP$((2 * j + 1))=$ipb"
+    rdmacmds+="link add siw$((2 * j)) type siw netdev $a
+link add siw$((2 * j + 1)) type siw netdev $b
+"
+    siwdevs+=" siw$((2 * j)) siw$((2 * j + 1))"
+    vethnames+=" $a $b"
+  done
   ipcmds+="rule add pref 1000 lookup local
 rule del pref 0 lookup local
 "
   ip -batch - <<<"$ipcmds" 2>&1 | tee -a $J/setup.log
   echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter
-  for ((i = 0; i < 2 * RXE_VM_PAIRS; i++)); do
-    echo 1 > /proc/sys/net/ipv4/conf/veth$i/accept_local
-    echo 0 > /proc/sys/net/ipv4/conf/veth$i/rp_filter
+  for ((i = 0; i < 2 * RXE_VM_PAIRS; i++)); do vethnames+=" veth$i"; done
+  for v in $vethnames; do
+    echo 1 > /proc/sys/net/ipv4/conf/$v/accept_local
+    echo 0 > /proc/sys/net/ipv4/conf/$v/rp_filter
   done
   rdma -b - <<<"$rdmacmds" 2>&1 | tee -a $J/setup.log
 fi
-devices=${devices# }
-export RXE_VM_DEVICES=$devices
+devices=${devices# } siwdevs=${siwdevs# }
+export RXE_VM_DEVICES=$devices RXE_VM_SIW_DEVICES=$siwdevs
 
 # rxe fills its GID table asynchronously after `rdma link add`; tests that
 # look up the IPv4 (::ffff:a.b.c.d) RoCE v2 GID right away would miss it.
@@ -101,6 +127,13 @@ for d in $devices; do
   for ((w = 0; w < 100; w++)); do ready "$d" && break; sleep 0.1; done
   ready "$d" || log "WARNING: $d not ACTIVE with an IPv4 GID after 10 s"
 done
+# siw has one GID (from the MAC) and addresses through rdma_cm: ACTIVE is all
+active() { local s; read -r s 2>/dev/null < "/sys/class/infiniband/$1/ports/1/state" && [[ $s == *ACTIVE* ]]; }
+for d in $siwdevs; do
+  for ((w = 0; w < 100; w++)); do active "$d" && break; sleep 0.1; done
+  active "$d" || log "WARNING: $d not ACTIVE after 10 s"
+done
+[ -n "$siwdevs" ] && devices+=" (siw: $siwdevs)"
 log "devices: ${devices:-none}; setup took $(awk -v a="$t_setup" -v b="$(uptime)" 'BEGIN{printf "%.1f", b-a}')s"
 
 # ---- the command -------------------------------------------------------------

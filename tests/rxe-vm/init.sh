@@ -26,6 +26,13 @@ for m in $(cat /etc/modules); do
   esac
 done
 
+# soft-iWARP only when run.sh asks (RXE_VM_SIW): it is out of tree (taints
+# the kernel) and most runs do not want it.
+case " $(cat /proc/cmdline) " in
+  *" rxevm.siw=1 "*)
+    for m in $(cat /etc/modules.siw 2>/dev/null); do modprobe "$m" || say "modprobe $m failed"; done ;;
+esac
+
 # cache=loose: the host root does not change under a test run, and caching
 # saves a lot of 9p round trips (every exec, every shared library).
 OPTS=trans=virtio,version=9p2000.L,msize=262144

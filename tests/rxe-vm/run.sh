@@ -30,6 +30,9 @@
 #                                veth0 only; none: modules loaded, no devices
 #   RXE_VM_PAIRS=1               pair k = veth(2k)/veth(2k+1) = rxe(2k)/rxe(2k+1)
 #                                with addresses 10.199.k.1 / 10.199.k.2
+#   RXE_VM_SIW=0                 soft-iWARP pairs: pair j = sveth(2j)/sveth(2j+1)
+#                                = siw(2j)/siw(2j+1), 10.198.j.1 / 10.198.j.2;
+#                                siw.ko is built once per kernel (see 2b below)
 #   RXE_VM_MTU=1500              veth MTU (rxe active_mtu follows: 1500 -> 1024)
 #   RXE_VM_RW="/dir ..."         host dirs mounted read-write at the same path
 #   RXE_VM_RO="/dir ..."         host dirs mounted read-only at the same path
@@ -48,7 +51,8 @@
 #   -v or RXE_VM_CONSOLE=1       show the serial console live
 #
 # In the guest the command sees RXE_VM_PAIRS, RXE_VM_DEVICES ("rxe0 rxe1 ..."),
-# RXE_VM_IP0, RXE_VM_IP1, ... (RXE_VM_IPn = address of the netdev under rxe n).
+# RXE_VM_IP0, RXE_VM_IP1, ... (RXE_VM_IPn = address of the netdev under rxe n),
+# and with RXE_VM_SIW: RXE_VM_SIW_DEVICES ("siw0 siw1 ..."), RXE_VM_SIW_IPn.
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -129,6 +133,59 @@ if [ ! -f "$VMLINUZ" ]; then
   rm -rf "$KDIR/deb"   # the unpacked tree is all we need
 fi
 
+# ---- 2b. soft-iWARP (siw.ko), built once per kernel when RXE_VM_SIW asks ----
+# Debian's kernel is built without CONFIG_RDMA_SIW, but the driver is self-
+# contained: build it out of tree from linux-source (only drivers/infiniband/
+# sw/siw is unpacked) against linux-headers + linux-kbuild of the exact same
+# package version, all fetched with `apt-get download` into a scratch folder
+# (nothing is installed on the host but gcc-12 and make). The stripped module
+# goes into the cached kernel tree under updates/, where depmod and
+# `modprobe --show-depends` find it like any other; every later image of this
+# kernel carries it, and init.sh loads it only when the kernel command line
+# says rxevm.siw=1. The VM has no network, hence all of this on the host.
+SIWKO=$KDIR/root/lib/modules/$KVER/updates/siw.ko
+build_siw() {
+  local t0 kv w h p
+  t0=$(date +%s.%N)
+  kv=$(apt-cache show "$KPKG" 2>/dev/null | awk '/^Version:/ { print $2; exit }')
+  [ -n "$kv" ] || { msg "siw: cannot find the version of $KPKG"; return 1; }
+  for p in gcc-12 make xz-utils; do
+    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed && continue
+    [ "$(id -u)" = 0 ] || { msg "siw: needs package $p (run as root to install)"; return 1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$p" >/dev/null || return 1
+  done
+  w=$(mktemp -d) || return 1
+  msg "siw: building siw.ko for $KVER ($kv) in $w"
+  # (no `set -e` here: it is ignored in a function called as `build_siw || ...`)
+  (
+    cd "$w" || exit 1
+    # 6.1.0-57-amd64 -> linux-source-6.1, linux-headers-6.1.0-57-{amd64,common}, linux-kbuild-6.1
+    mm=$(cut -d. -f1,2 <<<"$KVER")
+    debs=("linux-source-$mm=$kv" "linux-headers-$KVER=$kv" "linux-headers-${KVER%-*}-common=$kv" "linux-kbuild-$mm=$kv")
+    apt-get download -q "${debs[@]}" >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1; apt-get download -q "${debs[@]}" >/dev/null; } || exit 1
+    for d in linux-headers-*.deb linux-kbuild-*.deb; do dpkg-deb -x "$d" hdr || exit 1; done
+    dpkg-deb --fsys-tarfile linux-source-*.deb | tar -xO --wildcards './usr/src/linux-source-*.tar.xz' |
+      tar -xJ --wildcards '*/drivers/infiniband/sw/siw' || exit 1
+    mv linux-source-*/drivers/infiniband/sw/siw src || exit 1
+    h=$w/hdr/usr/src
+    # the arch headers' Makefile includes the common ones by absolute path
+    sed -i "s|/usr/src/|$h/|" "$h/linux-headers-$KVER/Makefile" || exit 1
+    make -s -C "$h/linux-headers-$KVER" M="$w/src" CONFIG_RDMA_SIW=m modules >make.log 2>&1 ||
+      { cat make.log >&2; exit 1; }
+    strip --strip-debug src/siw.ko && mkdir -p "${SIWKO%/*}" && cp src/siw.ko "$SIWKO.tmp"
+  ) || { rm -rf "$w"; msg "siw: build failed"; return 1; }
+  rm -rf "$w"
+  mv "$SIWKO.tmp" "$SIWKO" && depmod -b "$KDIR/root" "$KVER" || return 1
+  msg "siw: built in $(secs "$t0" "$(date +%s.%N)")s"
+}
+SIW=${RXE_VM_SIW:-0}
+if ! [[ $SIW =~ ^[0-9]+$ ]] || [ "$SIW" -gt 16 ]; then msg "RXE_VM_SIW must be 0..16"; exit 2; fi
+[ "$NET" = none ] && SIW=0
+if [ "$SIW" -gt 0 ] && [ ! -f "$SIWKO" ]; then
+  build_siw || exit 125
+fi
+
 # Modules the initramfs loads, in order. rdma_rxe computes ICRCs through the
 # crypto API ("crc32"), which needs crc32_generic (crc32-pclmul is only a faster
 # variant and needs PCLMULQDQ, which -cpu qemu64 lacks). veth/dummy/8021q give
@@ -136,7 +193,13 @@ fi
 # lets scripts/soak.sh drop 1% of the packets on the veths (tc ... netem loss).
 MODULES="virtio_pci 9pnet_virtio 9p crc32_generic crc32-pclmul ib_uverbs rdma_ucm rdma_rxe veth dummy 8021q sch_netem"
 # The image is rebuilt whenever anything that goes into it changes.
-key=$( { cat "$HERE/init.sh" /bin/busybox; echo "$MODULES"; } | md5sum | cut -c1-16)
+# siw (and the crc32c it computes MPA CRCs with; crc32c-intel needs SSE4.2,
+# which qemu64 lacks) go in whenever siw.ko has been built, listed apart in
+# /etc/modules.siw: init.sh loads them only for rxevm.siw=1, so images need
+# not be rebuilt when runs with and without siw alternate.
+SIWMODS=""
+[ -f "$SIWKO" ] && SIWMODS="crc32c_generic siw"
+key=$( { cat "$HERE/init.sh" /bin/busybox; echo "$MODULES / $SIWMODS"; [ -f "$SIWKO" ] && cat "$SIWKO"; } | md5sum | cut -c1-16)
 INITRD=$KDIR/initrd-$key.img
 if [ ! -f "$INITRD" ]; then
   msg "building initramfs"
@@ -145,7 +208,8 @@ if [ ! -f "$INITRD" ]; then
   mkdir -p "$R/bin" "$R/etc" "$M"
   cp /bin/busybox "$R/bin/busybox" && cp "$HERE/init.sh" "$R/init" && chmod 755 "$R/init" || exit 125
   echo "$MODULES" > "$R/etc/modules"
-  for m in $MODULES; do
+  echo "$SIWMODS" > "$R/etc/modules.siw"
+  for m in $MODULES $SIWMODS; do
     modprobe -d "$KDIR/root" -S "$KVER" --show-depends "$m" 2>/dev/null
   done | awk '$1 == "insmod" { print $2 }' | sort -u | while read -r f; do
     rel=${f#"$KDIR/root/lib/modules/$KVER/"}
@@ -165,7 +229,7 @@ cp "$HERE/guest.sh" "$JOB/" || exit 125
 printf '%s\n' "$CMD" > "$JOB/cmd.sh"
 : > "$JOB/output.log"
 {
-  printf 'RXE_VM_NET=%q RXE_VM_PAIRS=%q RXE_VM_MTU=%q RXE_VM_CWD=%q\n' "$NET" "$PAIRS" "$MTU" "$PWD"
+  printf 'RXE_VM_NET=%q RXE_VM_PAIRS=%q RXE_VM_MTU=%q RXE_VM_CWD=%q RXE_VM_SIW=%q\n' "$NET" "$PAIRS" "$MTU" "$PWD" "$SIW"
   for v in ${RXE_VM_PASSENV:-}; do
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
@@ -204,13 +268,14 @@ else CPUARGS=(-accel tcg,thread=multi -cpu "${RXE_VM_CPU:-qemu64}"); fi
 if [ "$CONSOLE" = 1 ]; then SERIAL=(-serial stdio); else SERIAL=(-serial "file:$JOB/console.log"); fi
 SMP=${RXE_VM_SMP:-2}
 MEM=${RXE_VM_MEM:-2048}
-msg "booting $KVER ($ACCEL, $SMP vCPU, $MEM MiB, net=$NET pairs=$PAIRS)"
+msg "booting $KVER ($ACCEL, $SMP vCPU, $MEM MiB, net=$NET pairs=$PAIRS siw pairs=$SIW)"
 t_boot=$(date +%s.%N)
 # Under TCG the guest finds its vCPUs' TSCs slightly apart and falls back to
 # the HPET, whose every read is an emulated MMIO exit (microseconds): clock
 # reads would then dominate any timing loop. The TSC is what real machines
 # give a clock read (vDSO, no system call), so use it (RXE_VM_KCMD to override).
 KCMD=${RXE_VM_KCMD-tsc=reliable clocksource=tsc}
+[ "$SIW" -gt 0 ] && KCMD+=" rxevm.siw=1"
 timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${CPUARGS[@]}" -smp "$SMP" -m "$MEM" \
   -nodefaults -no-user-config -display none -no-reboot -nic none "${SERIAL[@]}" \
   -kernel "$VMLINUZ" -initrd "$INITRD" \

@@ -67,6 +67,8 @@ done < <(ibv_devinfo)
 
 echo "== GID tables"
 for d in "${devs[@]}"; do
+  # siw (RXE_VM_SIW) has one MAC-based GID and connects through rdma_cm
+  case $d in siw*) echo "  $d: iWARP, addressed through rdma_cm (no RoCE GID)"; continue ;; esac
   gid_table "$d"
   if find_v4 "$d"; then
     if [ "$v4idx" = 1 ]; then echo "  $d: gid[1] is the IPv4 RoCE v2 GID -- ok for -x 1"
@@ -93,14 +95,24 @@ listening() {
 write_bw() {
   local c=$1 s=$2 port=$3 cx sx sip ts srv crc src
   local args=(-F -s 65536 -n 100 -p "$port")
-  find_v4 "$c" && cx=$v4idx || { bad "$c: no IPv4 GID"; return; }
-  find_v4 "$s" && sx=$v4idx || { bad "$s: no IPv4 GID"; return; }
-  sip=$(gid_ipv4 "$(read -r g < "/sys/class/infiniband/$s/ports/1/gids/$sx"; echo "$g")")
+  local sargs=() cargs=()
+  if [[ $s == siw* ]]; then
+    # iWARP: perftest must connect with rdma_cm (-R), to the server's address
+    local v=RXE_VM_SIW_IP${s#siw}
+    sip=${!v:-}
+    [ -n "$sip" ] || { bad "$s: no RXE_VM_SIW_IP${s#siw}"; return; }
+    cx=cm sx=cm sargs=(-R -d "$s") cargs=(-R -d "$c")
+  else
+    find_v4 "$c" && cx=$v4idx || { bad "$c: no IPv4 GID"; return; }
+    find_v4 "$s" && sx=$v4idx || { bad "$s: no IPv4 GID"; return; }
+    sip=$(gid_ipv4 "$(read -r g < "/sys/class/infiniband/$s/ports/1/gids/$sx"; echo "$g")")
+    sargs=(-d "$s" -x "$sx") cargs=(-d "$c" -x "$cx")
+  fi
   ts=$EPOCHREALTIME
-  timeout 60 ib_write_bw "${args[@]}" -d "$s" -x "$sx" > /tmp/smoke-srv.log 2>&1 &
+  timeout 60 ib_write_bw "${args[@]}" "${sargs[@]}" > /tmp/smoke-srv.log 2>&1 &
   srv=$!
   for ((w = 0; w < 100; w++)); do listening "$port" && break; sleep 0.1; done
-  timeout 60 ib_write_bw "${args[@]}" -d "$c" -x "$cx" "$sip" > /tmp/smoke-cli.log 2>&1
+  timeout 60 ib_write_bw "${args[@]}" "${cargs[@]}" "$sip" > /tmp/smoke-cli.log 2>&1
   crc=$?
   wait $srv; src=$?
   echo "== ib_write_bw 64 KiB x 100: $c (gid $cx) -> $s (gid $sx, $sip): client rc=$crc server rc=$src, $(elapsed "$ts") s"
@@ -124,6 +136,8 @@ if [ "${pairs[0]}" = all ]; then
   pairs=()
   for ((k = 0; k < ${RXE_VM_PAIRS:-1}; k++)); do pairs+=("rxe$((2 * k)):rxe$((2 * k + 1))"); done
 fi
+# with siw pairs booted (RXE_VM_SIW), the default run checks siw0 -> siw1 too
+if [ $# = 0 ] && [ -n "${RXE_VM_SIW_DEVICES:-}" ]; then pairs+=(siw0:siw1); fi
 port=18515
 for pr in "${pairs[@]}"; do
   write_bw "${pr%%:*}" "${pr##*:}" $port

@@ -27,7 +27,8 @@
 #   VERBS_TESTS="a b"        cargo test targets to run (integration test names,
 #                            i.e. tests/<name>.rs; `rustnet` = the lib unit
 #                            tests). Default: every test target whose name
-#                            contains "verbs" or "conformance", and fuzz_calls (its fixed seeds, ~30 s).
+#                            contains "verbs" or "conformance", fuzz_calls (its fixed seeds, ~30 s)
+#                            and iwarp_* (rdma_cm and notices over siw0 -> siw1).
 #   VERBS_TEST_ARGS="..."    extra libtest arguments (a name filter, --nocapture);
 #                            device tests are #[ignore]d on hosts, so --include-ignored is always passed
 #   VERBS_TEST_TIMEOUT=600   seconds per binary
@@ -69,11 +70,14 @@ if [ "${1:-}" = --in-vm ]; then
     echo "=== doctor (live): RUSTNET_TRANSPORT=ib rustnet doctor --json"
     djson=$("$VERBS_RUSTNET" doctor --json 2>/tmp/doctor.err)
     dmiss=()
-    for want in '"dev":"rxe0"' '"dev":"rxe1"' '"gid_index":1' '::ffff:10.199.0.1 RoCE v2' '"detail":"ib: '; do
+    wants=('"dev":"rxe0"' '"dev":"rxe1"' '"gid_index":1' '::ffff:10.199.0.1 RoCE v2' '"detail":"ib: ')
+    # iWARP beside RoCE: listed, told apart, and the rdma_cm line said
+    [ -n "${RXE_VM_SIW_DEVICES:-}" ] && wants+=('"dev":"siw0"' '"iwarp":true' 'iWARP connects only through rdma_cm')
+    for want in "${wants[@]}"; do
       [[ $djson == *"$want"* ]] || dmiss+=("$want")
     done
     if [ ${#dmiss[@]} = 0 ]; then
-      "$VERBS_RUSTNET" doctor 2>/dev/null | grep -E 'GID [0-9]+:|transport:' | sed 's/^/  /'
+      "$VERBS_RUSTNET" doctor 2>/dev/null | grep -E 'GID [0-9]+:|transport:|\(iWARP\)' | sed 's/^/  /'
       results+=("PASS doctor (live)")
     else
       echo "doctor output lacks: ${dmiss[*]}"; echo "$djson" | head -c 3000; echo; cat /tmp/doctor.err
@@ -169,7 +173,7 @@ if [ -n "${VERBS_TESTS:-}" ]; then
   done
 else
   while read -r name kind path; do
-    [ "$kind" = test ] && [[ $name == *verbs* || $name == *conformance* || $name == fuzz_calls ]] && selected+=("$name=$path")
+    [ "$kind" = test ] && [[ $name == *verbs* || $name == *conformance* || $name == fuzz_calls || $name == iwarp_* ]] && selected+=("$name=$path")
   done <<<"$artifacts"
 fi
 if [ ${#selected[@]} = 0 ]; then
@@ -191,6 +195,10 @@ export RXE_VM_RO=$ro RXE_VM_RW=$rw
 export RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-3600}
 # two veth pairs: rxe0-rxe1 and rxe2-rxe3 (merged-device tests need both)
 export RXE_VM_PAIRS=${RXE_VM_PAIRS:-2}
+# and a soft-iWARP pair siw0-siw1 on its own veths for tests/iwarp_*.rs
+# (siw.ko is built on the first run, ~20 s; RXE_VM_SIW=0 leaves it out and
+# those tests then skip with the reason)
+export RXE_VM_SIW=${RXE_VM_SIW:-1}
 
 # libtest binaries linked against Rust dylibs find them where cargo test would
 # put them on LD_LIBRARY_PATH: target/release/deps and the toolchain's lib dir

@@ -241,25 +241,21 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
                     continue;
                 }
             };
-            let ll = match pa.link_layer {
-                LINK_IB | 0 => "IB",
-                LINK_ETH => "RoCE",
-                _ => "other link layer",
+            let facts = super::iwarp::PortFacts {
+                dev: &name,
+                port,
+                transport_type: ctx.transport_type(),
+                link_layer: pa.link_layer,
+                state: pa.state,
             };
-            let state = port_state_name(pa.state);
-            if pa.state != super::ffi::IBV_PORT_ACTIVE {
-                seen.push(format!("{name}:{port} {ll} {state}"));
+            let (kind, said) = super::iwarp::verdict(&facts, hca);
+            if kind.is_none() && facts.transport_type == super::ffi::IBV_TRANSPORT_IWARP {
+                tracing::info!("{said}");
+            }
+            seen.push(said);
+            if kind.is_none() {
                 continue;
             }
-            if !matches!(pa.link_layer, LINK_IB | LINK_ETH | 0) {
-                seen.push(format!("{name}:{port} {ll}"));
-                continue;
-            }
-            if !hca.accepts(&name, Some(port as u32)) {
-                seen.push(format!("{name}:{port} {ll} {state} (excluded by NCCL_IB_HCA)"));
-                continue;
-            }
-            seen.push(format!("{name}:{port} {ll} {state}"));
             cands.push((Candidate { dev: name.clone(), port, pci: pci_path(sysfs, &name) }, ctx.clone(), attr, pa));
         }
         ctxs.push(name);

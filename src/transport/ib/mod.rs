@@ -10,12 +10,15 @@
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
+pub mod cmffi;
 pub mod connect;
 pub mod device;
 pub mod ffi;
 pub mod gdr;
 pub mod gid;
+pub mod iwarp;
 pub mod p2p;
+pub mod rdmacm;
 pub mod reg;
 pub mod topo;
 pub mod vdev;
@@ -31,7 +34,7 @@ use crate::proto::handle::Handle;
 use crate::transport::tcp::device as tcpdev;
 use crate::transport::{DeviceProps, MemKind, RawBuf};
 
-/// Unload: free the process-wide verbs state (library table, GID and
+/// Unload: free the process-wide verbs state (library tables, GID and
 /// GPUDirect records).
 ///
 /// # Safety
@@ -39,6 +42,8 @@ use crate::transport::{DeviceProps, MemKind, RawBuf};
 pub(crate) unsafe fn release() {
     // SAFETY: forwarded.
     unsafe { verbs::release() };
+    // SAFETY: forwarded.
+    unsafe { rdmacm::release() };
     gid::release();
     gdr::release();
 }

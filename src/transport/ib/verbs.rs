@@ -314,6 +314,13 @@ impl Context {
         self.0.lib
     }
 
+    /// The device's `transport_type` (`IBV_TRANSPORT_IB`, `IBV_TRANSPORT_IWARP`, ...).
+    pub fn transport_type(&self) -> ibv_transport_type {
+        // SAFETY: ptr is a live context; ibv_open_device set its `device`,
+        // which libibverbs keeps alive as long as the context.
+        unsafe { (*(*self.0.ptr).device).transport_type }
+    }
+
     /// `ibv_query_device`.
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut a = ibv_device_attr::default();
@@ -1014,6 +1021,15 @@ impl Qp<Init> {
     }
 }
 
+impl Qp<Init> {
+    /// For iWARP: the QP, named to rdma_cm by number, is connected: the
+    /// kernel's iw_cm moved it to RTS when rdma_cm reported ESTABLISHED
+    /// ([`super::rdmacm`]), so only our type changes.
+    pub fn connected_by_cm(self) -> Qp<Rts> {
+        self.into_state()
+    }
+}
+
 /// States in which receives may be posted.
 pub trait CanRecv {}
 impl CanRecv for Rtr {}
@@ -1032,6 +1048,30 @@ impl<S: CanRecv> Qp<S> {
         let r = unsafe { f(self.inner.ptr, &mut wr, &mut bad) };
         if r != 0 {
             return Err(Error::sys(format!("ibv_post_recv(QP {:#x})", self.inner.qpn), Errno(r)));
+        }
+        Ok(())
+    }
+}
+
+impl<S: CanRecv> Qp<S> {
+    /// Post one receive WR with one scatter entry (a notice slot, iWARP:
+    /// [`crate::proto::notice`]); `wr_id` comes back in its completion.
+    ///
+    /// # Safety
+    /// `local` (address, length, lkey) must lie in memory registered with
+    /// local write on this QP's PD and stay valid until the completion (or
+    /// the QP's destruction).
+    pub unsafe fn post_recv(&self, wr_id: u64, local: (u64, u32, u32)) -> Result<()> {
+        let mut sge = ibv_sge { addr: local.0, length: local.1, lkey: local.2 };
+        let mut wr = ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: live QP; ops.post_recv is what the ibv_post_recv inline calls.
+        let f = unsafe { (*(*self.inner.ptr).context).ops.post_recv };
+        let Some(f) = f else { return Err(Error::Internal("provider has no post_recv".into())) };
+        // SAFETY: wr and sge live for the call; the memory obligation is the caller's.
+        let r = unsafe { f(self.inner.ptr, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::sys(format!("ibv_post_recv(QP {:#x}, 1 SGE)", self.inner.qpn), Errno(r)));
         }
         Ok(())
     }
@@ -1104,6 +1144,40 @@ impl Qp<Rts> {
         let r = unsafe { f(self.inner.ptr, &mut wr, &mut bad) };
         if r != 0 {
             return Err(Error::sys(format!("ibv_post_send(QP {:#x}, RDMA READ)", self.inner.qpn), Errno(r)));
+        }
+        Ok(())
+    }
+
+    /// Post one inline SEND of `data` (a notice, iWARP:
+    /// [`crate::proto::notice`]). Inline: the bytes are copied at post time,
+    /// so no memory obligation outlives the call.
+    pub fn post_send_inline(&self, wr_id: u64, data: &[u8], signaled: bool) -> Result<()> {
+        if data.len() > self.inner.max_inline as usize {
+            return Err(Error::Internal(format!(
+                "a {}-byte inline SEND on QP {:#x}, which takes {} inline",
+                data.len(),
+                self.inner.qpn,
+                self.inner.max_inline
+            )));
+        }
+        // the provider reads the bytes during the call only (IBV_SEND_INLINE)
+        let mut sge = ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+        // SAFETY: ibv_send_wr is plain old data; all-zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = ibv_send_flags::IBV_SEND_INLINE | if signaled { ibv_send_flags::IBV_SEND_SIGNALED } else { 0 };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; ops.post_send is what the ibv_post_send inline calls.
+        let f = unsafe { (*(*self.inner.ptr).context).ops.post_send };
+        let Some(f) = f else { return Err(Error::Internal("provider has no post_send".into())) };
+        // SAFETY: wr, sge and data live for the call; inline data is copied
+        // before it returns, so nothing is referenced afterwards.
+        let r = unsafe { f(self.inner.ptr, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::sys(format!("ibv_post_send(QP {:#x}, inline SEND of {} bytes)", self.inner.qpn, data.len()), Errno(r)));
         }
         Ok(())
     }

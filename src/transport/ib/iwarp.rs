@@ -1,0 +1,207 @@
+//! iWARP (Chelsio T6/T7, Intel E810 in iWARP mode, soft-iWARP `siw`): what
+//! sets it apart from InfiniBand and RoCE, and how discovery treats it.
+//!
+//! iWARP is RDMA over TCP. A device says so in `ibv_device::transport_type`
+//! (`IBV_TRANSPORT_IWARP`; sysfs `node_type` "4: RNIC") while its port's link
+//! layer reads Ethernet, so link layer alone would take it for RoCE. What
+//! the RoCE/IB path relies on and iWARP lacks:
+//! - QPs are connected by the kernel's iw_cm through rdma_cm (librdmacm): a QP
+//!   brought up by hand reaches RTR, and RTR -> RTS fails with EINVAL;
+//! - no immediate data: SEND_WITH_IMM and RDMA_WRITE_WITH_IMM are refused at
+//!   post time, and the RoCE/IB data path signals completions with WRITE WITH
+//!   IMM (p2p.rs).
+//!
+//! Until the rdma_cm connection path ([`super::rdmacm`]) and a data path
+//! without immediates are wired into the transport, discovery lists iWARP
+//! ports, passes them through the same `NCCL_IB_HCA` rules, and then leaves
+//! them out with that reason ([`IWARP_DATA_PATH`] is false): NCCL never gets
+//! a device whose connect would fail. IB and RoCE ports are judged exactly as
+//! before.
+use std::path::Path;
+
+use super::device::{port_state_name, LINK_ETH, LINK_IB};
+use super::ffi::{IBV_PORT_ACTIVE, IBV_TRANSPORT_IWARP};
+use crate::config::NameList;
+
+/// Whether this build can carry traffic over iWARP ports. False until the
+/// rdma_cm connection and the immediate-free data path are in the transport.
+pub const IWARP_DATA_PATH: bool = false;
+
+/// Why iWARP ports are left out while [`IWARP_DATA_PATH`] is false.
+pub const IWARP_WHY: &str = "iWARP needs the rdma_cm connection path and a data path without immediates, not in this build yet";
+
+/// The RDMA network a port belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// InfiniBand (link layer InfiniBand, or unspecified as old drivers report).
+    Ib,
+    /// RoCE: IB transport over an Ethernet link layer.
+    Roce,
+    /// iWARP: RDMA over TCP, whatever the link layer says.
+    Iwarp,
+    /// A link layer we do not drive.
+    Other,
+}
+
+impl Kind {
+    /// From the device's `transport_type` and the port's `link_layer`.
+    /// Non-iWARP transports are judged by link layer alone, as before.
+    pub fn of(transport_type: i32, link_layer: u8) -> Kind {
+        if transport_type == IBV_TRANSPORT_IWARP {
+            return Kind::Iwarp;
+        }
+        match link_layer {
+            LINK_IB | 0 => Kind::Ib,
+            LINK_ETH => Kind::Roce,
+            _ => Kind::Other,
+        }
+    }
+
+    /// For logs and doctor: `IB`, `RoCE`, `iWARP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Ib => "IB",
+            Kind::Roce => "RoCE",
+            Kind::Iwarp => "iWARP",
+            Kind::Other => "other link layer",
+        }
+    }
+}
+
+/// Whether sysfs says `dev` is an iWARP device (`node_type` "4: RNIC"; what
+/// libibverbs turns into `IBV_TRANSPORT_IWARP`). For `rustnet doctor`, which
+/// reads sysfs rather than opening devices.
+pub fn sysfs_is_iwarp(sysfs: &Path, dev: &str) -> bool {
+    std::fs::read_to_string(sysfs.join("class/infiniband").join(dev).join("node_type"))
+        .map(|s| s.trim_start().starts_with("4:") || s.contains("RNIC"))
+        .unwrap_or(false)
+}
+
+/// What discovery knows about one port before deciding on it.
+#[derive(Debug, Clone)]
+pub struct PortFacts<'a> {
+    /// Device name.
+    pub dev: &'a str,
+    /// Port number.
+    pub port: u8,
+    /// `ibv_device::transport_type`.
+    pub transport_type: i32,
+    /// `ibv_port_attr::link_layer`.
+    pub link_layer: u8,
+    /// `ibv_port_attr::state`.
+    pub state: u32,
+}
+
+/// Discovery's decision on one port: `Some(kind)` to use it, and the text
+/// listed among the ports seen (init log; the error when nothing is usable).
+pub fn verdict(f: &PortFacts<'_>, hca: &NameList) -> (Option<Kind>, String) {
+    verdict_with(f, hca, IWARP_DATA_PATH)
+}
+
+/// [`verdict`] with the iWARP capability given (tests drive both).
+pub fn verdict_with(f: &PortFacts<'_>, hca: &NameList, iwarp_ok: bool) -> (Option<Kind>, String) {
+    let kind = Kind::of(f.transport_type, f.link_layer);
+    let (name, port, ll) = (f.dev, f.port, kind.name());
+    let state = port_state_name(f.state);
+    if f.state != IBV_PORT_ACTIVE {
+        return (None, format!("{name}:{port} {ll} {state}"));
+    }
+    if kind == Kind::Other {
+        return (None, format!("{name}:{port} {ll}"));
+    }
+    if !hca.accepts(name, Some(port as u32)) {
+        return (None, format!("{name}:{port} {ll} {state} (excluded by NCCL_IB_HCA)"));
+    }
+    if kind == Kind::Iwarp && !iwarp_ok {
+        return (None, format!("{name}:{port} {ll} {state} (left out: {IWARP_WHY})"));
+    }
+    (Some(kind), format!("{name}:{port} {ll} {state}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KnobValue;
+    use crate::transport::ib::ffi::{IBV_PORT_DOWN, IBV_TRANSPORT_IB};
+
+    fn facts(dev: &str, transport_type: i32, link_layer: u8, state: u32) -> PortFacts<'_> {
+        PortFacts { dev, port: 1, transport_type, link_layer, state }
+    }
+
+    /// The device list of a host with one of each network, plus a down port.
+    fn fake_list() -> Vec<PortFacts<'static>> {
+        vec![
+            facts("mlx5_0", IBV_TRANSPORT_IB, LINK_IB, IBV_PORT_ACTIVE),
+            facts("rxe0", IBV_TRANSPORT_IB, LINK_ETH, IBV_PORT_ACTIVE),
+            facts("siw0", IBV_TRANSPORT_IWARP, LINK_ETH, IBV_PORT_ACTIVE),
+            facts("iwp1s0", IBV_TRANSPORT_IWARP, LINK_ETH, IBV_PORT_DOWN),
+            facts("old0", IBV_TRANSPORT_IB, 0, IBV_PORT_ACTIVE),
+        ]
+    }
+
+    fn run(hca: &str, iwarp_ok: bool) -> (Vec<(String, Kind)>, Vec<String>) {
+        let hca = NameList::parse_knob(hca).unwrap();
+        let mut used = Vec::new();
+        let mut seen = Vec::new();
+        for f in fake_list() {
+            let (k, s) = verdict_with(&f, &hca, iwarp_ok);
+            if let Some(k) = k {
+                used.push((f.dev.to_string(), k));
+            }
+            seen.push(s);
+        }
+        (used, seen)
+    }
+
+    #[test]
+    fn iwarp_is_told_apart_from_roce_by_transport_not_link_layer() {
+        assert_eq!(Kind::of(IBV_TRANSPORT_IWARP, LINK_ETH), Kind::Iwarp);
+        assert_eq!(Kind::of(IBV_TRANSPORT_IB, LINK_ETH), Kind::Roce);
+        assert_eq!(Kind::of(IBV_TRANSPORT_IB, LINK_IB), Kind::Ib);
+        assert_eq!(Kind::of(IBV_TRANSPORT_IB, 0), Kind::Ib);
+        assert_eq!(Kind::of(IBV_TRANSPORT_IB, 7), Kind::Other);
+    }
+
+    #[test]
+    fn iwarp_ports_are_listed_and_left_out_with_the_reason_in_this_build() {
+        let (used, seen) = run("", IWARP_DATA_PATH);
+        let names: Vec<&str> = used.iter().map(|u| u.0.as_str()).collect();
+        assert_eq!(names, ["mlx5_0", "rxe0", "old0"], "IB and RoCE as before, no iWARP");
+        assert!(seen.contains(&format!("siw0:1 iWARP ACTIVE (left out: {IWARP_WHY})")), "{seen:?}");
+        assert!(seen.contains(&"iwp1s0:1 iWARP DOWN".to_string()), "{seen:?}");
+        assert!(seen.contains(&"rxe0:1 RoCE ACTIVE".to_string()), "{seen:?}");
+    }
+
+    #[test]
+    fn iwarp_ports_follow_the_nccl_ib_hca_rules() {
+        // with the data path on, iWARP is selected like any other port
+        let (used, _) = run("", true);
+        assert!(used.contains(&("siw0".into(), Kind::Iwarp)));
+        let (used, _) = run("=siw0", true);
+        assert_eq!(used, [("siw0".to_string(), Kind::Iwarp)]);
+        let (used, _) = run("siw", true);
+        assert_eq!(used, [("siw0".to_string(), Kind::Iwarp)], "prefix match");
+        let (used, seen) = run("^siw0", true);
+        assert!(!used.iter().any(|u| u.0 == "siw0"));
+        assert!(seen.contains(&"siw0:1 iWARP ACTIVE (excluded by NCCL_IB_HCA)".to_string()), "{seen:?}");
+        let (used, _) = run("siw0:2", true);
+        assert!(used.is_empty(), "port 2 only: {used:?}");
+        // the exclusion is reported before the data-path reason
+        let (_, seen) = run("^siw", false);
+        assert!(seen.contains(&"siw0:1 iWARP ACTIVE (excluded by NCCL_IB_HCA)".to_string()), "{seen:?}");
+    }
+
+    #[test]
+    fn sysfs_node_type_rnic_is_iwarp() {
+        let d = std::env::temp_dir().join(format!("rustnet-iwarp-{}", std::process::id()));
+        for (dev, nt) in [("siw0", "4: RNIC\n"), ("rxe0", "1: CA\n")] {
+            let p = d.join("class/infiniband").join(dev);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("node_type"), nt).unwrap();
+        }
+        assert!(sysfs_is_iwarp(&d, "siw0"));
+        assert!(!sysfs_is_iwarp(&d, "rxe0"));
+        assert!(!sysfs_is_iwarp(&d, "absent0"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
