@@ -406,6 +406,10 @@ knobs! {
     stats: Int<0, 1> = "RUSTNET_STATS", default "0", accepts "0 or 1";
     /// NCCL profiler events (ABI v10+): with 1, when NCCL passes its profiler callback to init, the plugin reports a start and a stop event per posted verbs work request per QP and per TCP stream piece, linked to NCCL's per-request parent handle, in the formats of NCCL's own IB and socket transports (docs/profiler.md); 0 ignores the callback (no events, no cost).
     profiler: Int<0, 1> = "RUSTNET_PROFILER", default "1", accepts "0 or 1";
+    /// Directory where each process keeps `<host>-<pid>.prom`, its statistics in the Prometheus text format (node_exporter's textfile collector reads such a directory): bytes, messages, completions and errors per device, per open comm and per verbs QP, and the transport in use, with host, pid and rank labels (the rank from RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or SLURM_PROCID). A background thread rewrites it (temp file + rename) every RUSTNET_STATS_INTERVAL seconds while comms are open, and once more when the last comm closes; the data path only bumps counters. Created if missing. `rustnet stats DIR` summarises a job's files. Empty: off.
+    stats_dir: String = "RUSTNET_STATS_DIR", default "", accepts "empty or a directory path";
+    /// Seconds between two rewrites of the RUSTNET_STATS_DIR file.
+    stats_interval: Int<1, 3600> = "RUSTNET_STATS_INTERVAL", default "5", accepts "seconds, 1..3600";
     /// Testing only: panic on entry to the named vtable slot (e.g. `isend`), or inside isend/test after the transport changed its state (`isend:queued`, `test:progressed`), to prove the boundary catches it and fails that comm (see src/fault.rs).
     fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name, isend:queued or test:progressed";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.

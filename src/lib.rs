@@ -26,6 +26,7 @@ pub mod plugin;
 pub mod profiler;
 pub mod proto;
 pub mod registry;
+pub mod stats;
 pub mod svg;
 pub mod transport;
 pub mod unload;

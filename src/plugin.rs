@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::profiler::Parent;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::ReqId;
+use crate::stats;
 use crate::transport::ib::{self, vdev, IbNet};
 use crate::transport::tcp::{self, TcpConnecting, TcpListen, TcpNet};
 use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
@@ -57,6 +58,7 @@ impl Plugin {
         let net = select_net(&cfg)?;
         let p = Plugin { cfg, net };
         p.log_devices();
+        crate::stats::configure(&p.cfg.stats_dir, p.cfg.stats_interval.get(), p.transport_name());
         Ok(p)
     }
 
@@ -140,13 +142,13 @@ impl Plugin {
             Net::Tcp(t) => {
                 let (l, h) = t.listen(dev, tos_of(ctx.traffic_class()))?;
                 h.encode(handle);
-                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))), ctx: ctx.member() })
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))), ctx: ctx.member(), dev })
             }
             Net::Ib(n) => {
                 // plain or merged (vdev.rs): the member listeners' handles in one
                 let (l, h) = n.listen_any(dev)?;
                 h.encode(handle);
-                Ok(ListenComm { inner: Mutex::new(AnyListen::Ib(Box::new(l))), ctx: ctx.member() })
+                Ok(ListenComm { inner: Mutex::new(AnyListen::Ib(Box::new(l))), ctx: ctx.member(), dev })
             }
         }
     }
@@ -218,7 +220,7 @@ impl Plugin {
         match done {
             Ok(true) => {
                 Handle::set_stage(handle, 0);
-                Ok(Some(match st {
+                let mut c = match st {
                     Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm()))), ctx.member()),
                     Connecting::Ib(c) => Comm::new(
                         CommBody::Send(Mutex::new(match c.into_send()? {
@@ -227,7 +229,9 @@ impl Plugin {
                         })),
                         ctx.member(),
                     ),
-                }))
+                };
+                c.stats = self.comm_stats(&c.body, dev);
+                Ok(Some(c))
             }
             Ok(false) => {
                 let token = tcp::connect::random_u64();
@@ -256,9 +260,9 @@ impl Plugin {
         let ctx = l.ctx.ctx();
         ctx.check_live("accept")?;
         let mut g = l.inner.lock();
-        match &mut *g {
-            AnyListen::Tcp(t) => Ok(t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r))), ctx.member()))),
-            AnyListen::Ib(l) => Ok(l.accept()?.map(|r| {
+        let c = match &mut *g {
+            AnyListen::Tcp(t) => t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r))), ctx.member())),
+            AnyListen::Ib(l) => l.accept()?.map(|r| {
                 Comm::new(
                     CommBody::Recv(Mutex::new(match r {
                         vdev::AnyRecv::One(r) => AnyRecv::Ib(Box::new(r)),
@@ -266,8 +270,49 @@ impl Plugin {
                     })),
                     ctx.member(),
                 )
-            })),
+            }),
+        };
+        drop(g);
+        Ok(c.map(|mut c| {
+            c.stats = self.comm_stats(&c.body, l.dev as i32);
+            c
+        }))
+    }
+
+    /// NCCL's name of device `dev`.
+    fn dev_name(&self, dev: i32) -> String {
+        self.properties(dev).map_or_else(|_| format!("dev{dev}"), |p| p.name.to_string_lossy().into_owned())
+    }
+
+    /// Counters of a new comm on `dev` for the statistics file (None when off).
+    fn comm_stats(&self, body: &CommBody, dev: i32) -> Option<std::sync::Arc<stats::CommStats>> {
+        if !stats::enabled() {
+            return None;
         }
+        let qp_sets = |rails: Vec<(usize, std::sync::Arc<stats::QpTable>)>| -> Vec<(String, std::sync::Arc<stats::QpTable>)> {
+            rails.into_iter().map(|(d, t)| (self.dev_name(d as i32), t)).collect()
+        };
+        let (way, peer, qps) = match body {
+            CommBody::Send(s) => match &*s.lock() {
+                AnySend::Tcp(t) => (stats::Way::Send, t.peer().to_string(), Vec::new()),
+                AnySend::Ib(c) => (stats::Way::Send, c.peer().to_string(), qp_sets(vec![(c.dev(), c.qp_table())])),
+                AnySend::IbMulti(c) => (
+                    stats::Way::Send,
+                    c.rails().first().map_or_else(String::new, |r| r.peer().to_string()),
+                    qp_sets(c.rails().iter().map(|r| (r.dev(), r.qp_table())).collect()),
+                ),
+            },
+            CommBody::Recv(r) => match &*r.lock() {
+                AnyRecv::Tcp(t) => (stats::Way::Recv, t.peer().to_string(), Vec::new()),
+                AnyRecv::Ib(c) => (stats::Way::Recv, c.peer().to_string(), qp_sets(vec![(c.dev(), c.qp_table())])),
+                AnyRecv::IbMulti(c) => (
+                    stats::Way::Recv,
+                    c.rails().first().map_or_else(String::new, |r| r.peer().to_string()),
+                    qp_sets(c.rails().iter().map(|r| (r.dev(), r.qp_table())).collect()),
+                ),
+            },
+        };
+        stats::open_comm(way, self.transport_name(), self.dev_name(dev), peer, qps)
     }
 
     /// Register memory for `comm`.
@@ -450,6 +495,8 @@ pub struct ListenComm {
     inner: Mutex<AnyListen>,
     /// The context it was made under.
     ctx: Member,
+    /// The device it listens on (names the accepted comms' device).
+    dev: usize,
 }
 
 impl ListenComm {
@@ -471,8 +518,19 @@ pub struct Comm {
     /// Set when a call on this comm panicked: what panicked. Its state may
     /// be half-updated, so every later call but close fails naming it.
     failed: OnceCell<String>,
+    /// Its counters in the statistics file (`RUSTNET_STATS_DIR`), if on.
+    stats: Option<std::sync::Arc<stats::CommStats>>,
     /// The context it was made under (declared last: dropped after the body).
     ctx: Member,
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if let Some(s) = &self.stats {
+            // its counts join the device totals; the last comm's close writes the file
+            stats::close_comm(s);
+        }
+    }
 }
 
 /// Send or receive side.
@@ -538,7 +596,7 @@ pub enum Dir {
 
 impl Comm {
     fn new(body: CommBody, ctx: Member) -> Comm {
-        Comm { body, failed: OnceCell::new(), ctx }
+        Comm { body, failed: OnceCell::new(), stats: None, ctx }
     }
 
     /// The context it belongs to.
@@ -600,6 +658,13 @@ impl Comm {
             // SAFETY: as above.
             AnySend::IbMulti(c) => unsafe { c.isend_p(buf, tag, &rail_mrs(mr), parent) },
         };
+        if let Some(st) = &self.stats {
+            match &r {
+                Ok(Some(_)) => st.msgs.add(1),
+                Ok(None) => {}
+                Err(_) => st.errors.add(1),
+            }
+        }
         if matches!(r, Ok(Some(_))) {
             // the transport took the send; NCCL never learns its request
             crate::fault::point(crate::fault::Site::IsendQueued);
@@ -614,6 +679,27 @@ impl Comm {
     /// `parents[i]`: NCCL's profiler parent handle of buffer i.
     pub unsafe fn irecv(&self, bufs: &[RecvBuf], mrs: &[Option<&MemHandle>], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("irecv on a send comm".into())) };
+        // SAFETY: forwarded from our caller.
+        let res = unsafe { self.irecv_inner(r, bufs, mrs, parents) };
+        if let Some(st) = &self.stats {
+            match &res {
+                Ok(Some(_)) => st.msgs.add(bufs.len() as u64),
+                Ok(None) => {}
+                Err(_) => st.errors.add(1),
+            }
+        }
+        res
+    }
+
+    /// # Safety
+    /// As [`Comm::irecv`].
+    unsafe fn irecv_inner(
+        &self,
+        r: &Mutex<AnyRecv>,
+        bufs: &[RecvBuf],
+        mrs: &[Option<&MemHandle>],
+        parents: &[Option<Parent>],
+    ) -> Result<Option<ReqId>> {
         match &mut *r.lock() {
             // SAFETY: forwarded from our caller.
             AnyRecv::Tcp(t) => unsafe { t.irecv_p(bufs, parents) },
@@ -665,6 +751,16 @@ impl Comm {
     /// Drive and check one request.
     pub fn test(&self, id: ReqId) -> Result<Option<Completion>> {
         let r = self.test_inner(id);
+        if let Some(st) = &self.stats {
+            match &r {
+                Ok(Some(c)) => {
+                    st.completions.add(1);
+                    st.bytes.add(c.sizes[..c.n].iter().map(|&s| s as u64).sum());
+                }
+                Ok(None) => {}
+                Err(_) => st.errors.add(1),
+            }
+        }
         if matches!(r, Ok(Some(_))) {
             // the transport retired the request; NCCL never learns it is done
             crate::fault::point(crate::fault::Site::TestProgressed);

@@ -116,6 +116,7 @@ extern "C" fn on_unload() {
         // SAFETY: no call is inside the plugin (IN_CALL is 0 and new ones are
         // refused), no handle is alive, so no reference into these remains.
         unsafe {
+            crate::stats::release();
             crate::plugin::teardown();
             crate::transport::ib::release();
             crate::gpu::release();

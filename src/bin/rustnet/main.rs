@@ -8,6 +8,7 @@
 //!   (docs/bisect.md).
 //! - `rustnet doctor`: the fabric explained layer by layer, PASS/WARN/FAIL with fixes.
 //! - `rustnet watch`: the NIC's own counters as rates, named (congestion, PFC, loss, link).
+//! - `rustnet stats DIR`: a job's per-process statistics files (RUSTNET_STATS_DIR), slowest rank first.
 //! - `rustnet knobs`: every variable the plugin reads, its default and meaning.
 // The fabric's health: the NIC's counters as rates (`rustnet watch`).
 mod watch;
@@ -19,6 +20,7 @@ mod ctl;
 mod ncclsock;
 mod plot;
 mod ring;
+mod stats;
 
 fn doctor(args: Vec<String>) -> i32 {
     let mut o = rustnet::doctor::Opts::default();
@@ -87,6 +89,7 @@ fn usage() -> ! {
          bisect  find the slow host(s) among hosts running an agent (rustnet bisect --help)\n  \
          doctor  explain the fabric: devices, GIDs, lossless Ethernet, counters, topology, GPUDirect, limits, knobs\n  \
          watch   the NIC's counters as rates while a job runs, with what they mean (rustnet watch --help)\n  \
+         stats   summarise a job's RUSTNET_STATS_DIR files: per rank (slowest first) and per device\n  \
          knobs   list every environment variable the plugin reads"
     );
     std::process::exit(2);
@@ -104,6 +107,7 @@ fn main() {
         "bisect" => bisect::main(args),
         "doctor" => doctor(args),
         "watch" => watch::main(args),
+        "stats" => stats::main(args),
         "knobs" if args.first().map(String::as_str) == Some("--markdown") => {
             print!("{}", rustnet::config::knobs_markdown());
             0

@@ -67,17 +67,10 @@ pub fn set_stats_dump(on: bool) {
     STATS_DUMP.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// What one QP of a comm carried: plain integers owned by the comm and
-/// bumped on its data path (no atomics, nothing shared between comms).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QpStat {
-    /// Our QP number.
-    pub qpn: u32,
-    /// Messages (lanes of a message in split mode) that used this QP.
-    pub msgs: u64,
-    /// Payload bytes this QP carried (data writes only, not CTS/sizes/immediates).
-    pub bytes: u64,
-}
+// What one QP of a comm carried: a snapshot of the comm's QpTable, whose
+// relaxed counters the data path bumps and the statistics file reads.
+pub use crate::stats::QpStat;
+use crate::stats::QpTable;
 
 /// `qp 0x11: 3 msgs, 4096 bytes; qp 0x12: ...`
 pub fn format_stats(stats: &[QpStat]) -> String {
@@ -104,8 +97,8 @@ pub(super) struct Link {
     idle: u32,
     last_check: std::time::Instant,
     max_inline: u32,
-    /// Per-QP counters, index = QP index in `qps`.
-    stats: Vec<QpStat>,
+    /// Per-QP counters, index = QP index in `qps` (shared with the statistics file).
+    stats: Arc<QpTable>,
     /// Eager messages and their payload bytes (they ride QP 0).
     eager_stats: (u64, u64),
     /// Control writes posted: CTS (batches), credits, mailbox.
@@ -151,7 +144,7 @@ impl Link {
             idle: 0,
             last_check: std::time::Instant::now(),
             max_inline: 0,
-            stats: Vec::new(),
+            stats: Arc::new(QpTable::default()),
             eager_stats: (0, 0),
             ctl_posts: 0,
             handshake: true,
@@ -171,9 +164,9 @@ impl Link {
         }
     }
 
-    /// (Re)build the counters once the QPs are known.
+    /// Fix the counters once the QPs are known.
     fn init_stats(&mut self) {
-        self.stats = self.qps.iter().map(|q| QpStat { qpn: q.qpn(), msgs: 0, bytes: 0 }).collect();
+        self.stats.set(self.qps.iter().map(|q| q.qpn()));
     }
 
     /// Log the counters at close: TRACE always, INFO with RUSTNET_STATS=1.
@@ -186,7 +179,7 @@ impl Link {
             "{}: {kind} comm to {}: {}; eager: {} msgs, {} bytes; control writes: {}",
             self.dev.name,
             self.peer_name(),
-            format_stats(&self.stats),
+            format_stats(&self.stats.snapshot()),
             self.eager_stats.0,
             self.eager_stats.1,
             self.ctl_posts
@@ -460,9 +453,14 @@ impl SendComm {
         self.link.qps.iter().map(|q| q.qpn()).collect()
     }
 
-    /// Per-QP counters (empty until the handshake finished).
-    pub fn qp_stats(&self) -> &[QpStat] {
-        &self.link.stats
+    /// Per-QP counters now (empty until the handshake finished).
+    pub fn qp_stats(&self) -> Vec<QpStat> {
+        self.link.stats.snapshot()
+    }
+
+    /// The live per-QP counters (for the statistics file).
+    pub fn qp_table(&self) -> Arc<QpTable> {
+        self.link.stats.clone()
     }
 
     /// Eager messages sent and their payload bytes.
@@ -874,10 +872,7 @@ impl SendComm {
                 self.lane_events(g, qi, lane, nlanes, &plan[..k]);
             }
             let qp = &self.link.qps[qi];
-            if let Some(st) = self.link.stats.get_mut(qi) {
-                st.msgs += 1;
-                st.bytes += lane_bytes;
-            }
+            self.link.stats.bump(qi, lane_bytes);
             // SAFETY: data sources lie in NCCL buffers whose registrations
             // were checked in isend and which NCCL keeps valid and registered
             // until the request completes, i.e. until this lane's signaled
@@ -1256,8 +1251,13 @@ impl RecvComm {
     }
 
     /// Per-QP counters.
-    pub fn qp_stats(&self) -> &[QpStat] {
-        &self.link.stats
+    pub fn qp_stats(&self) -> Vec<QpStat> {
+        self.link.stats.snapshot()
+    }
+
+    /// The live per-QP counters (for the statistics file).
+    pub fn qp_table(&self) -> Arc<QpTable> {
+        self.link.stats.clone()
     }
 
     /// Eager messages received and their payload bytes.
@@ -1746,10 +1746,7 @@ impl RecvComm {
         self.cts.sender_head(seq + 1);
         for lane in 0..nlanes {
             let bytes: usize = rv_sizes[..n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
-            if let Some(st) = self.link.stats.get_mut((first + lane) % nqps) {
-                st.msgs += 1;
-                st.bytes += bytes as u64;
-            }
+            self.link.stats.bump((first + lane) % nqps, bytes as u64);
         }
         Ok(())
     }

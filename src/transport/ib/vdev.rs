@@ -395,7 +395,7 @@ impl MultiSend {
 
     /// Per member: its name and QP counters.
     pub fn member_stats(&self) -> Vec<(usize, Vec<QpStat>)> {
-        self.rails.iter().map(|r| (r.dev(), r.qp_stats().to_vec())).collect()
+        self.rails.iter().map(|r| (r.dev(), r.qp_stats())).collect()
     }
 
     /// Post a send; `mrs[i]` is the registration on member i.
@@ -508,7 +508,7 @@ impl MultiRecv {
 
     /// Per member: its device index and QP counters.
     pub fn member_stats(&self) -> Vec<(usize, Vec<QpStat>)> {
-        self.rails.iter().map(|r| (r.dev(), r.qp_stats().to_vec())).collect()
+        self.rails.iter().map(|r| (r.dev(), r.qp_stats())).collect()
     }
 
     /// Post a (grouped) receive; `mrs[j][i]` is buffer j's registration on member i.

@@ -1,0 +1,545 @@
+//! Per-process statistics while the job runs: `RUSTNET_STATS_DIR` makes a
+//! background thread rewrite `<host>-<pid>.prom` there every
+//! `RUSTNET_STATS_INTERVAL` seconds, in the Prometheus text format that
+//! node_exporter's textfile collector reads, and `rustnet stats DIR`
+//! summarises a directory of them ([`summary`]).
+//!
+//! The data path only bumps counters: each comm owns a [`CommStats`] of
+//! relaxed atomics (and, on verbs, a [`QpTable`] per QP set), bumped where
+//! the comm's own lock is already held; nothing there allocates or locks.
+//! The registry below is touched when a comm opens or closes and by the
+//! writer; a closing comm's counts are folded into per-device totals so the
+//! file keeps them.
+//!
+//! The thread lives while comms are open: the first comm starts it, the
+//! last close stops it after one last write (so a short job is captured) and
+//! joins it. With no comm open no thread is left, and `dlclose` unloads the
+//! library as before (a live thread's thread-local destructors would pin
+//! it); [`release`], called at unload, frees what the registry holds.
+pub mod prom;
+pub mod summary;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use once_cell::sync::OnceCell;
+use parking_lot::{Condvar, Mutex};
+
+use prom::Family;
+
+/// A counter bumped on the data path (relaxed: only totals are read).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Add `n`.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The value now.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What one QP of a verbs comm carried (a snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpStat {
+    /// Our QP number.
+    pub qpn: u32,
+    /// Messages (lanes of a message in split mode) that used this QP.
+    pub msgs: u64,
+    /// Payload bytes this QP carried (data writes only, not CTS/sizes/immediates).
+    pub bytes: u64,
+}
+
+/// One QP's live counters.
+#[derive(Debug)]
+pub struct QpCounter {
+    /// Our QP number.
+    pub qpn: u32,
+    /// Messages (lanes) posted on it.
+    pub msgs: Counter,
+    /// Payload bytes posted on it.
+    pub bytes: Counter,
+}
+
+/// The QP counters of one verbs comm, shared with the writer. Set once the
+/// QPs exist (a sender learns them at the end of its handshake).
+#[derive(Debug, Default)]
+pub struct QpTable {
+    qps: OnceCell<Box<[QpCounter]>>,
+}
+
+impl QpTable {
+    /// Fix the QP numbers (a second call keeps the first set).
+    pub fn set(&self, qpns: impl Iterator<Item = u32>) {
+        let _ = self.qps.set(qpns.map(|qpn| QpCounter { qpn, msgs: Counter::default(), bytes: Counter::default() }).collect());
+    }
+
+    /// Count one message (lane) of `bytes` on QP `i`.
+    #[inline]
+    pub fn bump(&self, i: usize, bytes: u64) {
+        if let Some(q) = self.qps.get().and_then(|t| t.get(i)) {
+            q.msgs.add(1);
+            q.bytes.add(bytes);
+        }
+    }
+
+    /// The counts now (empty until the QPs exist).
+    pub fn snapshot(&self) -> Vec<QpStat> {
+        self.qps
+            .get()
+            .map_or_else(Vec::new, |t| t.iter().map(|q| QpStat { qpn: q.qpn, msgs: q.msgs.get(), bytes: q.bytes.get() }).collect())
+    }
+}
+
+/// Which way a comm moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Way {
+    /// A send comm.
+    Send,
+    /// A receive comm.
+    Recv,
+}
+
+impl Way {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Way::Send => "send",
+            Way::Recv => "recv",
+        }
+    }
+}
+
+/// The counters of one comm.
+#[derive(Debug)]
+pub struct CommStats {
+    /// Number of the comm in this process (the `comm` label).
+    pub id: u64,
+    /// Send or receive.
+    pub way: Way,
+    /// `socket` or `ib`.
+    pub transport: &'static str,
+    /// The device's name as NCCL sees it.
+    pub device: String,
+    /// The peer's address.
+    pub peer: String,
+    /// Requests posted (isend: 1, irecv: one per buffer).
+    pub msgs: Counter,
+    /// Requests `test` reported done.
+    pub completions: Counter,
+    /// Payload bytes of completed requests.
+    pub bytes: Counter,
+    /// Calls on this comm that returned an error.
+    pub errors: Counter,
+    /// Verbs: the QP counters, with the device of each QP set (a merged
+    /// device has one set per member).
+    pub qps: Vec<(String, Arc<QpTable>)>,
+}
+
+/// Settings of the writer (from the knob table).
+#[derive(Debug, Clone)]
+struct Setup {
+    dir: PathBuf,
+    interval: Duration,
+    transport: &'static str,
+    host: String,
+    rank: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Totals {
+    msgs: u64,
+    completions: u64,
+    bytes: u64,
+    errors: u64,
+    comms: u64,
+}
+
+struct Registry {
+    setup: Option<Setup>,
+    live: Vec<Arc<CommStats>>,
+    /// Closed comms, per (device, transport, way).
+    retired: BTreeMap<(String, &'static str, Way), Totals>,
+    next_id: u64,
+    start: Option<SystemTime>,
+}
+
+static REG: Mutex<Registry> = Mutex::new(Registry { setup: None, live: Vec::new(), retired: BTreeMap::new(), next_id: 0, start: None });
+
+/// Serialises starting and stopping the thread (held across the join, so a
+/// comm opened meanwhile does not start a second writer on the same file).
+static LIFE: Mutex<Option<Writer>> = Mutex::new(None);
+
+/// Set when writing failed once (the WARN is not repeated every interval).
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+struct Writer {
+    shared: Arc<(Mutex<bool>, Condvar)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Launcher variables that carry the rank of this process, most specific
+/// first: torchrun, Open MPI, PMIx, MPICH/Hydra and Intel MPI, Slurm. NCCL
+/// does not tell a net plugin its rank.
+pub const RANK_VARS: [&str; 5] = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"];
+
+/// The rank from the first launcher variable holding an integer.
+pub fn rank_from(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    RANK_VARS.iter().find_map(|v| get(v).map(|s| s.trim().to_string()).filter(|s| !s.is_empty() && s.parse::<u64>().is_ok()))
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if r != 0 || n == 0 {
+        return "localhost".into();
+    }
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// `RUSTNET_STATS_DIR` etc. from `init`: an empty dir turns the file off.
+pub fn configure(dir: &str, interval_s: i64, transport: &'static str) {
+    let mut r = REG.lock();
+    if dir.is_empty() {
+        r.setup = None;
+        return;
+    }
+    r.setup = Some(Setup {
+        dir: PathBuf::from(dir),
+        interval: Duration::from_secs(interval_s.max(1) as u64),
+        transport,
+        host: hostname(),
+        rank: rank_from(|k| std::env::var(k).ok()),
+    });
+    tracing::info!(
+        "statistics: {} every {interval_s} s (RUSTNET_STATS_DIR, RUSTNET_STATS_INTERVAL)",
+        file_path(r.setup.as_ref().unwrap()).display()
+    );
+}
+
+/// Is a statistics file configured?
+pub fn enabled() -> bool {
+    REG.lock().setup.is_some()
+}
+
+fn file_path(s: &Setup) -> PathBuf {
+    s.dir.join(format!("{}-{}.prom", s.host, std::process::id()))
+}
+
+/// Counters for a new comm, registered with the writer (which starts with
+/// the first comm); `None` when no statistics file is configured.
+pub fn open_comm(
+    way: Way,
+    transport: &'static str,
+    device: String,
+    peer: String,
+    qps: Vec<(String, Arc<QpTable>)>,
+) -> Option<Arc<CommStats>> {
+    let mut life = LIFE.lock();
+    let mut r = REG.lock();
+    r.setup.as_ref()?;
+    let id = r.next_id;
+    r.next_id += 1;
+    let c = Arc::new(CommStats {
+        id,
+        way,
+        transport,
+        device,
+        peer,
+        msgs: Counter::default(),
+        completions: Counter::default(),
+        bytes: Counter::default(),
+        errors: Counter::default(),
+        qps,
+    });
+    r.live.push(c.clone());
+    r.start.get_or_insert_with(SystemTime::now);
+    drop(r);
+    if life.is_none() {
+        *life = start_writer();
+    }
+    Some(c)
+}
+
+/// A comm closed: fold its counts into its device's totals; the last one
+/// stops the writer after its final write.
+pub fn close_comm(c: &Arc<CommStats>) {
+    let mut life = LIFE.lock();
+    let mut r = REG.lock();
+    r.live.retain(|x| !Arc::ptr_eq(x, c));
+    let t = r.retired.entry((c.device.clone(), c.transport, c.way)).or_default();
+    t.msgs += c.msgs.get();
+    t.completions += c.completions.get();
+    t.bytes += c.bytes.get();
+    t.errors += c.errors.get();
+    t.comms += 1;
+    let last = r.live.is_empty();
+    drop(r);
+    if last {
+        match life.take() {
+            Some(w) => stop_writer(w),
+            // no thread (it could not start): at least the close is written
+            None => write_now(),
+        }
+    }
+}
+
+fn start_writer() -> Option<Writer> {
+    let shared = Arc::new((Mutex::new(false), Condvar::new()));
+    let s2 = shared.clone();
+    match std::thread::Builder::new().name("rustnet-stats".into()).spawn(move || writer_loop(&s2)) {
+        Ok(thread) => Some(Writer { shared, thread }),
+        Err(e) => {
+            tracing::warn!("statistics: could not start the writer thread ({e}); writing once per comm close instead");
+            None
+        }
+    }
+}
+
+fn stop_writer(w: Writer) {
+    *w.shared.0.lock() = true;
+    w.shared.1.notify_all();
+    let _ = w.thread.join();
+}
+
+fn writer_loop(sh: &(Mutex<bool>, Condvar)) {
+    loop {
+        let _ = std::panic::catch_unwind(write_now);
+        let interval = REG.lock().setup.as_ref().map_or(Duration::from_secs(5), |s| s.interval);
+        let mut stop = sh.0.lock();
+        if !*stop {
+            sh.1.wait_for(&mut stop, interval);
+        }
+        if *stop {
+            drop(stop);
+            // the last write: the comm that closed is in the totals now
+            let _ = std::panic::catch_unwind(write_now);
+            return;
+        }
+    }
+}
+
+/// Render and replace the file now (temp file + rename: a reader never
+/// sees half a file). Also what the writer thread calls.
+pub fn write_now() {
+    let (text, path) = {
+        let r = REG.lock();
+        let Some(s) = &r.setup else { return };
+        (render(&r, s, SystemTime::now()), file_path(s))
+    };
+    if let Err(e) = write_atomic(&path, &text) {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!("statistics: cannot write {}: {e} (RUSTNET_STATS_DIR); not repeated", path.display());
+        }
+    }
+}
+
+fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    // not *.prom: the textfile collector never reads the temp file
+    let tmp = path.with_extension("prom.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
+    let pid = std::process::id().to_string();
+    let mut base: Vec<(&str, &str)> = vec![("host", &s.host), ("pid", &pid)];
+    if let Some(rk) = &s.rank {
+        base.push(("rank", rk));
+    }
+    fn join<'a>(base: &[(&'a str, &'a str)], extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        base.iter().chain(extra).copied().collect()
+    }
+    let mut out = String::with_capacity(4096);
+    let ver = env!("CARGO_PKG_VERSION");
+    let mut f =
+        Family::gauge("rustnet_info", "librustnet in this process: the transport in use (socket or ib) and the library version; always 1.");
+    f.sample(&join(&base, &[("transport", s.transport), ("version", ver)]), 1.0);
+    f.finish(&mut out);
+    let mut f = Family::gauge("rustnet_start_time_seconds", "Unix time this process opened its first comm (the counters start there).");
+    f.sample(&base, unix(r.start.unwrap_or(now)));
+    f.finish(&mut out);
+    let mut f = Family::gauge("rustnet_write_time_seconds", "Unix time of this write of the file.");
+    f.sample(&base, unix(now));
+    f.finish(&mut out);
+
+    // per device: closed comms plus open ones
+    let mut dev: BTreeMap<(String, &'static str, Way), Totals> = r.retired.clone();
+    let mut open: BTreeMap<(String, &'static str, Way), u64> = BTreeMap::new();
+    for c in &r.live {
+        let t = dev.entry((c.device.clone(), c.transport, c.way)).or_default();
+        t.msgs += c.msgs.get();
+        t.completions += c.completions.get();
+        t.bytes += c.bytes.get();
+        t.errors += c.errors.get();
+        t.comms += 1;
+        *open.entry((c.device.clone(), c.transport, c.way)).or_default() += 1;
+    }
+    type Get = fn(&Totals) -> u64;
+    let dev_metrics: [(&'static str, &'static str, Get); 5] = [
+        ("rustnet_device_bytes_total", "Payload bytes of completed requests, per device and direction (closed comms included).", |t| {
+            t.bytes
+        }),
+        ("rustnet_device_messages_total", "Messages posted (isend: 1, irecv: one per buffer), per device and direction.", |t| t.msgs),
+        ("rustnet_device_completions_total", "Requests test() reported done, per device and direction.", |t| t.completions),
+        ("rustnet_device_errors_total", "Calls that returned an error on a comm of this device, per direction.", |t| t.errors),
+        ("rustnet_device_comms_total", "Comms opened on this device, per direction (open and closed).", |t| t.comms),
+    ];
+    for (name, help, get) in dev_metrics {
+        let mut f = Family::counter(name, help);
+        for ((d, tr, w), t) in &dev {
+            f.sample(&join(&base, &[("device", d), ("transport", tr), ("dir", w.as_str())]), get(t) as f64);
+        }
+        f.finish(&mut out);
+    }
+    let mut f = Family::gauge("rustnet_device_comms_open", "Comms open now, per device and direction.");
+    for (d, tr, w) in dev.keys() {
+        let n = open.get(&(d.clone(), *tr, *w)).copied().unwrap_or(0);
+        f.sample(&join(&base, &[("device", d), ("transport", tr), ("dir", w.as_str())]), n as f64);
+    }
+    f.finish(&mut out);
+
+    // per open comm
+    let ids: Vec<String> = r.live.iter().map(|c| c.id.to_string()).collect();
+    type CGet = fn(&CommStats) -> u64;
+    let comm_metrics: [(&'static str, &'static str, CGet); 4] = [
+        ("rustnet_comm_bytes_total", "Payload bytes of completed requests on an open comm.", |c| c.bytes.get()),
+        ("rustnet_comm_messages_total", "Messages posted on an open comm (isend: 1, irecv: one per buffer).", |c| c.msgs.get()),
+        ("rustnet_comm_completions_total", "Requests test() reported done on an open comm.", |c| c.completions.get()),
+        ("rustnet_comm_errors_total", "Calls on an open comm that returned an error.", |c| c.errors.get()),
+    ];
+    for (name, help, get) in comm_metrics {
+        let mut f = Family::counter(name, help);
+        for (c, id) in r.live.iter().zip(&ids) {
+            f.sample(
+                &join(
+                    &base,
+                    &[("comm", id.as_str()), ("dir", c.way.as_str()), ("peer", &c.peer), ("device", &c.device), ("transport", c.transport)],
+                ),
+                get(c) as f64,
+            );
+        }
+        f.finish(&mut out);
+    }
+
+    // per QP (verbs)
+    let mut qb = Family::counter("rustnet_qp_bytes_total", "Payload bytes written on one QP of an open verbs comm (data writes only).");
+    let mut qm =
+        Family::counter("rustnet_qp_messages_total", "Messages (lanes of a split message) posted on one QP of an open verbs comm.");
+    for (c, id) in r.live.iter().zip(&ids) {
+        for (d, t) in &c.qps {
+            for q in t.snapshot() {
+                let qpn = format!("{:#x}", q.qpn);
+                let l =
+                    join(&base, &[("comm", id.as_str()), ("dir", c.way.as_str()), ("device", d), ("qp", &qpn), ("transport", c.transport)]);
+                qb.sample(&l, q.bytes as f64);
+                qm.sample(&l, q.msgs as f64);
+            }
+        }
+    }
+    qb.finish(&mut out);
+    qm.finish(&mut out);
+    out += prom::END_MARKER;
+    out.push('\n');
+    out
+}
+
+/// Unload: stop the writer if it still runs and free the registry.
+///
+/// # Safety
+/// No other thread uses the statistics (no comm is alive).
+pub(crate) unsafe fn release() {
+    if let Some(w) = LIFE.lock().take() {
+        stop_writer(w);
+    }
+    let mut r = REG.lock();
+    r.setup = None;
+    r.live = Vec::new();
+    r.retired = BTreeMap::new();
+    r.start = None;
+    r.next_id = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_comes_from_the_first_launcher_variable_with_an_integer() {
+        let env =
+            |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        assert_eq!(rank_from(env(&[])), None);
+        assert_eq!(rank_from(env(&[("SLURM_PROCID", "7")])), Some("7".into()));
+        assert_eq!(rank_from(env(&[("SLURM_PROCID", "1"), ("RANK", "9")])), Some("9".into()));
+        assert_eq!(rank_from(env(&[("RANK", "x"), ("PMI_RANK", "3")])), Some("3".into()));
+    }
+
+    #[test]
+    fn the_file_has_every_family_once_and_parses() {
+        let s = Setup {
+            dir: "/nonexistent".into(),
+            interval: Duration::from_secs(1),
+            transport: "ib",
+            host: "h1".into(),
+            rank: Some("3".into()),
+        };
+        let qt = Arc::new(QpTable::default());
+        qt.set([0x11u32, 0x12].into_iter());
+        qt.bump(1, 100);
+        qt.bump(1, 50);
+        let c = Arc::new(CommStats {
+            id: 4,
+            way: Way::Send,
+            transport: "ib",
+            device: "mlx5_0".into(),
+            peer: "10.0.0.2:5000".into(),
+            msgs: Counter::default(),
+            completions: Counter::default(),
+            bytes: Counter::default(),
+            errors: Counter::default(),
+            qps: vec![("mlx5_0".into(), qt)],
+        });
+        c.msgs.add(2);
+        c.completions.add(2);
+        c.bytes.add(150);
+        let mut retired = BTreeMap::new();
+        retired.insert(("mlx5_0".to_string(), "ib", Way::Send), Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1 });
+        let r = Registry { setup: None, live: vec![c], retired, next_id: 5, start: Some(UNIX_EPOCH + Duration::from_secs(100)) };
+        let text = render(&r, &s, UNIX_EPOCH + Duration::from_secs(110));
+        let e = prom::parse(&text).unwrap();
+        assert!(e.complete, "{text}");
+        let mut names: Vec<&str> = e.types.iter().map(|t| t.0.as_str()).collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "a family twice:\n{text}");
+        assert!(e.samples.iter().all(|s| s.name.starts_with("rustnet_") && s.label("host") == Some("h1") && s.label("rank") == Some("3")));
+        assert_eq!(e.sum("rustnet_device_bytes_total", &[("device", "mlx5_0"), ("dir", "send")]), 1150.0);
+        assert_eq!(e.sum("rustnet_device_errors_total", &[]), 1.0);
+        assert_eq!(e.sum("rustnet_device_comms_open", &[]), 1.0);
+        assert_eq!(e.sum("rustnet_comm_bytes_total", &[("comm", "4"), ("peer", "10.0.0.2:5000")]), 150.0);
+        assert_eq!(e.sum("rustnet_qp_bytes_total", &[("qp", "0x12")]), 150.0);
+        assert_eq!(e.sum("rustnet_qp_messages_total", &[("qp", "0x11")]), 0.0);
+        assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
+        assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
+    }
+}
