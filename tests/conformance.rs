@@ -1671,6 +1671,36 @@ fn reload_many_case() -> Result<String, String> {
     finish_within(a, Duration::from_secs(600))
 }
 
+/// The load/unload cycles with RUSTNET_STATS_DIR set: the writer thread
+/// starts with each cycle's first comm and is joined by its last close, so
+/// threads stay flat and (on TCP) every dlclose still unmaps the library;
+/// the file holds the last cycle's final write.
+fn reload_stats_case() -> Result<String, String> {
+    let dir = std::env::temp_dir().join(format!("rustnet-conf-stats-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_string_lossy().into_owned();
+    let a = spawn("A", 8, "reload_many", &[("RUSTNET_CONF_RELOADS", "60"), ("RUSTNET_STATS_DIR", &d), ("RUSTNET_STATS_INTERVAL", "1")]);
+    let pid = a.child.id();
+    let line = finish_within(a, Duration::from_secs(300))?;
+    let path = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{d}: {e}"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(&format!("-{pid}.prom")))
+        .ok_or_else(|| format!("no <host>-{pid}.prom in {d}"))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = rustnet::stats::prom::parse(&text)?;
+    let sent = e.sum("rustnet_device_bytes_total", &[("dir", "send")]);
+    if !e.complete || e.sum("rustnet_device_comms_open", &[]) != 0.0 || sent < 8.0 {
+        return Err(format!("the last cycle's final write is not in the file:\n{text}"));
+    }
+    let tcp = std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true);
+    if tcp && !line.contains("unmapped after every dlclose") {
+        return Err(format!("with a statistics file the library stayed mapped: {line}"));
+    }
+    Ok(format!("{line}; {} bytes sent in the file", sent))
+}
+
 /// 10,000 (RUSTNET_CONF_CONNECTS) listen/connect/accept/message/close
 /// cycles over loopback through the .so: fds/threads flat, RSS within 1%
 /// (about 2 s here, so CI runs the full count).
@@ -1754,6 +1784,7 @@ fn main() {
     cases.push(("panic_mid_isend_fails_comm".into(), Box::new(|| panic_mid_case("isend:queued"))));
     cases.push(("panic_mid_test_fails_comm".into(), Box::new(|| panic_mid_case("test:progressed"))));
     cases.push(("load_unload_500_flat".into(), Box::new(reload_many_case)));
+    cases.push(("load_unload_stats_dir".into(), Box::new(reload_stats_case)));
     cases.push(("connect_close_churn_flat".into(), Box::new(connect_churn_case)));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
         cases.push(("tcp_link_cut_silent_peer".into(), Box::new(link_cut_case)));

@@ -14,8 +14,15 @@
 //! The thread lives while comms are open: the first comm starts it, the
 //! last close stops it after one last write (so a short job is captured) and
 //! joins it. With no comm open no thread is left, and `dlclose` unloads the
-//! library as before (a live thread's thread-local destructors would pin
-//! it); [`release`], called at unload, frees what the registry holds.
+//! library as before; [`release`], called at unload, frees what the
+//! registry holds. Two things would pin the library in memory after
+//! `dlclose` (glibc keeps a library mapped while any thread holds a
+//! thread-local destructor registered by it): `std::thread::spawn`, which
+//! touches thread-locals with destructors in the *calling* thread (NCCL's,
+//! alive for good), and parking_lot, whose parked threads get one. So the
+//! writer is a bare pthread, and the locks and the wake-up here are std's
+//! (futex-based, no thread-local state); the writer's own thread-locals go
+//! with it when it is joined.
 pub mod prom;
 pub mod summary;
 
@@ -25,8 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::sync::{Condvar, Mutex, MutexGuard};
+
 use once_cell::sync::OnceCell;
-use parking_lot::{Condvar, Mutex};
 
 use prom::Family;
 
@@ -174,6 +182,11 @@ struct Registry {
 
 static REG: Mutex<Registry> = Mutex::new(Registry { setup: None, live: Vec::new(), retired: BTreeMap::new(), next_id: 0, start: None });
 
+/// A lock of ours (a panic while holding one leaves plain counters: keep going).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Serialises starting and stopping the thread (held across the join, so a
 /// comm opened meanwhile does not start a second writer on the same file).
 static LIFE: Mutex<Option<Writer>> = Mutex::new(None);
@@ -182,8 +195,14 @@ static LIFE: Mutex<Option<Writer>> = Mutex::new(None);
 static WARNED: AtomicBool = AtomicBool::new(false);
 
 struct Writer {
-    shared: Arc<(Mutex<bool>, Condvar)>,
-    thread: std::thread::JoinHandle<()>,
+    shared: Arc<Shared>,
+    thread: libc::pthread_t,
+}
+
+/// The stop flag and the wake-up of the writer.
+struct Shared {
+    stop: Mutex<bool>,
+    wake: Condvar,
 }
 
 /// Launcher variables that carry the rank of this process, most specific
@@ -210,7 +229,7 @@ pub fn hostname() -> String {
 
 /// `RUSTNET_STATS_DIR` etc. from `init`: an empty dir turns the file off.
 pub fn configure(dir: &str, interval_s: i64, transport: &'static str) {
-    let mut r = REG.lock();
+    let mut r = lock(&REG);
     if dir.is_empty() {
         r.setup = None;
         return;
@@ -230,7 +249,7 @@ pub fn configure(dir: &str, interval_s: i64, transport: &'static str) {
 
 /// Is a statistics file configured?
 pub fn enabled() -> bool {
-    REG.lock().setup.is_some()
+    lock(&REG).setup.is_some()
 }
 
 fn file_path(s: &Setup) -> PathBuf {
@@ -246,8 +265,8 @@ pub fn open_comm(
     peer: String,
     qps: Vec<(String, Arc<QpTable>)>,
 ) -> Option<Arc<CommStats>> {
-    let mut life = LIFE.lock();
-    let mut r = REG.lock();
+    let mut life = lock(&LIFE);
+    let mut r = lock(&REG);
     r.setup.as_ref()?;
     let id = r.next_id;
     r.next_id += 1;
@@ -275,8 +294,8 @@ pub fn open_comm(
 /// A comm closed: fold its counts into its device's totals; the last one
 /// stops the writer after its final write.
 pub fn close_comm(c: &Arc<CommStats>) {
-    let mut life = LIFE.lock();
-    let mut r = REG.lock();
+    let mut life = lock(&LIFE);
+    let mut r = lock(&REG);
     r.live.retain(|x| !Arc::ptr_eq(x, c));
     let t = r.retired.entry((c.device.clone(), c.transport, c.way)).or_default();
     t.msgs += c.msgs.get();
@@ -296,37 +315,62 @@ pub fn close_comm(c: &Arc<CommStats>) {
 }
 
 fn start_writer() -> Option<Writer> {
-    let shared = Arc::new((Mutex::new(false), Condvar::new()));
-    let s2 = shared.clone();
-    match std::thread::Builder::new().name("rustnet-stats".into()).spawn(move || writer_loop(&s2)) {
-        Ok(thread) => Some(Writer { shared, thread }),
-        Err(e) => {
-            tracing::warn!("statistics: could not start the writer thread ({e}); writing once per comm close instead");
-            None
-        }
+    let shared = Arc::new(Shared { stop: Mutex::new(false), wake: Condvar::new() });
+    let arg = Box::into_raw(Box::new(shared.clone()));
+    // SAFETY: pthread_t is a plain integer on Linux; pthread_create writes it.
+    let mut thread: libc::pthread_t = unsafe { std::mem::zeroed() };
+    // SAFETY: writer_main is a start routine that takes ownership of `arg`,
+    // a Box<Arc<Shared>> given up just above; default attributes (NULL).
+    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), writer_main, arg.cast()) };
+    if rc != 0 {
+        // SAFETY: the thread was not created, so `arg` is still ours.
+        drop(unsafe { Box::from_raw(arg) });
+        tracing::warn!(
+            "statistics: could not start the writer thread ({}); the file is written when the last comm closes",
+            std::io::Error::from_raw_os_error(rc)
+        );
+        return None;
     }
+    Some(Writer { shared, thread })
+}
+
+extern "C" fn writer_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: start_writer passed a Box<Arc<Shared>> and gave it up.
+    let sh = unsafe { Box::from_raw(arg.cast::<Arc<Shared>>()) };
+    // a panic must not unwind out of a C start routine
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(&sh)));
+    std::ptr::null_mut()
 }
 
 fn stop_writer(w: Writer) {
-    *w.shared.0.lock() = true;
-    w.shared.1.notify_all();
-    let _ = w.thread.join();
+    *lock(&w.shared.stop) = true;
+    w.shared.wake.notify_all();
+    // SAFETY: a thread we created and have not joined or detached (a Writer
+    // is consumed here, once).
+    unsafe { libc::pthread_join(w.thread, std::ptr::null_mut()) };
 }
 
-fn writer_loop(sh: &(Mutex<bool>, Condvar)) {
+fn writer_loop(sh: &Shared) {
+    let _ = std::panic::catch_unwind(write_now);
+    let mut stop = lock(&sh.stop);
     loop {
-        let _ = std::panic::catch_unwind(write_now);
-        let interval = REG.lock().setup.as_ref().map_or(Duration::from_secs(5), |s| s.interval);
-        let mut stop = sh.0.lock();
-        if !*stop {
-            sh.1.wait_for(&mut stop, interval);
+        let interval = lock(&REG).setup.as_ref().map_or(Duration::from_secs(5), |s| s.interval);
+        let deadline = std::time::Instant::now() + interval;
+        while !*stop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            stop = sh.wake.wait_timeout(stop, left).unwrap_or_else(|e| e.into_inner()).0;
         }
-        if *stop {
-            drop(stop);
-            // the last write: the comm that closed is in the totals now
-            let _ = std::panic::catch_unwind(write_now);
+        let last = *stop;
+        drop(stop);
+        // the last write (on stop) has the closed comm in the totals
+        let _ = std::panic::catch_unwind(write_now);
+        if last {
             return;
         }
+        stop = lock(&sh.stop);
     }
 }
 
@@ -334,7 +378,7 @@ fn writer_loop(sh: &(Mutex<bool>, Condvar)) {
 /// sees half a file). Also what the writer thread calls.
 pub fn write_now() {
     let (text, path) = {
-        let r = REG.lock();
+        let r = lock(&REG);
         let Some(s) = &r.setup else { return };
         (render(&r, s, SystemTime::now()), file_path(s))
     };
@@ -469,10 +513,10 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
 /// # Safety
 /// No other thread uses the statistics (no comm is alive).
 pub(crate) unsafe fn release() {
-    if let Some(w) = LIFE.lock().take() {
+    if let Some(w) = lock(&LIFE).take() {
         stop_writer(w);
     }
-    let mut r = REG.lock();
+    let mut r = lock(&REG);
     r.setup = None;
     r.live = Vec::new();
     r.retired = BTreeMap::new();

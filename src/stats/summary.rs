@@ -70,11 +70,22 @@ impl Proc {
 /// Read one file's text. `mtime`: the file's modification time, used when
 /// the file lacks its own write timestamp.
 pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, String> {
-    let e = prom::parse(text)?;
+    let parsed = prom::parse(text);
+    if !text.trim_end().ends_with(prom::END_MARKER) {
+        let first_line = text.lines().next().unwrap_or("");
+        if first_line.starts_with("# HELP rustnet_") {
+            return Err(format!(
+                "incomplete: no '{}' line at the end (cut short while being written or copied?){}",
+                prom::END_MARKER,
+                parsed.err().map_or_else(String::new, |e| format!("; {e}"))
+            ));
+        }
+    }
+    let e = parsed.map_err(|e| format!("not Prometheus text format: {e}"))?;
+    let info = e.get("rustnet_info").next().ok_or("not a librustnet statistics file (no rustnet_info line)")?;
     if !e.complete {
         return Err(format!("incomplete: no '{}' line at the end (cut short while being written or copied?)", prom::END_MARKER));
     }
-    let info = e.get("rustnet_info").next().ok_or("not a librustnet statistics file (no rustnet_info line)")?;
     let lab = |k: &str| info.label(k).map(str::to_string);
     let written = e.first("rustnet_write_time_seconds").or(mtime).ok_or("no rustnet_write_time_seconds and no file time")?;
     let start = e.first("rustnet_start_time_seconds").unwrap_or(written);
