@@ -1,0 +1,139 @@
+#!/bin/bash
+# tests/rxe-vm/loss.sh -- verbs traffic under packet loss on a live (soft-RoCE)
+# fabric, in one VM boot:
+#
+#   flock /tmp/rxe-vm.lock tests/rxe-vm/loss.sh
+#
+# Each scenario runs examples/loss.rs: one process, rxe0/veth0 <-> rxe1/veth1,
+# one connection each way, both directions at once, every byte checked. Once
+# both connections are up it puts netem on LOSS_DEVS (default veth1: rxe1's
+# data and the ACKs of rxe0's data leave there) and moves LOSS_BYTES each way.
+#   - 0% and 1% loss: must finish with every byte right (RC retransmits);
+#     1% is slower. NCCL_IB_TIMEOUT=14 (67 ms) there: NCCL's default 20 is
+#     4.3 s per retransmission timeout (a lost last packet of a burst waits
+#     for it), which leaves an emulated link mostly idle (LOSS_SLOW=1 adds a
+#     1% run at 20 anyway).
+#   - 100% loss: the comms must fail, naming the peer, within the time
+#     NCCL_IB_TIMEOUT/NCCL_IB_RETRY_CNT imply: 4.096 us * 2^timeout *
+#     (retry_cnt + 1). Small values keep it short. (rxe, like the IB spec's
+#     RNR counter, treats retry_cnt 7 as "retry forever"; real HCAs do not.)
+# Per scenario it prints the time, the rxe hw_counters that moved (both
+# devices, summed), the plugin's own statistics file (RUSTNET_STATS_DIR,
+# read by `rustnet stats`), `rustnet watch`'s verdict during the 1% run, and
+# the WARN naming the peer when a comm failed; then one table.
+#
+# Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
+# LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
+# did not, 125 the VM died or timed out, 2 the build failed.
+set -u -o pipefail
+HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+
+# ---- in the guest ------------------------------------------------------------
+if [ "${1:-}" = --in-vm ]; then
+  ulimit -l unlimited
+  T=${LOSS_TARGET:-$ROOT/target/release}
+  export RUSTNET_TRANSPORT=ib NCCL_IB_HCA="=rxe0,rxe1" NCCL_SOCKET_IFNAME=veth0 RUSTNET_PLUGIN=$T/librustnet.so
+  devs=${LOSS_DEVS:-veth1}
+  W=/tmp/loss
+  mkdir -p $W
+  keys="sent_pkts rcvd_pkts duplicate_request out_of_seq_request rcvd_seq_err completer_retry_err retry_exceeded_err ack_deferred"
+  snap() { # snap FILE: every hw_counter of rxe0 and rxe1 as "name value", summed
+    local f v
+    for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/* /sys/class/infiniband/rxe1/ports/1/hw_counters/*; do
+      read -r v < "$f" || v=0
+      echo "${f##*/} $v"
+    done | awk '{ s[$1] += $2 } END { for (k in s) print k, s[k] }' | sort > "$1"
+  }
+  delta() { # delta BEFORE AFTER: "name=+N" for the counters in $keys
+    join "$1" "$2" | awk -v keys="$keys" 'BEGIN { n = split(keys, k, " "); for (i = 1; i <= n; i++) want[k[i]] = i }
+      ($1 in want) { d[want[$1]] = $1 "=" ($3 - $2) }
+      END { for (i = 1; i <= n; i++) if (i in d) printf "%s ", d[i]; print "" }'
+  }
+  fails=0
+  rows=()
+  # scenario NAME LOSS TIMEOUT RETRY MODE
+  scenario() {
+    local name=$1 loss=$2 to=$3 rc=$4 mode=$5 out dir line secs expect="" res
+    dir=$W/stats-$name out=$W/$name
+    echo
+    echo "=== $name: loss $loss on $devs, NCCL_IB_TIMEOUT=$to NCCL_IB_RETRY_CNT=$rc, expect $mode"
+    apply=""
+    for d in $devs; do apply+="tc qdisc replace dev $d root netem loss $loss; "; done
+    snap $out.before
+    watch_pid=""
+    if [ "$name" = loss1 ]; then
+      "$T/rustnet" watch --dev rxe0,rxe1 --interval 1 > $out.watch 2>&1 &
+      watch_pid=$!
+      # a copy of the statistics file mid-run (open comms: per-comm and per-QP series)
+      (sleep 4; cp "$dir"/*.prom $out.mid.prom 2>/dev/null) &
+    fi
+    env NCCL_IB_TIMEOUT="$to" NCCL_IB_RETRY_CNT="$rc" LOSS_MODE="$mode" LOSS_APPLY="$apply" \
+      RUSTNET_STATS_DIR="$dir" RUSTNET_STATS_INTERVAL=1 LOSS_BYTES="${LOSS_BYTES:-33554432}" \
+      timeout 300 "$T/examples/loss" > $out.out 2> $out.err
+    local prc=$?
+    [ -n "$watch_pid" ] && { sleep 1.2; kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
+    for d in $devs; do tc qdisc del dev "$d" root 2>/dev/null; done
+    snap $out.after
+    cat $out.out
+    line=$(grep -E '^LOSS (ok|failed)' $out.out)
+    secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$line")
+    local cnt
+    cnt=$(delta $out.before $out.after)
+    echo "rxe hw_counters (rxe0+rxe1): $cnt"
+    if [ "$mode" = fail ]; then
+      expect=$(awk -v t="$to" -v r="$rc" 'BEGIN { printf "%.3f", 4.096e-6 * 2^t * (r + 1) }')
+      echo "expected: 4.096 us * 2^$to * ($rc + 1) = $expect s"
+      grep -m2 'comm failed' $out.err | sed 's/^/  WARN: /' | cut -c1-400
+    fi
+    echo "plugin statistics ($dir):"
+    "$T/rustnet" stats "$dir" | sed 's/^/  /'
+    local errs bytes
+    errs=$(cat "$dir"/*.prom 2>/dev/null | awk '/^rustnet_device_errors_total/ { s += $2 } END { print s + 0 }')
+    bytes=$(cat "$dir"/*.prom 2>/dev/null | awk '/^rustnet_device_bytes_total.*dir="recv"/ { s += $2 } END { print s + 0 }')
+    if [ -n "$watch_pid" ]; then
+      echo "rustnet watch during the run: one interval, then what it named (count of intervals):"
+      awk '/^--- t=/ { n++ } n == 3' $out.watch | sed 's/^/  /'
+      grep -E '^  => ' $out.watch | sed 's/ [0-9.]*\/s//g; s/+[0-9.]*//g' | sort | uniq -c | sort -rn | head -6 | sed 's/^/  /'
+      if [ -s $out.mid.prom ]; then
+        echo "the statistics file 4 s into the run (comm and QP series):"
+        grep -E '^rustnet_(info|comm_bytes|qp_)' $out.mid.prom | sed 's/^/  /'
+      fi
+    fi
+    res=PASS
+    if [ "$mode" = ok ] && ! grep -q '^LOSS ok' $out.out; then res=FAIL; fi
+    if [ "$mode" = fail ]; then
+      if ! grep -q '^LOSS failed' $out.out; then res=FAIL
+      elif ! grep -q 'comm failed.*10\.199\.0\.' $out.err; then res="FAIL(no peer named)"
+      elif awk -v s="$secs" -v e="$expect" 'BEGIN { exit !(s > 3 * e + 2) }'; then res="FAIL(too slow)"
+      fi
+    fi
+    [ $prc != 0 ] && [ "$res" = PASS ] && res="FAIL(exit $prc)"
+    [ "$res" = PASS ] || fails=$((fails + 1))
+    rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$res | $cnt")")
+  }
+  scenario clean   0%   14 7 ok
+  scenario loss1   1%   14 7 ok
+  [ "${LOSS_SLOW:-0}" = 1 ] && scenario loss1-t20 1% 20 7 ok
+  scenario cut-t14 100% 14 2 fail
+  scenario cut-t16 100% 16 3 fail
+  scenario cut-t18 100% 18 1 fail
+  echo
+  echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way; fail = from the loss to the first failed call)"
+  printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" "result | rxe hw_counters (rxe0+rxe1)"
+  printf '%s\n' "${rows[@]}"
+  [ $fails = 0 ] && echo "loss: PASS" || echo "loss: FAIL ($fails scenario(s))"
+  [ $fails = 0 ]
+  exit
+fi
+
+# ---- on the host ---------------------------------------------------------------
+cd "$ROOT" || exit 2
+if [ "${LOSS_NO_BUILD:-0}" != 1 ]; then
+  cargo build --release --quiet && cargo build --release --examples --quiet || exit 2
+fi
+case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
+export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
+guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
+  bash "$HERE/loss.sh" --in-vm)
+"$HERE/run.sh" "$guest"
