@@ -8,12 +8,20 @@
 //! per-QP counters.
 //!
 //! One test per binary: it sets the plugin's environment before loading it.
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::thread_count;
+/// Threads of this process named as the statistics writer.
+fn writers() -> usize {
+    let name = rustnet::stats::WRITER_NAME.to_str().unwrap();
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().map(|t| std::fs::read_to_string(t.path().join("comm")).unwrap_or_default()).unwrap_or_default();
+            comm.trim() == name
+        })
+        .count()
+}
 use rustnet::driver::{default_plugin_path, Plugin, Ptr};
 use rustnet::stats::prom;
 
@@ -96,7 +104,8 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
     ck(p.init(), "init");
     let host = rustnet::stats::hostname();
     let path = dir.join(format!("{host}-{}.prom", std::process::id()));
-    let threads0 = thread_count();
+    let threads0 = writers();
+    assert_eq!(threads0, 0, "no writer before the first comm");
 
     let (mut h, l) = ck(p.listen(0), "listen");
     let (s, r) = ck(p.connect_accept(0, &mut h, l, Duration::from_secs(60)), "connect/accept");
@@ -111,7 +120,7 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
         }
     }
     // the writer runs (one thread more than before the first comm) ...
-    assert_eq!(thread_count(), threads0 + 1, "one writer thread while comms are open");
+    assert_eq!(writers(), threads0 + 1, "one writer thread while comms are open");
     // ... and its next write shows every message on both open comms
     let e = wait_for(&path, "the counters of the open comms", |e| e.sum("rustnet_comm_completions_total", &[("dir", "recv")]) == n as f64);
     let t1 = e.first("rustnet_write_time_seconds").unwrap();
@@ -138,10 +147,10 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
 
     // closing the last comm writes the totals and joins the thread
     ck(p.close_send(s), "closeSend");
-    assert_eq!(thread_count(), threads0 + 1, "the writer stays while the receive comm is open");
+    assert_eq!(writers(), threads0 + 1, "the writer stays while the receive comm is open");
     ck(p.close_recv(r), "closeRecv");
     ck(p.close_listen(l), "closeListen");
-    assert_eq!(thread_count(), threads0, "the writer thread outlived the last comm");
+    assert_eq!(writers(), threads0, "the writer thread outlived the last comm");
     let e = read(&path);
     for dir in ["send", "recv"] {
         let want = [("dir", dir)];

@@ -334,9 +334,15 @@ fn start_writer() -> Option<Writer> {
     Some(Writer { shared, thread })
 }
 
+/// The writer thread's name (`/proc/<pid>/task/*/comm`).
+pub const WRITER_NAME: &std::ffi::CStr = c"rustnet-stats";
+
 extern "C" fn writer_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: start_writer passed a Box<Arc<Shared>> and gave it up.
     let sh = unsafe { Box::from_raw(arg.cast::<Arc<Shared>>()) };
+    // SAFETY: names this thread (for ps/top and the tests) with a
+    // NUL-terminated string of at most 15 characters.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), WRITER_NAME.as_ptr()) };
     // a panic must not unwind out of a C start routine
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(&sh)));
     std::ptr::null_mut()

@@ -22,7 +22,7 @@
 # read by `rustnet stats`), `rustnet watch`'s verdict during the 1% run, and
 # the WARN naming the peer when a comm failed; then one table.
 #
-# Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
+# Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
 # LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail

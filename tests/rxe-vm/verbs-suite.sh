@@ -39,6 +39,9 @@
 #                            that write under target/, e.g. CARGO_TARGET_TMPDIR)
 #   VERBS_NO_BUILD=1         skip `cargo build --release` (test binaries are
 #                            still (re)built by `cargo test --no-run`)
+#   VERBS_LOSS=auto|1|0      run loss.sh's scenarios (netem loss on veth1 under
+#                            verbs traffic, ~40 s) in the same boot; auto = with
+#                            the default selection (no VERBS_TEST_ARGS)
 #   RXE_VM_*                 passed on to run.sh (RXE_VM_PAIRS, RXE_VM_TIMEOUT...)
 set -u -o pipefail
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -129,6 +132,25 @@ if [ "${1:-}" = --in-vm ]; then
       *) results+=("FAIL $name (exit $rc, ${dt} s)"); fails=$((fails + 1)) ;;
     esac
   done
+  # Packet loss on the live fabric (loss.sh, ~40 s): 1% netem loss must only
+  # slow verbs traffic, 100% must fail it within NCCL_IB_TIMEOUT/RETRY_CNT's
+  # time, naming the peer. Runs with the default selection (VERBS_LOSS=auto),
+  # or VERBS_LOSS=1 / 0.
+  loss=${VERBS_LOSS:-auto}
+  if [ "$loss" = 1 ] || { [ "$loss" = auto ] && [ -z "${VERBS_TEST_ARGS:-}" ] && { [ $# = 0 ] || [[ " $* " == *conformance* ]]; }; }; then
+    if [ -x "${VERBS_RUSTNET%/*}/examples/loss" ]; then
+      echo "=== loss: tests/rxe-vm/loss.sh --in-vm"
+      t0=$EPOCHREALTIME
+      LOSS_TARGET=${VERBS_RUSTNET%/*} timeout -k 10 300 bash "$HERE/loss.sh" --in-vm < /dev/null
+      rc=$?
+      dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
+      if [ $rc = 0 ]; then results+=("PASS loss (${dt} s)"); else results+=("FAIL loss (exit $rc, ${dt} s)"); fails=$((fails + 1)); fi
+    else
+      # cargo test --no-run builds the examples: missing means a broken build
+      echo "=== loss: ${VERBS_RUSTNET%/*}/examples/loss not built"
+      results+=("FAIL loss (examples/loss not built)"); fails=$((fails + 1))
+    fi
+  fi
   echo "=== verbs-suite results"
   printf '  %s\n' "${results[@]}"
   echo "verbs-suite: $((${#results[@]} - fails)) passed, $fails failed"
