@@ -229,7 +229,7 @@ sysroot=$(rustc --print sysroot 2>/dev/null) && lib_dirs+=":$sysroot/lib"
 
 guest_cmd=$(printf '%q ' env \
   "VERBS_SMOKE=${VERBS_SMOKE:-auto}" "VERBS_TEST_ARGS=${VERBS_TEST_ARGS:-}" \
-  "VERBS_TEST_TIMEOUT=${VERBS_TEST_TIMEOUT:-600}" "VERBS_ENV=${VERBS_ENV:-}" \
+  "VERBS_TEST_TIMEOUT=${VERBS_TEST_TIMEOUT:-600}" "VERBS_ENV=${VERBS_ENV:-}" "VERBS_LOSS=${VERBS_LOSS:-auto}" \
   "VERBS_LIB_DIRS=$lib_dirs" "VERBS_RUSTNET=$target_dir/release/rustnet" bash "$HERE/verbs-suite.sh" --in-vm "${selected[@]}")
 "$HERE/run.sh" "$guest_cmd"
 rc=$?
