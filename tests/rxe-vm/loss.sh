@@ -23,6 +23,7 @@
 # the WARN naming the peer when a comm failed; then one table.
 #
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
+# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18"; also loss1-t20),
 # LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail
@@ -112,12 +113,15 @@ if [ "${1:-}" = --in-vm ]; then
     [ "$res" = PASS ] || fails=$((fails + 1))
     rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$res | $cnt")")
   }
-  scenario clean   0%   14 7 ok
-  scenario loss1   1%   14 7 ok
-  [ "${LOSS_SLOW:-0}" = 1 ] && scenario loss1-t20 1% 20 7 ok
-  scenario cut-t14 100% 14 2 fail
-  scenario cut-t16 100% 16 3 fail
-  scenario cut-t18 100% 18 1 fail
+  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18} "
+  [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 "
+  pick() { [[ $want == *" $1 "* ]] && scenario "$@"; }
+  pick clean   0%   14 7 ok
+  pick loss1   1%   14 7 ok
+  pick loss1-t20 1% 20 7 ok
+  pick cut-t14 100% 14 2 fail
+  pick cut-t16 100% 16 3 fail
+  pick cut-t18 100% 18 1 fail
   echo
   echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way; fail = from the loss to the first failed call)"
   printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" "result | rxe hw_counters (rxe0+rxe1)"
@@ -135,5 +139,6 @@ fi
 case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
+  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18}" \
   bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"
