@@ -23,7 +23,7 @@
 # the WARN naming the peer when a comm failed; then one table.
 #
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
-# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18"; also loss1-t20),
+# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18"; also loss1-t20), LOSS_MSG (message size, 1 MiB),
 # LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail
@@ -139,6 +139,6 @@ fi
 case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
-  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18}" \
+  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"
