@@ -230,7 +230,7 @@ impl Plugin {
                         ctx.member(),
                     ),
                 };
-                c.stats = self.comm_stats(&c.body, dev);
+                c.stats = self.comm_stats(&c.body, dev, ctx.comm_id());
                 Ok(Some(c))
             }
             Ok(false) => {
@@ -274,7 +274,7 @@ impl Plugin {
         };
         drop(g);
         Ok(c.map(|mut c| {
-            c.stats = self.comm_stats(&c.body, l.dev as i32);
+            c.stats = self.comm_stats(&c.body, l.dev as i32, ctx.comm_id());
             c
         }))
     }
@@ -284,8 +284,9 @@ impl Plugin {
         self.properties(dev).map_or_else(|_| format!("dev{dev}"), |p| p.name.to_string_lossy().into_owned())
     }
 
-    /// Counters of a new comm on `dev` for the statistics file (None when off).
-    fn comm_stats(&self, body: &CommBody, dev: i32) -> Option<std::sync::Arc<stats::CommStats>> {
+    /// Counters of a new comm on `dev` of NCCL communicator `nccl_comm`
+    /// (0: unknown, ABI v6-v10) for the statistics file (None when off).
+    fn comm_stats(&self, body: &CommBody, dev: i32, nccl_comm: u64) -> Option<std::sync::Arc<stats::CommStats>> {
         if !stats::enabled() {
             return None;
         }
@@ -312,7 +313,8 @@ impl Plugin {
                 ),
             },
         };
-        stats::open_comm(way, self.transport_name(), self.dev_name(dev), peer, qps)
+        let nccl_comm = (nccl_comm != 0).then(|| format!("{nccl_comm:#018x}"));
+        stats::open_comm(way, self.transport_name(), self.dev_name(dev), peer, nccl_comm, qps)
     }
 
     /// Register memory for `comm`.

@@ -100,7 +100,8 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
         std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     }
     let ib = std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib");
-    let p = ck(Plugin::open(&default_plugin_path(), 8), "open the plugin");
+    // the newest ABI: its init names NCCL's communicator, which labels the comm series
+    let p = ck(Plugin::open(&default_plugin_path(), 12), "open the plugin");
     ck(p.init(), "init");
     let host = rustnet::stats::hostname();
     let path = dir.join(format!("{host}-{}.prom", std::process::id()));
@@ -138,6 +139,11 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
         }
     }
     assert!(e.samples.iter().all(|s| s.label("rank") == Some("5") && s.label("host") == Some(host.as_str())));
+    let comm_id = format!("{:#018x}", rustnet::driver::DRIVER_COMM_ID);
+    assert!(
+        e.get("rustnet_comm_bytes_total").all(|s| s.label("nccl_comm") == Some(comm_id.as_str())),
+        "v12 init's commId labels each comm"
+    );
     let info = e.get("rustnet_info").next().expect("rustnet_info");
     assert_eq!(info.label("transport"), Some(if ib { "ib" } else { "socket" }));
     // rewritten every interval while open

@@ -139,6 +139,8 @@ pub struct CommStats {
     pub device: String,
     /// The peer's address.
     pub peer: String,
+    /// NCCL's communicator id (ABI v11+ `init`'s commId), hex.
+    pub nccl_comm: Option<String>,
     /// Requests posted (isend: 1, irecv: one per buffer).
     pub msgs: Counter,
     /// Requests `test` reported done.
@@ -263,6 +265,7 @@ pub fn open_comm(
     transport: &'static str,
     device: String,
     peer: String,
+    nccl_comm: Option<String>,
     qps: Vec<(String, Arc<QpTable>)>,
 ) -> Option<Arc<CommStats>> {
     let mut life = lock(&LIFE);
@@ -276,6 +279,7 @@ pub fn open_comm(
         transport,
         device,
         peer,
+        nccl_comm,
         msgs: Counter::default(),
         completions: Counter::default(),
         bytes: Counter::default(),
@@ -481,13 +485,14 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
     for (name, help, get) in comm_metrics {
         let mut f = Family::counter(name, help);
         for (c, id) in r.live.iter().zip(&ids) {
-            f.sample(
-                &join(
-                    &base,
-                    &[("comm", id.as_str()), ("dir", c.way.as_str()), ("peer", &c.peer), ("device", &c.device), ("transport", c.transport)],
-                ),
-                get(c) as f64,
+            let mut l = join(
+                &base,
+                &[("comm", id.as_str()), ("dir", c.way.as_str()), ("peer", &c.peer), ("device", &c.device), ("transport", c.transport)],
             );
+            if let Some(n) = &c.nccl_comm {
+                l.push(("nccl_comm", n));
+            }
+            f.sample(&l, get(c) as f64);
         }
         f.finish(&mut out);
     }
@@ -500,8 +505,11 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         for (d, t) in &c.qps {
             for q in t.snapshot() {
                 let qpn = format!("{:#x}", q.qpn);
-                let l =
+                let mut l =
                     join(&base, &[("comm", id.as_str()), ("dir", c.way.as_str()), ("device", d), ("qp", &qpn), ("transport", c.transport)]);
+                if let Some(n) = &c.nccl_comm {
+                    l.push(("nccl_comm", n));
+                }
                 qb.sample(&l, q.bytes as f64);
                 qm.sample(&l, q.msgs as f64);
             }
@@ -563,6 +571,7 @@ mod tests {
             transport: "ib",
             device: "mlx5_0".into(),
             peer: "10.0.0.2:5000".into(),
+            nccl_comm: Some("0x00000000deadbeef".into()),
             msgs: Counter::default(),
             completions: Counter::default(),
             bytes: Counter::default(),
@@ -587,7 +596,7 @@ mod tests {
         assert_eq!(e.sum("rustnet_device_errors_total", &[]), 1.0);
         assert_eq!(e.sum("rustnet_device_comms_open", &[]), 1.0);
         assert_eq!(e.sum("rustnet_comm_bytes_total", &[("comm", "4"), ("peer", "10.0.0.2:5000")]), 150.0);
-        assert_eq!(e.sum("rustnet_qp_bytes_total", &[("qp", "0x12")]), 150.0);
+        assert_eq!(e.sum("rustnet_qp_bytes_total", &[("qp", "0x12"), ("nccl_comm", "0x00000000deadbeef")]), 150.0);
         assert_eq!(e.sum("rustnet_qp_messages_total", &[("qp", "0x11")]), 0.0);
         assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
         assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
