@@ -156,6 +156,13 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
     assert_eq!(writers(), threads0 + 1, "the writer stays while the receive comm is open");
     ck(p.close_recv(r), "closeRecv");
     ck(p.close_listen(l), "closeListen");
+    // joined: gone at once, or after the kernel reaps the exited task (the
+    // join returns when the thread's tid word is cleared, a moment before
+    // /proc stops listing it; seen under emulation)
+    let t0 = Instant::now();
+    while writers() != threads0 && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(writers(), threads0, "the writer thread outlived the last comm");
     let e = read(&path);
     for dir in ["send", "recv"] {
