@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
 const VERSIONS: [u32; 5] = [6, 7, 8, 9, 10];
 

@@ -4,10 +4,7 @@ pub mod tcp;
 
 use std::ffi::CStr;
 
-/// Largest grouped receive we accept (`maxRecvs`).
-pub const MAX_RECVS: usize = 8;
-/// Requests in flight per receive comm (NCCL_NET_MAX_REQUESTS).
-pub const MAX_REQUESTS: usize = 32;
+pub use rustnet_proto::{MAX_RECVS, MAX_REQUESTS};
 /// Largest single isend/irecv we accept: `test` reports sizes as C `int`.
 pub const MAX_P2P_BYTES: usize = 1 << 30;
 

@@ -151,13 +151,13 @@ impl Hello {
             conn_id: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             nonce: u64::from_le_bytes(b[24..32].try_into().unwrap()),
         };
-        if h.version != crate::proto::handle::PROTO_VERSION {
+        if h.version != crate::handle::PROTO_VERSION {
             return Err(refuse(
                 Verdict::Version,
                 format!(
                     "peer speaks librustnet protocol {}, we speak {}: run the same librustnet on every node",
                     h.version,
-                    crate::proto::handle::PROTO_VERSION
+                    crate::handle::PROTO_VERSION
                 ),
             ));
         }
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn hello_roundtrip_and_checks() {
-        let h = Hello { version: crate::proto::handle::PROTO_VERSION, stream: 1, nstreams: 2, conn_id: 7, nonce: 9 };
+        let h = Hello { version: crate::handle::PROTO_VERSION, stream: 1, nstreams: 2, conn_id: 7, nonce: 9 };
         assert_eq!(Hello::decode(&h.encode(), 9).unwrap(), h);
         let e = Hello::decode(&h.encode(), 8).unwrap_err();
         assert!(e.why.contains("nonce") && e.verdict == Verdict::WrongNonce);

@@ -18,7 +18,7 @@
 //! ```
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
-use crate::error::{Error, Result};
+use crate::error::ProtoError;
 
 /// NCCL_NET_HANDLE_MAXSIZE.
 pub const HANDLE_SIZE: usize = 128;
@@ -75,26 +75,20 @@ impl Handle {
     }
 
     /// Read and validate NCCL's handle buffer.
-    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle> {
+    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle, ProtoError> {
         let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         let magic = u64at(0);
         if magic != HANDLE_MAGIC {
-            return Err(Error::InvalidArg(format!(
-                "connect handle is not a librustnet handle (magic {magic:#018x}): \
-                 both ranks must load the same plugin (NCCL_NET_PLUGIN) and transport"
-            )));
+            return Err(ProtoError::HandleMagic { magic });
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
         if version != PROTO_VERSION {
-            return Err(Error::InvalidArg(format!(
-                "connect handle speaks librustnet protocol {version}, this build speaks {PROTO_VERSION}: \
-                 run the same librustnet version on every node"
-            )));
+            return Err(ProtoError::HandleVersion { version });
         }
         let kind = match b[10] {
             1 => HandleKind::Tcp,
             2 => HandleKind::Ib,
-            k => return Err(Error::InvalidArg(format!("connect handle names unknown transport {k}"))),
+            k => return Err(ProtoError::HandleTransport(k)),
         };
         let port = u16::from_le_bytes([b[12], b[13]]);
         let addr = match b[11] {
@@ -104,10 +98,10 @@ impl Handle {
                 let scope = u32::from_le_bytes(b[32..36].try_into().unwrap());
                 SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope))
             }
-            f => return Err(Error::InvalidArg(format!("connect handle has unknown address family {f}"))),
+            f => return Err(ProtoError::HandleFamily(f)),
         };
         if port == 0 {
-            return Err(Error::InvalidArg("connect handle has port 0".into()));
+            return Err(ProtoError::HandlePortZero);
         }
         Ok(Handle { kind, addr, nonce: u64at(40), stage: u64at(48) })
     }

@@ -22,8 +22,8 @@
 //!
 //! Small messages may skip steps 1-2: see [`super::eager`]; a CTS element an
 //! eager message already filled is skipped by the sender.
-use crate::proto::pool::ReqId;
-use crate::transport::{MAX_RECVS, MAX_REQUESTS};
+use crate::pool::ReqId;
+use crate::{MAX_RECVS, MAX_REQUESTS};
 
 /// CTS slots in the sender's FIFO (one per receive request in flight).
 pub const FIFO_DEPTH: usize = MAX_REQUESTS;

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
 use crate::ctl::Ctl;
 

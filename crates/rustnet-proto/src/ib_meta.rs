@@ -1,5 +1,5 @@
 //! What the two ends of a verbs connection tell each other over the
-//! out-of-band TCP socket (after the TCP [`Hello`](crate::proto::wire::Hello)):
+//! out-of-band TCP socket (after the TCP [`Hello`](crate::wire::Hello)):
 //! one fixed-size [`Meta`] each way, then a [`READY`] word from the sender
 //! once its QPs are in RTS. Little endian, explicit offsets.
 //!
@@ -28,7 +28,7 @@
 //! 604 ring_rkey u32  receiver: rkey of its eager ring
 //! 608 ring    u64  receiver: address of its eager ring (mailbox first)
 //! ```
-use crate::proto::handle::PROTO_VERSION;
+use crate::handle::PROTO_VERSION;
 
 /// Most QPs per connection (NCCL_IB_QPS_PER_CONNECTION's upper bound).
 pub const MAX_QPS: usize = 128;
@@ -143,7 +143,7 @@ impl Meta {
         }
         let name_end = b[56..88].iter().position(|&c| c == 0).unwrap_or(32);
         let eager = u32::from_le_bytes(b[EAGER_OFF..EAGER_OFF + 4].try_into().unwrap());
-        if eager as usize > crate::proto::eager::MAX_EAGER {
+        if eager as usize > crate::eager::MAX_EAGER {
             return Err(format!("peer announces an eager limit of {eager} bytes"));
         }
         Ok(Meta {

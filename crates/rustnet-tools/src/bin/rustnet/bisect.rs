@@ -1,13 +1,13 @@
 //! `rustnet bisect`: find the slow host(s) among N hosts running `rustnet
 //! agent`, measuring pair bandwidth through the plugin, many disjoint pairs
 //! at once per round. The decisions (which pairs next, who is slow) are
-//! `rustnet::bisect`; this file does the talking, the table, the CSV and the
+//! `rustnet_tools::bisect`; this file does the talking, the table, the CSV and the
 //! SVG heat map.
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use rustnet::bisect::{default_max_rounds, Bisect, PairResult, Report, Verdict};
+use rustnet_tools::bisect::{default_max_rounds, Bisect, PairResult, Report, Verdict};
 
 use crate::ctl::{parse_size, Ctl};
 
@@ -525,9 +525,9 @@ pub fn csv(hosts: &[String], m: &Matrix) -> String {
 }
 
 // GB/s with three significant digits, and XML escaping: shared with the
-// soak's plot (src/svg.rs)
-pub use rustnet::svg::sig3;
-use rustnet::svg::xml;
+// soak's plot (rustnet_tools::svg)
+pub use rustnet_tools::svg::sig3;
+use rustnet_tools::svg::xml;
 
 /// Fill colour for a value at `ratio` of the median: red (0) through yellow
 /// (half) to green (at or above the median).

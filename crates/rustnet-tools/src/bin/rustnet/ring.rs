@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::bench::human;
 
-use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
 use crate::ctl::{parse_size, Ctl};
 use crate::ncclsock;

@@ -21,7 +21,7 @@ mod plot;
 mod ring;
 
 fn doctor(args: Vec<String>) -> i32 {
-    let mut o = rustnet::doctor::Opts::default();
+    let mut o = rustnet_tools::doctor::Opts::default();
     let (mut json, mut export) = (false, false);
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -61,20 +61,20 @@ fn doctor(args: Vec<String>) -> i32 {
             }
         }
     }
-    let r = rustnet::doctor::run(&o);
+    let r = rustnet_tools::doctor::run(&o);
     if export {
         for l in &r.export_env {
             println!("{l}");
         }
     } else if json {
-        print!("{}", rustnet::doctor::render_json(&r));
+        print!("{}", rustnet_tools::doctor::render_json(&r));
     } else {
-        print!("{}", rustnet::doctor::render(&r));
+        print!("{}", rustnet_tools::doctor::render(&r));
     }
     match r.worst() {
-        rustnet::doctor::Status::Pass => 0,
-        rustnet::doctor::Status::Warn => 1,
-        rustnet::doctor::Status::Fail => 2,
+        rustnet_tools::doctor::Status::Pass => 0,
+        rustnet_tools::doctor::Status::Warn => 1,
+        rustnet_tools::doctor::Status::Fail => 2,
     }
 }
 

@@ -1,15 +1,15 @@
 //! `rustnet watch`: the NIC's own counters (port counters, `hw_counters`,
 //! `ethtool -S` pause frames) as per-second rates while a job runs, and what
-//! they mean, named by `rustnet::fabric::classify` ("congestion: CNPs rising
+//! they mean, named by `rustnet_tools::fabric::classify` ("congestion: CNPs rising
 //! on mlx5_2 port 1", "loss: out-of-sequence rising on rxe0 port 1", "PFC:
 //! pause frames on eth2 prio 3", "link: ...").
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use rustnet::fabric::classify::{classify, Kind, Severity};
-use rustnet::fabric::counters::{self, Delta, Ethtool, PortCounters, Source};
-use rustnet::fabric::lossless::DcbTool;
+use rustnet_tools::fabric::classify::{classify, Kind, Severity};
+use rustnet_tools::fabric::counters::{self, Delta, Ethtool, PortCounters, Source};
+use rustnet_tools::fabric::lossless::DcbTool;
 
 /// `--ethtool PATH|none`.
 pub fn ethtool_arg(v: Option<String>) -> Ethtool {

@@ -33,7 +33,7 @@ fn copy(from: &Path, to: &Path) {
 fn fixture(tag: &str) -> Tree {
     let root = std::env::temp_dir().join(format!("rustnet-fabric-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    copy(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx5-roce"), &root);
+    copy(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mlx5-roce"), &root);
     // a usable /dev/infiniband, so the verdict reflects the fabric checks
     w(&root.join("dev/infiniband/uverbs0"), "");
     Tree(root)

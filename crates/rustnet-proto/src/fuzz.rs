@@ -16,15 +16,13 @@
 //! nightly; deeper local runs). See docs/fuzzing.md.
 use std::collections::HashMap;
 
-use crate::proto::eager::{self, EagerRx, EagerTx, Header, HDR_BYTES, MAX_EAGER, RING_SLOTS};
-use crate::proto::fifo::{
-    self, Cts, FailCode, Imm, ImmKind, PlannedWr, SendFifo, Slot, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS,
-};
-use crate::proto::handle::{Handle, HANDLE_SIZE, PROTO_VERSION};
-use crate::proto::ib_meta::{Meta, META_LEN};
-use crate::proto::pool::ReqId;
-use crate::proto::wire::{self, Hello, MsgHeader, RecvSpec, Reply, Verdict, HDR_LEN, HELLO_LEN, REPLY_LEN};
-use crate::transport::MAX_RECVS;
+use crate::eager::{self, EagerRx, EagerTx, Header, HDR_BYTES, MAX_EAGER, RING_SLOTS};
+use crate::fifo::{self, Cts, FailCode, Imm, ImmKind, PlannedWr, SendFifo, Slot, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS};
+use crate::handle::{Handle, HANDLE_SIZE, PROTO_VERSION};
+use crate::ib_meta::{Meta, META_LEN};
+use crate::pool::ReqId;
+use crate::wire::{self, Hello, MsgHeader, RecvSpec, Reply, Verdict, HDR_LEN, HELLO_LEN, REPLY_LEN};
+use crate::MAX_RECVS;
 
 /// A fuzz target: any bytes in, panics only on a broken property.
 pub type Target = fn(&[u8]);
@@ -215,7 +213,7 @@ pub fn ib_meta(data: &[u8]) {
         Ok(m) => m,
         Err(w) => return assert!(!w.is_empty()),
     };
-    assert!(!m.qpns.is_empty() && m.qpns.len() <= crate::proto::ib_meta::MAX_QPS);
+    assert!(!m.qpns.is_empty() && m.qpns.len() <= crate::ib_meta::MAX_QPS);
     assert!((1..=5).contains(&m.mtu) && m.eager as usize <= MAX_EAGER);
     let e = m.encode();
     let m2 = Meta::decode(&e).expect("an encoded Meta decodes");

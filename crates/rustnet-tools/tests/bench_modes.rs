@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn run(args: &[&str], out: &std::path::Path) -> String {
-    let plugin = rustnet::driver::default_plugin_path();
+    let plugin = rustnet_tools::driver::default_plugin_path();
     assert!(plugin.exists(), "built plugin not found at {} (cargo build --release first)", plugin.display());
     let csv = out.with_extension("csv");
     let svg = out.with_extension("svg");

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, KnobValue, NameList};
-use crate::transport::ib::gid::GidTable as _;
-use crate::transport::ib::{device, gid};
+use rustnet::config::{Config, KnobValue, NameList};
+use rustnet::transport::ib::gid::GidTable as _;
+use rustnet::transport::ib::{device, gid};
 
 /// Outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -206,7 +206,7 @@ pub fn rdma_ports(sysfs: &Path) -> Vec<PortInfo> {
 }
 
 /// GPUs (NVIDIA display/3D controllers) on the PCI bus (shared with the verbs transport: `topo`).
-pub use crate::transport::ib::topo::{gpus, nearest_nic};
+pub use rustnet::transport::ib::topo::{gpus, nearest_nic};
 
 fn env_get(o: &Opts) -> impl Fn(&str) -> Option<String> + '_ {
     move |k| o.env.get(k).cloned()
@@ -352,7 +352,7 @@ pub fn run(o: &Opts) -> Report {
                 format!("{label} GID"),
                 Status::Fail,
                 match e {
-                    crate::Error::Usage(m) => m,
+                    rustnet::Error::Usage(m) => m,
                     e => e.to_string(),
                 },
                 "check the GID table (show_gids), NCCL_IB_GID_INDEX and NCCL_IB_ADDR_RANGE",
@@ -397,11 +397,11 @@ pub fn run(o: &Opts) -> Report {
         r.gpus.push(GpuInfo { pci, numa, nearest_nic: near });
     }
     // ---- GPUDirect
-    let pm = crate::gpu::detect_peermem(&o.sysfs);
+    let pm = rustnet::gpu::detect_peermem(&o.sysfs);
     match (&pm, r.gpus.is_empty()) {
         (_, true) => r.add("gpu", "GPUDirect RDMA", Status::Pass, "no NVIDIA GPU on the PCI bus: host memory only", ""),
-        (crate::gpu::PeerMem::Loaded(f), false) => r.add("gpu", "peer memory", Status::Pass, format!("loaded ({f})"), ""),
-        (crate::gpu::PeerMem::Absent, false) => r.add(
+        (rustnet::gpu::PeerMem::Loaded(f), false) => r.add("gpu", "peer memory", Status::Pass, format!("loaded ({f})"), ""),
+        (rustnet::gpu::PeerMem::Absent, false) => r.add(
             "gpu",
             "peer memory",
             Status::Warn,
@@ -410,7 +410,7 @@ pub fn run(o: &Opts) -> Report {
         ),
     }
     if !r.gpus.is_empty() {
-        let ci = crate::gpu::cuda::info();
+        let ci = rustnet::gpu::cuda::info();
         match ci.unusable_reason() {
             None => r.add(
                 "gpu",
@@ -430,8 +430,8 @@ pub fn run(o: &Opts) -> Report {
     // ---- host limits and devices
     host_checks(o, &mut r, !ports.is_empty());
     // ---- TCP path / out-of-band interfaces
-    match crate::transport::tcp::device::select(
-        &crate::transport::tcp::device::candidates(&crate::transport::tcp::sys::interfaces().unwrap_or_default(), cfg.socket_family),
+    match rustnet::transport::tcp::device::select(
+        &rustnet::transport::tcp::device::candidates(&rustnet::transport::tcp::sys::interfaces().unwrap_or_default(), cfg.socket_family),
         &cfg.socket_ifname,
     ) {
         Ok(ifs) => {
@@ -457,7 +457,7 @@ pub fn run(o: &Opts) -> Report {
     }
     // ---- what the plugin itself selects (the code NCCL runs)
     if o.probe_plugin {
-        match crate::plugin::init() {
+        match rustnet::plugin::init() {
             Ok(p) => {
                 let devs: Vec<String> = (0..p.devices() as i32)
                     .filter_map(|d| p.properties(d).ok())
@@ -473,8 +473,8 @@ pub fn run(o: &Opts) -> Report {
                 r.add("plugin", "transport", Status::Pass, format!("{}: {}", p.transport_name(), devs.join(", ")), "");
                 // Per-device GPUDirect decisions, made (and the dma-buf probe run)
                 // by the init above on the devices it opened: no second open.
-                for g in crate::transport::ib::gdr::decisions() {
-                    let on = g.decision.ptr_support != crate::transport::PTR_HOST;
+                for g in rustnet::transport::ib::gdr::decisions() {
+                    let on = g.decision.ptr_support != rustnet::transport::PTR_HOST;
                     let status = if on || r.gpus.is_empty() { Status::Pass } else { Status::Warn };
                     r.add(
                         "plugin",
@@ -527,14 +527,14 @@ pub fn tools(o: &Opts) -> (crate::fabric::counters::Ethtool, crate::fabric::loss
 /// Active MTU in bytes of every (device, port) verbs can open.
 fn verbs_active_mtus() -> BTreeMap<(String, u8), u32> {
     let mut m = BTreeMap::new();
-    let Ok(lib) = crate::transport::ib::verbs::Lib::get() else { return m };
+    let Ok(lib) = rustnet::transport::ib::verbs::Lib::get() else { return m };
     let Ok(devs) = lib.open_all() else { return m };
     for (name, ctx) in devs {
         let Ok(ctx) = ctx else { continue };
         let n = ctx.query_device().map(|a| a.phys_port_cnt).unwrap_or(1);
         for port in 1..=n {
             if let Ok(a) = ctx.query_port(port) {
-                m.insert((name.clone(), port), crate::proto::ib_meta::mtu_bytes(a.active_mtu.clamp(1, 5) as u8));
+                m.insert((name.clone(), port), rustnet::proto::ib_meta::mtu_bytes(a.active_mtu.clamp(1, 5) as u8));
             }
         }
     }

@@ -35,7 +35,7 @@ fn bin() -> PathBuf {
 }
 
 fn plugin() -> PathBuf {
-    rustnet::driver::default_plugin_path()
+    rustnet_tools::driver::default_plugin_path()
 }
 
 fn sh(args: &[&str]) -> Result<String, String> {
@@ -81,7 +81,7 @@ fn skipped() -> bool {
             // Straight to fd 2: the test harness captures eprintln! of passing tests.
             let banner = format!(
                 "\n**************************************************************\n\
-                 SKIPPED: {why}\n  tests/bisect.rs needs root and iproute2 (ip, tc); nothing was tested\n\
+                 SKIPPED: {why}\n  crates/rustnet-tools/tests/bisect.rs needs root and iproute2 (ip, tc); nothing was tested\n\
                  **************************************************************\n"
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), banner.as_bytes());

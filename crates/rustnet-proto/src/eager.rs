@@ -37,7 +37,7 @@
 //! ```
 use std::collections::VecDeque;
 
-use crate::proto::fifo::FIFO_DEPTH;
+use crate::fifo::FIFO_DEPTH;
 
 /// Bounce slots per connection.
 pub const RING_SLOTS: usize = 32;
@@ -629,7 +629,7 @@ mod tests {
 
     /// What travels between the two ends (each direction in order, as on one QP).
     enum ToSender {
-        Cts(u64, Vec<crate::proto::fifo::Cts>),
+        Cts(u64, Vec<crate::fifo::Cts>),
         Credit(u64),
     }
     enum ToReceiver {
@@ -652,8 +652,8 @@ mod tests {
     /// fills the k-th buffer posted with that tag), nothing may deadlock, and
     /// a CTS must never overwrite a FIFO slot the sender has not moved past.
     fn model_run(seed: u64) {
-        use crate::proto::fifo::{Cts, FailCode, SendFifo, FIFO_DEPTH};
-        use crate::proto::pool::ReqId;
+        use crate::fifo::{Cts, FailCode, SendFifo, FIFO_DEPTH};
+        use crate::pool::ReqId;
         const MAX: usize = 64;
         let mut rng = Rng(seed | 1);
         // the plan: receives (1..3 buffers, tags 5/6, small or large caps); the
