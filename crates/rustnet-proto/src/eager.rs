@@ -37,6 +37,7 @@
 //! ```
 use std::collections::VecDeque;
 
+use crate::error::ProtoError;
 use crate::fifo::FIFO_DEPTH;
 
 /// Bounce slots per connection.
@@ -200,9 +201,9 @@ impl EagerTx {
     }
 
     /// Check a credit counter the receiver wrote.
-    pub fn check_credits(&self, freed: u64) -> Result<(), String> {
+    pub fn check_credits(&self, freed: u64) -> Result<(), ProtoError> {
         if freed > self.posted {
-            return Err(format!("receiver returned {freed} eager slots but only {} were sent", self.posted));
+            return Err(ProtoError::EagerCredits { freed, posted: self.posted });
         }
         Ok(())
     }
@@ -292,17 +293,17 @@ impl EagerRx {
 
     /// Ring message `next()` arrived with header `h`: where it goes, or why
     /// it is not something a librustnet sender writes.
-    pub fn arrived(&mut self, h: &Header) -> Result<Arrival, String> {
+    pub fn arrived(&mut self, h: &Header) -> Result<Arrival, ProtoError> {
         let idx = self.next;
         if Some(h.tag) != self.tag {
-            return Err(format!("eager message #{idx} has tag {} but the eager tag is {:?}", h.tag, self.tag));
+            return Err(ProtoError::EagerTag { idx, tag: h.tag, want: self.tag });
         }
         if h.size as usize > self.max {
-            return Err(format!("eager message #{idx} claims {} bytes (limit {})", h.size, self.max));
+            return Err(ProtoError::EagerSize { idx, size: h.size, max: self.max });
         }
         if let Some(&(last, _)) = self.early.back() {
             if h.j <= last {
-                return Err(format!("eager message #{idx} for buffer {} arrived after one for buffer {last}", h.j));
+                return Err(ProtoError::EagerOrder { idx, j: h.j, last });
             }
         }
         self.next += 1;

@@ -22,6 +22,7 @@
 //!
 //! Small messages may skip steps 1-2: see [`super::eager`]; a CTS element an
 //! eager message already filled is skipped by the sender.
+use crate::error::ProtoError;
 use crate::pool::ReqId;
 use crate::{MAX_RECVS, MAX_REQUESTS};
 
@@ -93,7 +94,7 @@ pub enum Slot {
     /// A valid element.
     Ready(Cts),
     /// Written for this sequence number but inconsistent.
-    Bad(String),
+    Bad(ProtoError),
 }
 
 impl Cts {
@@ -126,7 +127,7 @@ impl Cts {
             i: b[21],
         };
         if c.n == 0 || c.n as usize > MAX_RECVS || c.i as usize != i || i >= c.n as usize {
-            return Slot::Bad(format!("CTS element {i} of slot {seq} claims to be buffer {} of {}", c.i, c.n));
+            return Slot::Bad(ProtoError::CtsElement { i, seq, claims_i: c.i, claims_n: c.n });
         }
         Slot::Ready(c)
     }
@@ -197,7 +198,7 @@ impl Imm {
     }
 
     /// From the wire; `Err` for values no sender produces.
-    pub fn decode(v: u32) -> Result<Imm, String> {
+    pub fn decode(v: u32) -> Result<Imm, ProtoError> {
         let slot = ((v >> SLOT_SHIFT) & 0x1f) as u8;
         let low = v & ((1 << SLOT_SHIFT) - 1);
         let kind = match v & (3 << 30) {
@@ -208,7 +209,7 @@ impl Imm {
                 2 => FailCode::NoTag,
                 _ => FailCode::Other,
             }),
-            _ => return Err(format!("immediate {v:#010x} is not a librustnet value")),
+            _ => return Err(ProtoError::Imm(v)),
         };
         Ok(Imm { slot, kind })
     }
@@ -221,13 +222,13 @@ pub fn sizes_from_imm(
     imm: ImmKind,
     caps: &[usize],
     sizes_slot: impl FnOnce() -> [u32; MAX_RECVS],
-) -> Result<[Option<usize>; MAX_RECVS], String> {
+) -> Result<[Option<usize>; MAX_RECVS], ProtoError> {
     let n = caps.len();
     let mut out = [None; MAX_RECVS];
     match imm {
         ImmKind::Size(s) if n == 1 => {
             if s as usize > caps[0] {
-                return Err(format!("peer wrote {s} bytes into a {}-byte receive buffer", caps[0]));
+                return Err(ProtoError::ImmOverflow { size: s, cap: caps[0] });
             }
             out[0] = Some(s as usize);
         }
@@ -238,19 +239,15 @@ pub fn sizes_from_imm(
                     continue;
                 }
                 if s[i] as usize > caps[i] {
-                    return Err(format!("peer reports {} bytes for buffer {i} of {} bytes", s[i], caps[i]));
+                    return Err(ProtoError::SizesOverflow { i, size: s[i], cap: caps[i] });
                 }
                 out[i] = Some(s[i] as usize);
             }
         }
-        ImmKind::Fail(FailCode::TooLarge) => {
-            return Err("the matching send is larger than the posted receive buffer (sender reported a size mismatch)".into())
-        }
-        ImmKind::Fail(FailCode::NoTag) => {
-            return Err("the peer sent a tag this receive did not post (sender reported a tag mismatch)".into())
-        }
-        ImmKind::Fail(FailCode::Other) => return Err("the sender failed this message".into()),
-        other => return Err(format!("completion {other:?} does not fit a receive of {n} buffer(s)")),
+        ImmKind::Fail(FailCode::TooLarge) => return Err(ProtoError::SenderTooLarge),
+        ImmKind::Fail(FailCode::NoTag) => return Err(ProtoError::SenderNoTag),
+        ImmKind::Fail(FailCode::Other) => return Err(ProtoError::SenderFailed),
+        kind => return Err(ProtoError::ImmMisfit { kind, n }),
     }
     Ok(out)
 }
@@ -620,14 +617,22 @@ mod tests {
     #[test]
     fn sizes_from_completions() {
         assert_eq!(sizes_from_imm(ImmKind::Size(10), &[10], || unreachable!()).unwrap()[0], Some(10));
-        assert!(sizes_from_imm(ImmKind::Size(11), &[10], || unreachable!()).unwrap_err().contains("10-byte"));
+        let e = sizes_from_imm(ImmKind::Size(11), &[10], || unreachable!()).unwrap_err();
+        assert_eq!(e, ProtoError::ImmOverflow { size: 11, cap: 10 });
+        assert_eq!(e.to_string(), "peer wrote 11 bytes into a 10-byte receive buffer");
         let s = sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 0]))).unwrap();
         assert_eq!(&s[..2], &[Some(3), Some(0)]);
         let s = sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[EAGER_SIZE, 4]))).unwrap();
         assert_eq!(&s[..2], &[None, Some(4)]);
-        assert!(sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 9]))).is_err());
-        assert!(sizes_from_imm(ImmKind::Sizes(3), &[8, 8], || unreachable!()).is_err());
-        assert!(sizes_from_imm(ImmKind::Fail(FailCode::TooLarge), &[8], || unreachable!()).unwrap_err().contains("larger"));
+        assert_eq!(
+            sizes_from_imm(ImmKind::Sizes(2), &[8, 8], || decode_sizes(&encode_sizes(&[3, 9]))),
+            Err(ProtoError::SizesOverflow { i: 1, size: 9, cap: 8 })
+        );
+        assert_eq!(
+            sizes_from_imm(ImmKind::Sizes(3), &[8, 8], || unreachable!()),
+            Err(ProtoError::ImmMisfit { kind: ImmKind::Sizes(3), n: 2 })
+        );
+        assert_eq!(sizes_from_imm(ImmKind::Fail(FailCode::TooLarge), &[8], || unreachable!()), Err(ProtoError::SenderTooLarge));
     }
 
     #[test]

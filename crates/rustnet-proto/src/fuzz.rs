@@ -146,7 +146,7 @@ pub fn reply(data: &[u8]) {
     let b: [u8; REPLY_LEN] = prefix(data);
     let r = match Reply::decode(&b) {
         Ok(r) => r,
-        Err(w) => return assert!(!w.is_empty()),
+        Err(w) => return assert!(!w.to_string().is_empty()),
     };
     assert!(!r.verdict.explain().is_empty());
     let e = r.encode();
@@ -166,7 +166,7 @@ pub fn wire_header(data: &[u8]) {
     let b: [u8; HDR_LEN] = prefix(data);
     let h = match MsgHeader::decode(&b) {
         Ok(h) => h,
-        Err(w) => return assert!(!w.is_empty()),
+        Err(w) => return assert!(!w.to_string().is_empty()),
     };
     assert_eq!(h.encode(), b);
     let mut r = Input { b: data.get(HDR_LEN..).unwrap_or(&[]) };
@@ -185,7 +185,7 @@ pub fn wire_header(data: &[u8]) {
     let min_chunk = r.u32() as usize;
     let i = match wire::match_recv(&specs[..n], h.tag, h.size) {
         Ok(i) => i,
-        Err(w) => return assert!(!w.is_empty()),
+        Err(w) => return assert!(!w.to_string().is_empty()),
     };
     assert!(i < n && !specs[i].matched && specs[i].tag == h.tag && h.size <= specs[i].cap as u64);
     check_chunks(h.size as usize, nstreams, min_chunk);
@@ -211,7 +211,7 @@ pub fn ib_meta(data: &[u8]) {
     let b: [u8; META_LEN] = prefix(data);
     let m = match Meta::decode(&b) {
         Ok(m) => m,
-        Err(w) => return assert!(!w.is_empty()),
+        Err(w) => return assert!(!w.to_string().is_empty()),
     };
     assert!(!m.qpns.is_empty() && m.qpns.len() <= crate::ib_meta::MAX_QPS);
     assert!((1..=5).contains(&m.mtu) && m.eager as usize <= MAX_EAGER);
@@ -312,7 +312,7 @@ pub fn eager(data: &[u8]) {
                         break; // payload still landing
                     }
                     match rx.arrived(&h) {
-                        Err(w) => return assert!(!w.is_empty()),
+                        Err(w) => return assert!(!w.to_string().is_empty()),
                         Ok(eager::Arrival::Posted(j)) => {
                             if deliver(&ring, &mut rx, &mut posted, idx, j).is_err() {
                                 return;
@@ -396,7 +396,7 @@ pub fn fifo(data: &[u8]) {
             assert_eq!(e[24..], b[24..]);
         }
         Slot::NotYet => assert_ne!(u64::from_le_bytes(b[24..].try_into().unwrap()), fifo::marker(seq)),
-        Slot::Bad(w) => assert!(!w.is_empty()),
+        Slot::Bad(w) => assert!(!w.to_string().is_empty()),
     }
 
     // the sender's FIFO, written by the peer

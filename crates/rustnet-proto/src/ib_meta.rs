@@ -28,6 +28,7 @@
 //! 604 ring_rkey u32  receiver: rkey of its eager ring
 //! 608 ring    u64  receiver: address of its eager ring (mailbox first)
 //! ```
+use crate::error::ProtoError;
 use crate::handle::PROTO_VERSION;
 
 /// Most QPs per connection (NCCL_IB_QPS_PER_CONNECTION's upper bound).
@@ -119,32 +120,32 @@ impl Meta {
     }
 
     /// From the wire; the error says what is wrong.
-    pub fn decode(b: &[u8; META_LEN]) -> Result<Meta, String> {
+    pub fn decode(b: &[u8; META_LEN]) -> Result<Meta, ProtoError> {
         let magic = u64::from_le_bytes(b[0..8].try_into().unwrap());
         if magic != META_MAGIC {
-            return Err(format!("not a librustnet verbs connection message (magic {magic:#018x}); is the peer using the TCP transport?"));
+            return Err(ProtoError::MetaMagic(magic));
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
         if version != PROTO_VERSION {
-            return Err(format!("peer speaks librustnet protocol {version}, we speak {PROTO_VERSION}"));
+            return Err(ProtoError::MetaVersion(version));
         }
         let nqps = u16::from_le_bytes([b[10], b[11]]) as usize;
         if nqps == 0 || nqps > MAX_QPS {
-            return Err(format!("peer announces {nqps} QPs (1..={MAX_QPS} accepted)"));
+            return Err(ProtoError::MetaQps(nqps));
         }
         if !(1..=5).contains(&b[12]) {
-            return Err(format!("peer announces MTU code {}", b[12]));
+            return Err(ProtoError::MetaMtu(b[12]));
         }
         if !matches!(b[21], 0 | 4 | 6) {
-            return Err(format!("peer announces address family {}", b[21]));
+            return Err(ProtoError::MetaFamily(b[21]));
         }
         if b[22] > 2 {
-            return Err(format!("peer announces RoCE version {}", b[22]));
+            return Err(ProtoError::MetaRoce(b[22]));
         }
         let name_end = b[56..88].iter().position(|&c| c == 0).unwrap_or(32);
         let eager = u32::from_le_bytes(b[EAGER_OFF..EAGER_OFF + 4].try_into().unwrap());
         if eager as usize > crate::eager::MAX_EAGER {
-            return Err(format!("peer announces an eager limit of {eager} bytes"));
+            return Err(ProtoError::MetaEager(eager));
         }
         Ok(Meta {
             qpns: (0..nqps).map(|i| u32::from_le_bytes(b[88 + 4 * i..92 + 4 * i].try_into().unwrap())).collect(),
@@ -227,21 +228,24 @@ mod tests {
     fn rejects_garbage_with_reason() {
         let mut b = sample().encode();
         b[0] = 0;
-        assert!(Meta::decode(&b).unwrap_err().contains("not a librustnet"));
+        assert_eq!(Meta::decode(&b), Err(ProtoError::MetaMagic(META_MAGIC & !0xff)));
         let mut b = sample().encode();
         b[8] = 99;
-        assert!(Meta::decode(&b).unwrap_err().contains("protocol 99"));
+        let e = Meta::decode(&b).unwrap_err();
+        assert_eq!(e, ProtoError::MetaVersion(99 | (PROTO_VERSION & 0xff00)));
+        assert!(e.to_string().starts_with("peer speaks librustnet protocol 99, we speak"));
         let mut b = sample().encode();
         b[10] = 0;
-        assert!(Meta::decode(&b).is_err());
+        b[11] = 0;
+        assert_eq!(Meta::decode(&b), Err(ProtoError::MetaQps(0)));
         let mut b = sample().encode();
         b[12] = 9;
-        assert!(Meta::decode(&b).is_err());
+        assert_eq!(Meta::decode(&b), Err(ProtoError::MetaMtu(9)));
         let mut b = sample().encode();
         b[21] = 5;
-        assert!(Meta::decode(&b).unwrap_err().contains("address family 5"));
+        assert_eq!(Meta::decode(&b), Err(ProtoError::MetaFamily(5)));
         let mut b = sample().encode();
         b[22] = 3;
-        assert!(Meta::decode(&b).unwrap_err().contains("RoCE version 3"));
+        assert_eq!(Meta::decode(&b).unwrap_err().to_string(), "peer announces RoCE version 3");
     }
 }

@@ -10,6 +10,8 @@
 //! plan is a pure function of (size, nstreams, min_chunk), so both ends agree
 //! without telling each other.
 
+use crate::error::ProtoError;
+
 /// Hello magic: "RNHELLO1".
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"RNHELLO1");
 /// Size of [`Hello`] on the wire.
@@ -101,15 +103,15 @@ impl Reply {
     }
 
     /// Decode; the error says what the bytes were instead.
-    pub fn decode(b: &[u8; REPLY_LEN]) -> Result<Reply, String> {
+    pub fn decode(b: &[u8; REPLY_LEN]) -> Result<Reply, ProtoError> {
         let magic = u64::from_le_bytes(b[0..8].try_into().unwrap());
         if magic != REPLY_MAGIC {
             let shown: String = b.iter().map(|c| format!("{c:02x}")).collect();
-            return Err(format!("answered with bytes that are not a librustnet reply ({shown}): another program listens there"));
+            return Err(ProtoError::ReplyNotOurs { shown });
         }
         let code = u16::from_le_bytes([b[8], b[9]]);
         let version = u16::from_le_bytes([b[10], b[11]]);
-        let verdict = Verdict::from_code(code).ok_or_else(|| format!("answered with unknown verdict {code} (protocol {version})"))?;
+        let verdict = Verdict::from_code(code).ok_or(ProtoError::ReplyVerdict { code, version })?;
         Ok(Reply { verdict, version })
     }
 }
@@ -191,10 +193,10 @@ impl MsgHeader {
     }
 
     /// Decode; an error means the stream is garbage (or out of step).
-    pub fn decode(b: &[u8; HDR_LEN]) -> Result<MsgHeader, String> {
+    pub fn decode(b: &[u8; HDR_LEN]) -> Result<MsgHeader, ProtoError> {
         let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
         if magic != HDR_MAGIC {
-            return Err(format!("bad message header magic {magic:#010x}"));
+            return Err(ProtoError::HeaderMagic(magic));
         }
         Ok(MsgHeader { tag: i32::from_le_bytes(b[4..8].try_into().unwrap()), size: u64::from_le_bytes(b[8..16].try_into().unwrap()) })
     }
@@ -235,13 +237,13 @@ pub struct RecvSpec {
 
 /// Pick the buffer of a grouped receive that a message with `tag`/`size`
 /// lands in: the first unmatched buffer with that tag. Errors name the cause.
-pub fn match_recv(specs: &[RecvSpec], tag: i32, size: u64) -> Result<usize, String> {
+pub fn match_recv(specs: &[RecvSpec], tag: i32, size: u64) -> Result<usize, ProtoError> {
     let i = specs.iter().position(|s| !s.matched && s.tag == tag).ok_or_else(|| {
         let want: Vec<i32> = specs.iter().filter(|s| !s.matched).map(|s| s.tag).collect();
-        format!("message with tag {tag} arrived but the posted receive waits for tags {want:?}")
+        ProtoError::NoTag { tag, want }
     })?;
     if size > specs[i].cap as u64 {
-        return Err(format!("message of {size} bytes (tag {tag}) is larger than the posted receive buffer of {} bytes", specs[i].cap));
+        return Err(ProtoError::TooLarge { size, tag, cap: specs[i].cap as u64 });
     }
     Ok(i)
 }
@@ -283,9 +285,9 @@ mod tests {
         }
         let mut b = Reply { verdict: Verdict::Accepted, version: 3 }.encode();
         b[8] = 99;
-        assert!(Reply::decode(&b).unwrap_err().contains("unknown verdict 99"));
+        assert_eq!(Reply::decode(&b), Err(ProtoError::ReplyVerdict { code: 99, version: 3 }));
         let http = *b"HTTP/1.0 200 OK\r";
-        assert!(Reply::decode(&http).unwrap_err().contains("not a librustnet reply"));
+        assert!(matches!(Reply::decode(&http), Err(ProtoError::ReplyNotOurs { .. })));
     }
 
     #[test]
@@ -337,10 +339,12 @@ mod tests {
         ];
         assert_eq!(match_recv(&specs, 6, 10).unwrap(), 1);
         specs[1].matched = true;
-        assert!(match_recv(&specs, 6, 1).unwrap_err().contains("waits for tags [5, 5]"));
+        let e = match_recv(&specs, 6, 1).unwrap_err();
+        assert_eq!(e, ProtoError::NoTag { tag: 6, want: vec![5, 5] });
+        assert_eq!(e.to_string(), "message with tag 6 arrived but the posted receive waits for tags [5, 5]");
         assert_eq!(match_recv(&specs, 5, 0).unwrap(), 0);
         specs[0].matched = true;
-        assert!(match_recv(&specs, 5, 101).unwrap_err().contains("larger than"));
+        assert_eq!(match_recv(&specs, 5, 101), Err(ProtoError::TooLarge { size: 101, tag: 5, cap: 100 }));
         assert_eq!(match_recv(&specs, 5, 100).unwrap(), 2);
     }
 }

@@ -510,7 +510,7 @@ impl IbListen {
                         Err(what) => {
                             let peer = peer.to_string();
                             self.pending.swap_remove(i);
-                            return Err(Error::Protocol { peer, what });
+                            return Err(Error::Protocol { peer, what: what.to_string() });
                         }
                     };
                     let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };

@@ -464,7 +464,7 @@ impl SendComm {
                     if !connect::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
                         return connect::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
                     }
-                    let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w })?;
+                    let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w.to_string() })?;
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
                     let qps = connect::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
                     self.link.qps = qps;
@@ -534,7 +534,7 @@ impl SendComm {
                     elems[i] = c;
                 }
                 Slot::NotYet => return Ok(false),
-                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why }),
+                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why.to_string() }),
             }
             i += 1;
         }
@@ -689,7 +689,7 @@ impl SendComm {
     unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64) -> Result<Option<ReqId>> {
         let Some(e) = &self.eager else { return Ok(None) };
         if let Err(what) = e.st.check_credits(freed) {
-            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what }));
+            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what: what.to_string() }));
         }
         if e.st.refuse(tag, buf.len, freed).is_some() {
             return Ok(None);
@@ -1425,7 +1425,7 @@ impl RecvComm {
             if e.ring.read_u64(off + eager::wire_len(h.size as usize) - 8) != eager::marker(idx) {
                 break; // the payload is still landing
             }
-            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what })?;
+            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what: what.to_string() })?;
             self.cts.sender_head(h.head);
             self.link.progressed();
             if let eager::Arrival::Posted(j) = to {
@@ -1572,7 +1572,7 @@ impl RecvComm {
         }
         // SAFETY: WITH_IMM is set, so the union holds imm_data.
         let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w })?;
+        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w.to_string() })?;
         let slot = imm.slot as usize;
         let Some((seq, id)) = self.by_slot[slot] else {
             return Err(Error::Protocol {
@@ -1602,7 +1602,7 @@ impl RecvComm {
         let kind = r.imm.unwrap();
         let sizes = fifo::sizes_from_imm(kind, &r.caps[..r.n], read_sizes).map_err(|what| match kind {
             ImmKind::Fail(_) => Error::Usage(format!("peer {}: {what}", link.peer_name())),
-            _ => Error::Protocol { peer: link.peer_name(), what },
+            _ => Error::Protocol { peer: link.peer_name(), what: what.to_string() },
         })?;
         for (i, s) in sizes[..r.n].iter().enumerate() {
             if let Some(s) = *s {

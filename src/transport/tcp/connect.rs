@@ -486,7 +486,7 @@ impl TcpConnecting {
                 all = false;
                 continue;
             }
-            let r = Reply::decode(&s.reply).map_err(|what| Error::Protocol { peer: peer.to_string(), what })?;
+            let r = Reply::decode(&s.reply).map_err(|what| Error::Protocol { peer: peer.to_string(), what: what.to_string() })?;
             if r.verdict != Verdict::Accepted {
                 return Err(remote(format!("the listener refused the connection: {}", r.verdict.explain())));
             }

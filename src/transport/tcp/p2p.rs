@@ -527,7 +527,7 @@ impl RecvCore {
             return self.refill();
         }
         let hdr: [u8; HDR_LEN] = self.stage[self.stage_lo..self.stage_lo + HDR_LEN].try_into().unwrap();
-        let h = MsgHeader::decode(&hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w })?;
+        let h = MsgHeader::decode(&hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w.to_string() })?;
         // The message lands in the first posted receive that still has a
         // free buffer with its tag: per tag, sends and receives match in
         // posting order (with shared comms one rank's next step may arrive
@@ -546,13 +546,13 @@ impl RecvCore {
                 // up when NCCL tests them)
                 let head = *self.order.front().unwrap();
                 let r = self.reqs.get(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
-                let e = wire::match_recv(&r.specs[..r.n], h.tag, h.size).err().unwrap_or_default();
+                let e = wire::match_recv(&r.specs[..r.n], h.tag, h.size).err().map(|e| e.to_string()).unwrap_or_default();
                 return Err(Error::Usage(format!("{e} (and no other posted receive takes tag {})", h.tag)));
             }
             return Ok(Step::Blocked);
         };
         let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
-        let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
+        let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(|e| Error::Usage(e.to_string()))?;
         self.stage_lo += HDR_LEN;
         let size = h.size as usize;
         self.big = size >= DIRECT_READ;
