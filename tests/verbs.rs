@@ -22,7 +22,7 @@ use rustnet::config::Config;
 use rustnet::error::Error;
 use rustnet::plugin::{select_net, Net};
 use rustnet::proto::pool::ReqId;
-use rustnet::transport::ib::{connect, Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::transport::ib::{handshake, Access, IbMr, IbNet, RecvComm, SendComm};
 use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_HOST};
 
 const SIZES: [usize; 10] = [0, 1, 8, 127, 4095, 4096, 65536, 65537, 1 << 20, (4 << 20) + 3];
@@ -88,7 +88,7 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
     assert_eq!(p.port, 1);
     assert!(p.speed_mbps > 0 && p.max_comms > 0);
     assert_eq!((p.max_recvs, p.ptr_support, p.reg_is_global), (8, PTR_HOST, true));
-    let a = connect::local_addr(dev, n.conn_cfg()).expect("local address");
+    let a = handshake::local_addr(dev, n.conn_cfg()).expect("local address");
     eprintln!("{}: GID index {} = {}, MTU code {}", dev.describe(), a.gid_index, rustnet::transport::ib::gid::show(&a.gid), a.mtu);
     if dev.link_layer == rustnet::transport::ib::device::LINK_ETH {
         assert!(rustnet::transport::ib::gid::is_v4(&a.gid), "RoCE: want the IPv4 RoCE v2 GID");
@@ -100,17 +100,17 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
 fn gid_index_knob_is_honoured_and_an_empty_index_is_an_error() {
     let d = device();
     let (n, idx) = net(&[&d], &[]);
-    let auto = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("auto GID");
+    let auto = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("auto GID");
     let want = auto.gid_index.to_string();
     let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", want.as_str())]);
-    let a = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("explicit GID");
+    let a = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("explicit GID");
     assert_eq!((a.gid_index, a.gid), (auto.gid_index, auto.gid));
     // and traffic over the explicit index
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     one_by_one(&n, &mut s, &mut r, &[8, 4096]);
     if n.devices()[idx[0]].link_layer == rustnet::transport::ib::device::LINK_ETH {
         let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", "1000")]);
-        let e = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
+        let e = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("GID index 1000") && e.contains("NCCL_IB_GID_INDEX"), "{e}");
         let (mut l, h) = n.listen(idx[0]).unwrap();
         let mut c = n.connect(idx[0], &h, None).unwrap();

@@ -1,5 +1,8 @@
-//! Transports: the verbs one and the TCP one, behind one set of types.
+//! Transports: the verbs one and the TCP one, behind one set of types, and
+//! the socket layer both use ([`sock`]: TCP's data streams, and the verbs
+//! transport's out-of-band exchange).
 pub mod ib;
+pub mod sock;
 pub mod tcp;
 
 use std::ffi::CStr;

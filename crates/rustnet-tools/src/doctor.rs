@@ -431,7 +431,7 @@ pub fn run(o: &Opts) -> Report {
     host_checks(o, &mut r, !ports.is_empty());
     // ---- TCP path / out-of-band interfaces
     match rustnet::transport::tcp::device::select(
-        &rustnet::transport::tcp::device::candidates(&rustnet::transport::tcp::sys::interfaces().unwrap_or_default(), cfg.socket_family),
+        &rustnet::transport::tcp::device::candidates(&rustnet::transport::sock::interfaces().unwrap_or_default(), cfg.socket_family),
         &cfg.socket_ifname,
     ) {
         Ok(ifs) => {

@@ -12,8 +12,8 @@ use std::path::Path;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::connect::ConnCfg;
 use super::device::IbDev;
+use super::handshake::ConnCfg;
 use super::verbs::Pd;
 use crate::config::Config;
 use crate::error::{Error, Result};

@@ -10,11 +10,11 @@
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
-pub mod connect;
 pub mod device;
 pub mod ffi;
 pub mod gdr;
 pub mod gid;
+pub mod handshake;
 pub mod p2p;
 pub mod reg;
 pub mod topo;
@@ -43,8 +43,8 @@ pub(crate) unsafe fn release() {
     gdr::release();
 }
 
-pub use connect::{ConnCfg, IbConnecting, IbListen};
 pub use device::IbDev;
+pub use handshake::{ConnCfg, IbConnecting, IbListen};
 pub use p2p::{RecvComm, SendComm};
 pub use reg::IbMr;
 pub use verbs::Access;

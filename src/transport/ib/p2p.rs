@@ -12,9 +12,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::connect::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
 use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
+use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
@@ -25,7 +25,7 @@ use crate::proto::fifo::{
 };
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
 use crate::proto::pool::{Pool, ReqId};
-use crate::transport::tcp::sys::{Io, Socket};
+use crate::transport::sock::{Io, Socket};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
 /// Completions polled per `ibv_poll_cq` call.
@@ -461,12 +461,12 @@ impl SendComm {
             match &mut self.hs {
                 None => return Ok(()),
                 Some(SendHs::ReadMeta { rx, got, since, .. }) => {
-                    if !connect::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
-                        return connect::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
+                    if !handshake::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
+                        return handshake::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
                     }
                     let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w.to_string() })?;
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
-                    let qps = connect::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
+                    let qps = handshake::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
                     self.link.qps = qps;
                     self.link.init_stats();
                     self.link.set_peer(&remote);
@@ -491,7 +491,7 @@ impl SendComm {
                     self.hs = Some(SendHs::WriteReady { sent: 0 });
                 }
                 Some(SendHs::WriteReady { sent }) => {
-                    if !connect::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
+                    if !handshake::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
                         return Ok(());
                     }
                     self.hs = None;
@@ -1180,7 +1180,7 @@ impl RecvComm {
 
     fn progress_ready(&mut self) -> Result<()> {
         let Some((buf, got)) = &mut self.ready else { return Ok(()) };
-        if !connect::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
+        if !handshake::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
             return Ok(());
         }
         if *buf != READY {

@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::p2p::{RecvComm, SendComm};
-use super::sys::{nofile_limit, Io, Poller, Socket, POLL_BATCH};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::proto::handle::{Handle, HandleKind, PROTO_VERSION};
 use crate::proto::wire::{Hello, Reply, Verdict, HELLO_LEN, REPLY_LEN};
+use crate::transport::sock::{nofile_limit, Io, Poller, Socket, POLL_BATCH};
 
 /// A random 64-bit id (listener nonces, connection ids). These tell
 /// connections apart and are not secrets, so the call never waits for the

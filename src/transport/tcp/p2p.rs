@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::sys::{self, EventFd, Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
+use crate::transport::sock::{self as sys, EventFd, Io, Socket, MAX_IOV};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
 /// Staging buffer for stream 0 (headers and small payloads).

@@ -28,7 +28,7 @@ use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT
 use crate::proto::handle::{Handle, HandleKind};
 use crate::proto::ib_meta::{Meta, META_LEN};
 use crate::proto::wire::{Reply, Verdict, REPLY_LEN};
-use crate::transport::tcp::sys::{Io, Socket};
+use crate::transport::sock::{Io, Socket};
 use crate::transport::tcp::{StreamCfg, TcpConnecting, TcpListen};
 
 /// Connection knobs, parsed once.
