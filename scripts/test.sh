@@ -28,6 +28,8 @@ else
 fi
 # shellcheck disable=SC2046  # one file name per word: tracked names have no spaces
 shellcheck -S warning $(git ls-files '*.sh')
+echo "== import graph: no circle between modules (docs/architecture.md)"
+python3 scripts/import-graph.py --check
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
 # Fuzzing and sanitizers (docs/fuzzing.md): budgets RUSTNET_FUZZ_SECS (per

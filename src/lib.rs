@@ -23,6 +23,7 @@ pub mod gpu;
 pub mod log;
 pub mod plugin;
 pub mod registry;
+mod teardown;
 pub mod transport;
 pub mod unload;
 

@@ -1,9 +1,8 @@
 //! Typed protocol errors: every way bytes from a peer (or NCCL's handle) can
 //! fail the protocol's rules, one variant each, so callers and tests match on
 //! the variant and the message (Display) stays the one the logs always showed.
-use crate::fifo::ImmKind;
-use crate::handle::PROTO_VERSION;
-use crate::ib_meta::MAX_QPS;
+//! A leaf of the crate: it imports none of the modules that return it (the
+//! limits a message names travel in the variant).
 
 /// Why bytes are not our protocol (or break one of its rules).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,12 +20,14 @@ pub enum ProtoError {
     },
     /// The handle comes from another protocol version.
     #[error(
-        "connect handle speaks librustnet protocol {version}, this build speaks {PROTO_VERSION}: \
+        "connect handle speaks librustnet protocol {version}, this build speaks {ours}: \
          run the same librustnet version on every node"
     )]
     HandleVersion {
         /// The handle's version.
         version: u16,
+        /// Ours (PROTO_VERSION).
+        ours: u16,
     },
     /// Transport byte other than TCP (1) or verbs (2).
     #[error("connect handle names unknown transport {0}")]
@@ -80,11 +81,21 @@ pub enum ProtoError {
     #[error("not a librustnet verbs connection message (magic {0:#018x}); is the peer using the TCP transport?")]
     MetaMagic(u64),
     /// The peer speaks another protocol version.
-    #[error("peer speaks librustnet protocol {0}, we speak {PROTO_VERSION}")]
-    MetaVersion(u16),
+    #[error("peer speaks librustnet protocol {version}, we speak {ours}")]
+    MetaVersion {
+        /// The peer's version.
+        version: u16,
+        /// Ours (PROTO_VERSION).
+        ours: u16,
+    },
     /// QP count outside 1..=MAX_QPS.
-    #[error("peer announces {0} QPs (1..={MAX_QPS} accepted)")]
-    MetaQps(usize),
+    #[error("peer announces {n} QPs (1..={max} accepted)")]
+    MetaQps {
+        /// QPs announced.
+        n: usize,
+        /// MAX_QPS.
+        max: usize,
+    },
     /// MTU code outside 1..=5.
     #[error("peer announces MTU code {0}")]
     MetaMtu(u8),
@@ -142,10 +153,10 @@ pub enum ProtoError {
     #[error("the sender failed this message")]
     SenderFailed,
     /// A completion kind that does not fit a receive of `n` buffers.
-    #[error("completion {kind:?} does not fit a receive of {n} buffer(s)")]
+    #[error("completion {kind} does not fit a receive of {n} buffer(s)")]
     ImmMisfit {
-        /// What the immediate said.
-        kind: ImmKind,
+        /// What the immediate said (the `ImmKind`, as Debug prints it).
+        kind: String,
         /// Buffers in the receive.
         n: usize,
     },

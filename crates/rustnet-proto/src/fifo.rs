@@ -247,7 +247,7 @@ pub fn sizes_from_imm(
         ImmKind::Fail(FailCode::TooLarge) => return Err(ProtoError::SenderTooLarge),
         ImmKind::Fail(FailCode::NoTag) => return Err(ProtoError::SenderNoTag),
         ImmKind::Fail(FailCode::Other) => return Err(ProtoError::SenderFailed),
-        kind => return Err(ProtoError::ImmMisfit { kind, n }),
+        kind => return Err(ProtoError::ImmMisfit { kind: format!("{kind:?}"), n }),
     }
     Ok(out)
 }
@@ -630,7 +630,7 @@ mod tests {
         );
         assert_eq!(
             sizes_from_imm(ImmKind::Sizes(3), &[8, 8], || unreachable!()),
-            Err(ProtoError::ImmMisfit { kind: ImmKind::Sizes(3), n: 2 })
+            Err(ProtoError::ImmMisfit { kind: "Sizes(3)".into(), n: 2 })
         );
         assert_eq!(sizes_from_imm(ImmKind::Fail(FailCode::TooLarge), &[8], || unreachable!()), Err(ProtoError::SenderTooLarge));
     }

@@ -83,7 +83,7 @@ impl Handle {
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
         if version != PROTO_VERSION {
-            return Err(ProtoError::HandleVersion { version });
+            return Err(ProtoError::HandleVersion { version, ours: PROTO_VERSION });
         }
         let kind = match b[10] {
             1 => HandleKind::Tcp,

@@ -127,11 +127,11 @@ impl Meta {
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
         if version != PROTO_VERSION {
-            return Err(ProtoError::MetaVersion(version));
+            return Err(ProtoError::MetaVersion { version, ours: PROTO_VERSION });
         }
         let nqps = u16::from_le_bytes([b[10], b[11]]) as usize;
         if nqps == 0 || nqps > MAX_QPS {
-            return Err(ProtoError::MetaQps(nqps));
+            return Err(ProtoError::MetaQps { n: nqps, max: MAX_QPS });
         }
         if !(1..=5).contains(&b[12]) {
             return Err(ProtoError::MetaMtu(b[12]));
@@ -232,12 +232,12 @@ mod tests {
         let mut b = sample().encode();
         b[8] = 99;
         let e = Meta::decode(&b).unwrap_err();
-        assert_eq!(e, ProtoError::MetaVersion(99 | (PROTO_VERSION & 0xff00)));
+        assert_eq!(e, ProtoError::MetaVersion { version: 99 | (PROTO_VERSION & 0xff00), ours: PROTO_VERSION });
         assert!(e.to_string().starts_with("peer speaks librustnet protocol 99, we speak"));
         let mut b = sample().encode();
         b[10] = 0;
         b[11] = 0;
-        assert_eq!(Meta::decode(&b), Err(ProtoError::MetaQps(0)));
+        assert_eq!(Meta::decode(&b), Err(ProtoError::MetaQps { n: 0, max: MAX_QPS }));
         let mut b = sample().encode();
         b[12] = 9;
         assert_eq!(Meta::decode(&b), Err(ProtoError::MetaMtu(9)));

@@ -11,16 +11,7 @@ use rustnet::config::{Config, KnobValue, NameList};
 use rustnet::transport::ib::gid::GidTable as _;
 use rustnet::transport::ib::{device, gid};
 
-/// Outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Status {
-    /// Fine.
-    Pass,
-    /// Works, but worth fixing.
-    Warn,
-    /// Will not work.
-    Fail,
-}
+pub use crate::status::Status;
 
 /// One line of the report.
 #[derive(Debug, Clone)]

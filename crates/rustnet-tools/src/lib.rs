@@ -13,4 +13,5 @@ pub mod bisect;
 pub mod doctor;
 pub mod driver;
 pub mod fabric;
+pub mod status;
 pub mod svg;

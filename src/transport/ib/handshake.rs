@@ -1,8 +1,13 @@
-//! Connection set-up for the verbs transport (NCCL's net_ib connect.cc):
+//! The verbs transport's out-of-band exchange (NCCL's net_ib connect.cc):
 //! an out-of-band TCP connection (the TCP transport's listener and
 //! connector, with `HandleKind::Ib`) carries one [`Meta`] each way and the
-//! sender's [`READY`]. Everything is non-blocking, and `connect` never waits
-//! for `accept`:
+//! sender's [`READY`](crate::proto::ib_meta::READY). This module owns its
+//! steps: the connection knobs ([`ConnCfg`]), our address and GID, the QPs
+//! and their bring-up against the peer's [`Meta`] ([`connect_qps`],
+//! [`receiver_qps`]), and the non-blocking socket I/O with its timeout.
+//! [`super::connect`] sequences the steps and builds the comms; it imports
+//! this module, never the other way round. Everything is non-blocking, and
+//! `connect` never waits for `accept`:
 //!
 //! ```text
 //! sender (connect)                         receiver (accept)
@@ -19,17 +24,15 @@ use std::sync::Arc;
 
 use super::device::{IbDev, LINK_ETH};
 use super::gid::{self, SysfsGids};
-use super::p2p::{RecvComm, SendComm};
 use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
 use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
 use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
-use crate::proto::handle::{Handle, HandleKind};
-use crate::proto::ib_meta::{Meta, META_LEN};
+use crate::proto::ib_meta::Meta;
 use crate::proto::wire::{Reply, Verdict, REPLY_LEN};
 use crate::transport::sock::{Io, Socket};
-use crate::transport::tcp::{StreamCfg, TcpConnecting, TcpListen};
+use crate::transport::tcp::StreamCfg;
 
 /// Connection knobs, parsed once.
 #[derive(Debug, Clone)]
@@ -396,164 +399,41 @@ pub fn receiver_tc(cc: &ConnCfg, link_layer: u8, sender_tc: u8) -> u8 {
     }
 }
 
-// ---------------------------------------------------------------- connect
-
-enum ConnStage {
-    Tcp(TcpConnecting),
-    Meta { sock: Socket, peer: SocketAddr, setup: Box<Setup>, tx: Box<[u8; META_LEN]>, sent: usize },
-    Gone,
-}
-
-/// An outgoing verbs connection in progress.
-pub struct IbConnecting {
-    dev: Arc<IbDev>,
-    cc: Arc<ConnCfg>,
-    tc: u8,
-    sl: u8,
-    st: ConnStage,
-}
-
-impl IbConnecting {
-    /// Start connecting to the listener in `h` from `dev`.
-    pub fn start(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, h: &Handle, comm_tc: Option<i32>) -> Result<IbConnecting> {
-        if h.kind != HandleKind::Ib {
-            return Err(Error::Usage(format!(
-                "the peer listens with the {:?} transport but this process uses verbs: set the same RUSTNET_TRANSPORT on every rank",
-                h.kind
-            )));
-        }
-        let (tc, sl) = choose_tc_sl(cc, comm_tc);
-        let tcp = TcpConnecting::start(h, 1, cc.stream)?;
-        Ok(IbConnecting { dev: dev.clone(), cc: cc.clone(), tc, sl, st: ConnStage::Tcp(tcp) })
+/// The receiver's half of the exchange once the sender's [`Meta`] arrived:
+/// check that the two ports can talk (link layer, GIDs), create our QPs and
+/// bring them to RTS against the sender's. Returns the set-up (its QPs taken
+/// out), the established QPs and the connection knobs as the sender asked
+/// (split). On a GID mismatch the sender is told who we are first, so both
+/// ends fail naming both GIDs.
+pub(super) fn receiver_qps(
+    dev: &Arc<IbDev>,
+    cc: &ConnCfg,
+    sock: &Socket,
+    peer: &SocketAddr,
+    remote: &Meta,
+) -> Result<(Setup, Vec<Qp<Rts>>, ConnCfg)> {
+    if remote.link != dev.link_layer {
+        return Err(Error::Usage(format!(
+            "peer {peer} connects from a {} port to our {} ({}): link layers differ",
+            if remote.link == LINK_ETH { "RoCE" } else { "InfiniBand" },
+            if dev.link_layer == LINK_ETH { "RoCE" } else { "InfiniBand" },
+            dev.describe()
+        )));
     }
-
-    /// Advance; `Ok(true)` once our metadata is on its way (the rest of the
-    /// handshake finishes inside the send comm).
-    pub fn progress(&mut self) -> Result<bool> {
-        loop {
-            match &mut self.st {
-                ConnStage::Tcp(c) => {
-                    if !c.progress()? {
-                        return Ok(false);
-                    }
-                    let ConnStage::Tcp(c) = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
-                    let (mut socks, peer) = c.into_streams();
-                    let sock = socks.pop().ok_or_else(|| Error::Internal("connector returned no socket".into()))?;
-                    let setup = Box::new(Setup::new(&self.dev, &self.cc, true)?);
-                    let tx = Box::new(setup.meta(self.tc, self.sl, self.cc.split).encode());
-                    self.st = ConnStage::Meta { sock, peer, setup, tx, sent: 0 };
-                }
-                ConnStage::Meta { sock, peer, tx, sent, .. } => return write_some(sock, &tx[..], sent, peer, "connection metadata"),
-                ConnStage::Gone => return Err(Error::Internal("connect progressed after failing".into())),
-            }
-        }
+    let setup = Setup::new(dev, cc, false)?;
+    if let Err(e) = check_peer_gid(dev, &setup.local, remote) {
+        // Tell the sender who we are before failing, so that it fails
+        // with the same message naming both GIDs (one short write; the
+        // socket buffer holds it).
+        let tx = setup.meta(0, 0, remote.split).encode();
+        let mut sent = 0;
+        let _ = write_some(sock, &tx, &mut sent, peer, "connection metadata");
+        return Err(e);
     }
-
-    /// The send comm (after `progress` returned true).
-    pub fn into_send_comm(self) -> Result<SendComm> {
-        match self.st {
-            ConnStage::Meta { sock, peer, setup, .. } => Ok(SendComm::new(*setup, sock, peer, self.cc, self.tc, self.sl)),
-            _ => Err(Error::Internal("into_send_comm before the connection metadata was sent".into())),
-        }
-    }
-}
-
-// ---------------------------------------------------------------- listen / accept
-
-enum Accepting {
-    ReadMeta { sock: Socket, peer: SocketAddr, rx: Box<[u8; META_LEN]>, got: usize },
-    SendMeta { comm: Box<RecvComm>, peer: SocketAddr, tx: Box<[u8; META_LEN]>, sent: usize },
-}
-
-/// A verbs listening endpoint.
-pub struct IbListen {
-    tcp: TcpListen,
-    dev: Arc<IbDev>,
-    cc: Arc<ConnCfg>,
-    pending: Vec<Accepting>,
-}
-
-impl IbListen {
-    /// Listen for connections to `dev` on the out-of-band address `oob`.
-    pub fn new(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, oob: SocketAddr) -> Result<(IbListen, Handle)> {
-        let (tcp, h) = TcpListen::new(oob, HandleKind::Ib, cc.stream)?;
-        Ok((IbListen { tcp, dev: dev.clone(), cc: cc.clone(), pending: Vec::new() }, h))
-    }
-
-    /// Accept; `Ok(None)` until one connection completed its side of the handshake.
-    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
-        while let Some((mut socks, peer)) = self.tcp.accept_streams()? {
-            if let Some(sock) = socks.pop() {
-                self.pending.push(Accepting::ReadMeta { sock, peer, rx: Box::new([0; META_LEN]), got: 0 });
-            }
-        }
-        let mut i = 0;
-        while i < self.pending.len() {
-            match &mut self.pending[i] {
-                Accepting::ReadMeta { sock, peer, rx, got } => {
-                    // The hello carried our nonce: this is the rank NCCL
-                    // told to connect here, so a failure now fails accept
-                    // (dropping it would leave this rank waiting forever).
-                    match read_some(sock, &mut rx[..], got, peer, "connection metadata") {
-                        Ok(false) => {
-                            i += 1;
-                            continue;
-                        }
-                        Ok(true) => {}
-                        Err(e) => {
-                            self.pending.swap_remove(i);
-                            return Err(e);
-                        }
-                    }
-                    let remote = match Meta::decode(rx) {
-                        Ok(m) => m,
-                        Err(what) => {
-                            let peer = peer.to_string();
-                            self.pending.swap_remove(i);
-                            return Err(Error::Protocol { peer, what: what.to_string() });
-                        }
-                    };
-                    let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };
-                    let comm = self.build_recv(sock, peer, &remote)?;
-                    let tx = Box::new(comm.local_meta().encode());
-                    self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
-                }
-                Accepting::SendMeta { comm, peer, tx, sent } => {
-                    if write_some(comm.oob(), &tx[..], sent, peer, "connection metadata")? {
-                        let Accepting::SendMeta { comm, .. } = self.pending.swap_remove(i) else { unreachable!() };
-                        return Ok(Some(*comm));
-                    }
-                    i += 1;
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    fn build_recv(&self, sock: Socket, peer: SocketAddr, remote: &Meta) -> Result<RecvComm> {
-        if remote.link != self.dev.link_layer {
-            return Err(Error::Usage(format!(
-                "peer {peer} connects from a {} port to our {} ({}): link layers differ",
-                if remote.link == LINK_ETH { "RoCE" } else { "InfiniBand" },
-                if self.dev.link_layer == LINK_ETH { "RoCE" } else { "InfiniBand" },
-                self.dev.describe()
-            )));
-        }
-        let setup = Setup::new(&self.dev, &self.cc, false)?;
-        if let Err(e) = check_peer_gid(&self.dev, &setup.local, remote) {
-            // Tell the sender who we are before failing, so that it fails
-            // with the same message naming both GIDs (one short write; the
-            // socket buffer holds it).
-            let tx = setup.meta(0, 0, remote.split).encode();
-            let mut sent = 0;
-            let _ = write_some(&sock, &tx, &mut sent, &peer, "connection metadata");
-            return Err(e);
-        }
-        let mut cc = (*self.cc).clone();
-        cc.split = remote.split;
-        let tc = receiver_tc(&self.cc, self.dev.link_layer, remote.tc);
-        let qps = connect_qps(&self.dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)?;
-        let setup = Setup { qps: Vec::new(), ..setup };
-        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote)
-    }
+    let tc = receiver_tc(cc, dev.link_layer, remote.tc);
+    let mut cc = cc.clone();
+    cc.split = remote.split;
+    let qps = connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)?;
+    let setup = Setup { qps: Vec::new(), ..setup };
+    Ok((setup, qps, cc))
 }

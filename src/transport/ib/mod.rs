@@ -4,12 +4,14 @@
 //! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (all `unsafe` is there);
 //! - [`device`]: discovery, filtering, ordering, properties, async events;
 //! - [`gid`]: the RoCE GID choice;
-//! - [`connect`]: out-of-band exchange and QP bring-up;
+//! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
+//! - [`connect`]: connect/accept, sequencing the handshake into comms;
 //! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
 //! - [`reg`]: the registration cache;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
+pub mod connect;
 pub mod device;
 pub mod ffi;
 pub mod gdr;
@@ -43,8 +45,9 @@ pub(crate) unsafe fn release() {
     gdr::release();
 }
 
+pub use connect::{IbConnecting, IbListen};
 pub use device::IbDev;
-pub use handshake::{ConnCfg, IbConnecting, IbListen};
+pub use handshake::ConnCfg;
 pub use p2p::{RecvComm, SendComm};
 pub use reg::IbMr;
 pub use verbs::Access;
@@ -84,7 +87,7 @@ impl IbNet {
         let dev_cc = devs
             .iter()
             .map(|d| {
-                let flush = gdr::flush_needed(d, &cc) && !cc.flush;
+                let flush = gdr::flush_needed(&d.gdr, cc.flush) && !cc.flush;
                 // the eager path copies with the CPU: host memory only
                 let no_eager = cc.eager > 0 && d.gdr.decision.ptr_support != crate::transport::PTR_HOST;
                 if flush || no_eager {

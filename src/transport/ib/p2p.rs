@@ -51,7 +51,7 @@ const RECV_WRS: usize = FIFO_DEPTH + 16;
 const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
 /// The sender signals one eager write in this many.
 const EAGER_SIGNAL: usize = 16;
-/// Eager-path WRs QP 0 may hold (part of its send queue, see connect.rs).
+/// Eager-path WRs QP 0 may hold (part of its send queue, see handshake.rs).
 const EAGER_SQ: usize = 2 * RING_SLOTS;
 /// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
 const JWIN: usize = FIFO_DEPTH * MAX_RECVS;

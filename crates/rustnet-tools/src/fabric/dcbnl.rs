@@ -6,7 +6,14 @@
 //! Reading needs no privilege (the kernel checks CAP_NET_ADMIN on SET only).
 use std::collections::BTreeMap;
 
-use super::lossless::Dcb;
+/// DCB state of a netdev.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dcb {
+    /// PFC enabled per priority.
+    pub pfc: [bool; 8],
+    /// DSCP -> priority entries of the APP table (empty: the NIC trusts PCP).
+    pub dscp_prio: BTreeMap<u8, u8>,
+}
 
 const RTM_GETDCB: u16 = 78;
 const NLMSG_ERROR: u16 = 2;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use crate::doctor::Status;
+use crate::status::Status;
 
 /// One check result (the doctor turns it into a report line).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,14 +32,7 @@ fn out(what: impl Into<String>, status: Status, detail: impl Into<String>, fix: 
     Out { what: what.into(), status, detail: detail.into(), fix: fix.into() }
 }
 
-/// DCB state of a netdev.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Dcb {
-    /// PFC enabled per priority.
-    pub pfc: [bool; 8],
-    /// DSCP -> priority entries of the APP table (empty: the NIC trusts PCP).
-    pub dscp_prio: BTreeMap<u8, u8>,
-}
+pub use super::dcbnl::Dcb;
 
 /// ECN (DCQCN) enable per priority, `None` where unreadable.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
 use crate::ctl::{parse_size, Ctl};
-use crate::ring::Stat;
+use crate::stats::{human, Stat};
 
 const HELP: &str = "\
 rustnet bench: bandwidth and latency through librustnet, beside raw TCP
@@ -55,18 +55,6 @@ struct Opts {
     raw: bool,
     nap_us: u64,
     dev: i32,
-}
-
-pub(crate) fn human(n: usize) -> String {
-    if n >= 1 << 30 && n % (1 << 30) == 0 {
-        format!("{}G", n >> 30)
-    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
-        format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
-        format!("{}K", n >> 10)
-    } else {
-        n.to_string()
-    }
 }
 
 fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {

@@ -19,6 +19,7 @@ mod ctl;
 mod ncclsock;
 mod plot;
 mod ring;
+mod stats;
 
 fn doctor(args: Vec<String>) -> i32 {
     let mut o = rustnet_tools::doctor::Opts::default();

@@ -1,7 +1,7 @@
 //! A small SVG line chart for `rustnet bench step|ring`: per ring size, busbw
 //! and CPU s/GB against message size (log scale), one line per network, with
 //! the min-max range as a bar. (bisect.rs draws a heat map, not lines.)
-use crate::ring::Row;
+use crate::stats::Row;
 
 const COLORS: [&str; 6] = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#9467bd", "#ff7f0e"];
 
@@ -46,7 +46,7 @@ pub fn svg(rows: &[Row], title: &str) -> String {
         for (ci, (what, get)) in [("busbw GB/s", 0usize), ("CPU s/GB", 1usize)].into_iter().enumerate() {
             let x0 = m + ci as f64 * (pw + m);
             let y0 = 40.0 + ri as f64 * (ph + m);
-            fn pick(r: &Row, get: usize) -> &crate::ring::Stat {
+            fn pick(r: &Row, get: usize) -> &crate::stats::Stat {
                 if get == 0 {
                     &r.busbw
                 } else {
@@ -110,7 +110,7 @@ pub fn svg(rows: &[Row], title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ring::Stat;
+    use crate::stats::Stat;
 
     #[test]
     fn svg_is_well_formed_and_names_every_net() {

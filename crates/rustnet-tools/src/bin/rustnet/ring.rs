@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench::human;
+use crate::stats::{human, Row, Stat};
 
 use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
@@ -524,44 +524,6 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
 }
 
 // ------------------------------------------------------------ coordinator
-
-#[derive(Default, Clone)]
-pub struct Stat(pub Vec<f64>);
-
-impl Stat {
-    fn sorted(&self) -> Vec<f64> {
-        let mut v = self.0.clone();
-        v.sort_by(f64::total_cmp);
-        v
-    }
-    pub fn med(&self) -> f64 {
-        let v = self.sorted();
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    }
-    pub fn min(&self) -> f64 {
-        self.sorted().first().copied().unwrap_or(f64::NAN)
-    }
-    pub fn max(&self) -> f64 {
-        self.sorted().last().copied().unwrap_or(f64::NAN)
-    }
-}
-
-/// One measured point.
-pub struct Row {
-    pub ranks: usize,
-    pub size: usize,
-    pub net: String,
-    pub busbw: Stat,
-    pub cpu: Stat,
-}
 
 struct Ring {
     kids: Vec<Child>,
