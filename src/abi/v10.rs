@@ -26,7 +26,9 @@ unsafe extern "C" fn connect(
     }
     // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
+    // it checks NULLs and handles itself.
     unsafe { c::connect(dev, handle, sc, tc) }
 }
 
@@ -39,7 +41,9 @@ unsafe extern "C" fn isend(
     _ph: *mut c_void,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (data: `size` bytes under mhandle,
+    // valid until test reports the request done; request: an out-pointer), which is all v9::isend
+    // assumes; it checks NULLs and handles itself.
     unsafe { v9::isend(sc, data, size, tag, mh, req) }
 }
 
@@ -54,7 +58,9 @@ unsafe extern "C" fn irecv(
     _ph: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (data, tags, mhandles: n entries
+    // each, the buffers valid until test reports the request done; request: an out-pointer), which
+    // is all v9::irecv assumes; it checks NULLs and handles itself.
     unsafe { v9::irecv(rc, n, data, sizes, tags, mh, req) }
 }
 

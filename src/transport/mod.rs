@@ -62,7 +62,8 @@ pub struct RawBuf {
 // SAFETY: RawBuf is an address and a length; the obligations of using it are
 // on the unsafe functions that read or write through it.
 unsafe impl Send for RawBuf {}
-// SAFETY: as above.
+// SAFETY: &RawBuf only reads the address and length (Copy values); reading
+// or writing the bytes is the business of the unsafe fns that take one.
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {

@@ -32,7 +32,7 @@ fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             std::mem::size_of::<libc::sockaddr_in>()
         }
         SocketAddr::V6(a) => {
-            // SAFETY: as above, for sockaddr_in6.
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in6.
             let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = a.port().to_be();
@@ -154,8 +154,8 @@ impl Socket {
         }
         let mut err: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: err/len are valid out-pointers of the right size.
         cvt(
+            // SAFETY: err/len are valid out-pointers of the right size.
             unsafe {
                 libc::getsockopt(self.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut libc::c_void, &mut len)
             },
@@ -193,7 +193,7 @@ impl Socket {
 
     /// Local address.
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        // SAFETY: as in accept.
+        // SAFETY: sockaddr_storage is plain data; zeroed is a valid (empty) value.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         // SAFETY: valid out-pointers.

@@ -95,7 +95,8 @@ pub struct Plugin {
 // SAFETY: the vtable is immutable; the plugin's entry points are thread-safe
 // per NCCL's contract (different comms from different threads).
 unsafe impl Send for Plugin {}
-// SAFETY: as above.
+// SAFETY: &Plugin reads only the immutable vtable and calls entry points
+// that NCCL's contract lets several threads call at once (different comms).
 unsafe impl Sync for Plugin {}
 
 impl Drop for Plugin {

@@ -39,7 +39,8 @@ use crate::transport::{DeviceProps, MemKind, RawBuf};
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees Global::clear's contract for all verbs
+    // state (no reference into it is alive or used again), which is verbs::release's.
     unsafe { verbs::release() };
     gid::release();
     gdr::release();
@@ -226,7 +227,8 @@ impl IbNet {
     pub unsafe fn reg_mr(&self, dev: usize, buf: RawBuf, kind: MemKind, access: Access) -> Result<IbMr> {
         let d = self.dev(dev)?;
         d.gdr.check_reg(kind, buf.ptr, buf.len)?;
-        // SAFETY: forwarded from our caller.
+        // SAFETY: `buf` stays mapped until the registration is dropped (this
+        // fn's contract), which is all register requires.
         unsafe { d.mrs.register(dev, buf.ptr, buf.len, access) }
     }
 
@@ -240,7 +242,8 @@ impl IbNet {
     pub unsafe fn reg_mr_dmabuf(&self, dev: usize, buf: RawBuf, fd: i32, offset: u64, access: Access) -> Result<IbMr> {
         let d = self.dev(dev)?;
         d.gdr.check_dmabuf(buf.ptr, buf.len, fd)?;
-        // SAFETY: forwarded from our caller.
+        // SAFETY: the memory behind `fd` stays allocated until the registration
+        // is dropped (this fn's contract), which is all register_dmabuf requires.
         unsafe { d.mrs.register_dmabuf(dev, buf.ptr, buf.len, fd, offset, access) }
     }
 

@@ -664,7 +664,8 @@ impl SendComm {
                 }
             }
         }
-        // SAFETY: forwarded from our caller.
+        // SAFETY: `buf` stays readable until test reports the request (this
+        // fn's contract); try_eager needs it only until it returns.
         if let Some(id) = unsafe { self.try_eager(buf, tag, freed)? } {
             return Ok(Some(id));
         }

@@ -24,7 +24,7 @@ pub fn random_u64() -> u64 {
     // blocks; older kernels reject it and GRND_NONBLOCK is tried.
     let mut r = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 8, libc::GRND_INSECURE) };
     if r != 8 {
-        // SAFETY: as above.
+        // SAFETY: v is a valid 8-byte buffer; GRND_NONBLOCK never blocks.
         r = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 8, libc::GRND_NONBLOCK) };
     }
     if r != 8 {

@@ -246,9 +246,9 @@ impl SendCore {
                         n += 1;
                     }
                 }
+                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 // SAFETY: headers live in the queued pieces (not moved during
                 // the call); data are NCCL buffers kept valid by the isend contract.
-                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 match unsafe { st.sock.writev_raw(&iov[..n]) } {
                     Ok(Io::Done(mut wrote)) => {
                         let short = wrote < offered;
@@ -495,8 +495,9 @@ impl RecvCore {
                 self.stage_lo = 0;
                 self.stage_hi = 0;
                 let hdr = (self.stage.as_mut_ptr(), HDR_LEN);
-                // SAFETY: as above; the staging buffer is ours, HDR_LEN <= STAGE_LEN,
-                // and it does not overlap NCCL's buffer.
+                // SAFETY: x.ptr+x.got .. +need is the rest of a posted receive buffer
+                // (need = x.len - x.got); the staging buffer is ours, HDR_LEN <=
+                // STAGE_LEN, and it does not overlap NCCL's buffer.
                 match unsafe { st0.sock.read_raw2((x.ptr.add(x.got), need), hdr) } {
                     Ok(Io::Done(n)) => {
                         self.drained = n < need + HDR_LEN;
@@ -589,7 +590,9 @@ impl RecvCore {
         let peer = self.peer;
         for st in self.streams.iter_mut().skip(1) {
             while let Some(x) = st.q.front_mut() {
-                // SAFETY: inside a posted receive buffer, as above.
+                // SAFETY: x.ptr+x.got .. x.ptr+x.len is the rest of this stream's chunk,
+                // inside a posted receive buffer that NCCL keeps writable until the
+                // request completes.
                 match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
                     Ok(Io::Done(n)) => {
                         let short = n < x.len - x.got;
@@ -850,13 +853,15 @@ impl SendComm {
     /// `buf` must stay readable until `test` reports this request done or failed.
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
         match self {
-            // SAFETY: forwarded from our caller.
+            // SAFETY: `buf` stays readable until test reports the request
+            // (this fn's contract), which is the inner isend's contract.
             SendComm::Direct(c) => unsafe { c.isend(buf, tag, true) },
             SendComm::Helper(h) => {
                 let mut c = h.sh.core.lock();
                 // the caller writes what fits at once (no hand-off for a
                 // small message); the helper takes over what is left
-                // SAFETY: forwarded from our caller.
+                // SAFETY: `buf` stays readable until test reports the request
+                // (this fn's contract); the helper thread reads it only until then.
                 let r = unsafe { c.isend(buf, tag, true) };
                 let left = c.streams.iter().any(|st| !st.q.is_empty());
                 drop(c);
@@ -943,10 +948,12 @@ impl RecvComm {
     /// Every buffer must stay writable until `test` reports this request done or failed.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
         match self {
-            // SAFETY: forwarded from our caller.
+            // SAFETY: every buffer stays writable until test reports the
+            // request (this fn's contract), which is the inner irecv's contract.
             RecvComm::Direct(c) => unsafe { c.irecv(bufs) },
             RecvComm::Helper(h) => {
-                // SAFETY: forwarded from our caller.
+                // SAFETY: every buffer stays writable until test reports the
+                // request (this fn's contract); the helper writes only until then.
                 let r = unsafe { h.sh.core.lock().irecv(bufs) };
                 if matches!(r, Ok(Some(_))) {
                     h.posted();
@@ -1069,7 +1076,7 @@ mod data_tests {
             }
             while ps < sizes.len() && ps - ds < 8 {
                 let b = RawBuf { ptr: src[ps].as_ptr() as *mut u8, len: sizes[ps] };
-                // SAFETY: as above, for src.
+                // SAFETY: src outlives the loop, which ends only when every send is done.
                 let Some(id) = unsafe { s.isend(b, 5) }.unwrap() else { break };
                 sq.push_back(id);
                 ps += 1;
