@@ -5,7 +5,7 @@
 //! steps: the connection knobs ([`ConnCfg`]), our address and GID, the QPs
 //! and their bring-up against the peer's [`Meta`] ([`connect_qps`],
 //! [`receiver_qps`]), and the non-blocking socket I/O with its timeout.
-//! [`super::connect`] sequences the steps and builds the comms; it imports
+//! [`super::establish`] sequences the steps and builds the comms; it imports
 //! this module, never the other way round. Everything is non-blocking, and
 //! `connect` never waits for `accept`:
 //!

@@ -5,14 +5,14 @@
 //! - [`device`]: discovery, filtering, ordering, properties, async events;
 //! - [`gid`]: the RoCE GID choice;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
-//! - [`connect`]: connect/accept, sequencing the handshake into comms;
+//! - [`establish`]: connect/accept, sequencing the handshake into comms;
 //! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
 //! - [`reg`]: the registration cache;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
-pub mod connect;
 pub mod device;
+pub mod establish;
 pub mod ffi;
 pub mod gdr;
 pub mod gid;
@@ -46,8 +46,8 @@ pub(crate) unsafe fn release() {
     gdr::release();
 }
 
-pub use connect::{IbConnecting, IbListen};
 pub use device::IbDev;
+pub use establish::{IbConnecting, IbListen};
 pub use handshake::ConnCfg;
 pub use p2p::{RecvComm, SendComm};
 pub use reg::IbMr;

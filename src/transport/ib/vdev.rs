@@ -20,8 +20,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::connect::{IbConnecting, IbListen};
 use super::device::IbDev;
+use super::establish::{IbConnecting, IbListen};
 use super::handshake::ConnCfg;
 use super::p2p::{QpStat, RecvComm, SendComm};
 use super::reg::IbMr;
