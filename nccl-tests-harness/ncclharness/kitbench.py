@@ -67,6 +67,7 @@ from .repstats import (SUMMARY_FIELDS, aggregate, describe_verdict, format_point
                        plot_series, summary_rows, verdict)
 from .report import MEASUREMENT_FIELDS, svg_plot
 from .sizes import format_size, parse_size, size_sweep
+from .threadcpu import KINDS as CPU_KINDS, ThreadCpu, describe as describe_cpu, summary_table as cpu_summary_table
 
 # Seconds, per rank count: hard cap of one run, and the estimate used before
 # a group has run once (mpiexec + N CUDA contexts under MPS + NCCL init +
@@ -111,6 +112,7 @@ class RunResult:
     mps_clients: str = ""            # "8/8" ranks seen as MPS clients, "" if unknown
     measurements: List[dict] = field(default_factory=list)
     timeout_s: float = 0.0
+    cpu: dict = field(default_factory=dict)  # threadcpu.ThreadCpu.result(): where the CPU went
 
 
 def build_plan(collectives=("all_reduce", "sendrecv"), ranks=(2, 4, 8), repeats=3,
@@ -210,6 +212,9 @@ def run_env(args, spec, plugin_dir, logdir):
     env.update(one_host_env(args.ifname))
     env["NCCL_DEBUG_FILE"] = os.path.join(logdir, f"{spec.tag}.%h.%p.nccl.log")
     env["NCCL_TESTS_DEVICE"] = "0"
+    # NCCL names its threads only when asked; threadcpu tells the proxy
+    # thread from the benchmark's main thread by that name
+    env["NCCL_SET_THREAD_NAME"] = "1"
     apply_overrides(env, args.env)
     return env
 
@@ -233,7 +238,11 @@ def run_one(args, spec, binary, rank_wrap, plugin_dir, logdir, timeout_s):
     if spec.idx == 1 or args.verbose:
         print(f"   env: {describe_env(env)}", flush=True)
     t0 = time.monotonic()
-    (proc,) = run_group([(cmd, env, stdout_log)], timeout_s=timeout_s, fail_fast_grace=10.0)
+    sampler = ThreadCpu(os.path.basename(binary)).start()
+    try:
+        (proc,) = run_group([(cmd, env, stdout_log)], timeout_s=timeout_s, fail_fast_grace=10.0)
+    finally:
+        cpu = sampler.stop()
     secs = time.monotonic() - t0
     text = read_text(stdout_log)
     perf = parse_perf_output(text)
@@ -252,7 +261,8 @@ def run_one(args, spec, binary, rank_wrap, plugin_dir, logdir, timeout_s):
     line = (f"   {status.upper()}: {len(perf.rows)} sizes in {secs:.1f}s; {proof.summary()}"
             + (f"; MPS clients {cover}" if cover else ""))
     print(line, flush=True)
-    res = RunResult(spec, status, secs, errors, proof.summary(), cover, timeout_s=timeout_s)
+    print(f"   {describe_cpu(cpu)}", flush=True)
+    res = RunResult(spec, status, secs, errors, proof.summary(), cover, timeout_s=timeout_s, cpu=cpu)
     if errors:
         print(f"!! {spec.label()}: " + "; ".join(errors), flush=True)
         t = tail(stdout_log, 12)
@@ -271,7 +281,17 @@ def run_one(args, spec, binary, rank_wrap, plugin_dir, logdir, timeout_s):
 
 RESULT_FIELDS = ["rep"] + MEASUREMENT_FIELDS
 RUN_FIELDS = ["idx", "collective", "nranks", "net", "network", "rep", "extra", "status", "seconds",
-              "timeout_s", "mps_clients", "errors", "proof"]
+              "timeout_s", "mps_clients", "errors", "proof", "idle_pct", "cpu_total_s"] + \
+    [f"cpu_{k}_s" for k in CPU_KINDS]
+
+
+def cpu_fields(cpu):
+    """runs.csv columns from a ThreadCpu result (empty when none was taken)."""
+    if not cpu or not cpu.get("ranks"):
+        return {}
+    out = {k: f"{cpu[k]:.2f}" for k in ["cpu_total_s"] + [f"cpu_{k}_s" for k in CPU_KINDS]}
+    out["idle_pct"] = "" if cpu.get("idle_pct") is None else f"{cpu['idle_pct']:.1f}"
+    return out
 
 
 def _write_csv(path, fields, rows):
@@ -298,7 +318,8 @@ def write_outputs(out, results, args, elapsed):
         {"idx": r.spec.idx, "collective": r.spec.collective, "nranks": r.spec.nranks, "net": r.spec.net,
          "network": expected_net_name(r.spec.net), "rep": r.spec.rep, "extra": int(r.spec.extra),
          "status": r.status, "seconds": f"{r.seconds:.1f}", "timeout_s": f"{r.timeout_s:.0f}",
-         "mps_clients": r.mps_clients, "errors": "; ".join(r.errors), "proof": r.proof} for r in results])
+         "mps_clients": r.mps_clients, "errors": "; ".join(r.errors), "proof": r.proof,
+         **cpu_fields(r.cpu)} for r in results])
     files = ["results.csv", "summary.csv", "runs.csv"]
     title = (f"nccl-tests busbw, one GPU: {PLUGIN_NET_NAME} vs NCCL {BUILTIN_NET_NAME} "
              f"(median of {args.repeats}, bar = range)")
@@ -325,6 +346,10 @@ def write_outputs(out, results, args, elapsed):
     if covers:
         full = sum(1 for c in covers if c.split("/")[0] == c.split("/")[1])
         text.append(f"MPS: every rank a client in {full} of {len(covers)} runs")
+    cpu_rows = [(r.spec.collective, r.spec.nranks, expected_net_name(r.spec.net), r.cpu)
+                for r in results if r.status == "ok" and r.cpu.get("ranks")]
+    if cpu_rows:
+        text += ["", cpu_summary_table(cpu_rows), ""]
     text.append(describe_verdict(v))
     if (list(args.tests) != list(FULL_PLAN["tests"]) or list(args.ranks) != list(FULL_PLAN["ranks"])
             or args.repeats < FULL_PLAN["repeats"]):
@@ -367,8 +392,11 @@ def parse_args(argv):
     ap.add_argument("-b", "--min-bytes", default="256K")
     ap.add_argument("-e", "--max-bytes", default="64M")
     ap.add_argument("-f", "--step-factor", type=int, default=4)
-    ap.add_argument("-n", "--iters", type=int, default=10)
-    ap.add_argument("-w", "--warmup", type=int, default=3)
+    # -n 10 left the same binary's busbw 25% apart between repeats at 8 ranks
+    # (an iteration of 1 MiB takes about a millisecond); -n 40 brought that to
+    # about 10% for about 3 s more per 8-rank run (H200, 2026-11-30)
+    ap.add_argument("-n", "--iters", type=int, default=40)
+    ap.add_argument("-w", "--warmup", type=int, default=5)
     ap.add_argument("--budget", type=float, default=420, help="seconds for all runs (default 420)")
     ap.add_argument("--caps", default="", help="hard timeout per run by ranks, e.g. 2:60,4:75,8:100")
     ap.add_argument("--estimates", default="", help="expected seconds per run by ranks, e.g. 2:8,4:12,8:20")

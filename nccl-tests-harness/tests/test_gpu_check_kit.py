@@ -188,7 +188,7 @@ class GpuCheckKit(unittest.TestCase):
     def test_part_of_the_plan_with_goal_not_met(self):
         rc, out = self.run_check("--ranks", "4", "--repeats", "3", "--no-extras", "--env", "NCCL_NSOCKS_PERTHREAD=4",
                                  "--kitbench", "-n 7 -e 16M", FAKE_GBPS_RUSTNET="1.9")
-        self.assertIn("bin/all_reduce_perf -b 262144 -e 16777216 -f 4 -n 7 -w 3 -c 1 -g 1", out)
+        self.assertIn("bin/all_reduce_perf -b 262144 -e 16777216 -f 4 -n 7 -w 5 -c 1 -g 1", out)
         self.assertIn("NCCL_NSOCKS_PERTHREAD=4", out)   # in both networks (env shown for run 1)
         self.assertEqual(rc, 1, out)
         summary = self.read(os.path.join(self.out, "summary.txt"))
