@@ -174,7 +174,7 @@ fn grouped(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, rounds: usize) {
                 if rc.is_none() {
                     rc = r.test(rid).unwrap();
                 }
-                // SAFETY: as above.
+                // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
                 unsafe { s.isend(srcs[i].raw(), tags[i], Some(&smrs[i])) }.unwrap()
             });
             sids.push((id, sizes[i]));
@@ -305,7 +305,7 @@ fn oversized_send_fails_both_ends_with_usage_errors() {
     let rid = unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 1 }], &[Some(&rmr)]) }.unwrap().unwrap();
     let e = until("isend to fail", || {
         let _ = r.test(rid);
-        // SAFETY: as above.
+        // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
         match unsafe { s.isend(src.raw(), 1, Some(&smr)) } {
             Ok(None) => None,
             Ok(Some(_)) => panic!("an oversized send was accepted"),
@@ -402,7 +402,7 @@ fn registration_cache_is_refcounted_and_page_aligned() {
     assert_eq!(dev.mrs.len(), before + 1);
     // a sub-range gets its own registration: the rest of a larger one may
     // map pages that were unmapped and mapped again since
-    // SAFETY: as above.
+    // SAFETY: b outlives every registration below, and this range lies inside it.
     let m3 =
         unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(page + 100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
     assert_ne!(m1.lkey(), m3.lkey());
@@ -757,7 +757,7 @@ fn exchange(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, size: usize, cap: usi
         if rc.is_none() {
             rc = r.test(rid).unwrap();
         }
-        // SAFETY: as above.
+        // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
         unsafe { s.isend(src.raw(), 3, Some(&smr)) }.unwrap()
     });
     until("send completion", || s.test(sid).unwrap());
@@ -831,7 +831,7 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
     while done.iter().any(|d| !d) {
         assert!(t0.elapsed() < DEADLINE, "stuck: {} sent, {posted} posted, {} done", sids.len(), done.iter().filter(|d| **d).count());
         if posted < N {
-            // SAFETY: as above.
+            // SAFETY: the buffer and its registration outlive the request: the loop ends only when every request is done.
             if let Some(id) = unsafe { r.irecv(&[RecvBuf { buf: dst[posted].raw(), tag: 3 }], &[Some(&rmr[posted])]) }.unwrap() {
                 rids.push((posted, id));
                 posted += 1;
@@ -839,7 +839,7 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
         }
         if sids.len() < N {
             let k = sids.len();
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             if let Some(id) = unsafe { s.isend(src[k].raw(), 3, Some(&smr[k])) }.unwrap() {
                 sids.push(id);
             }
@@ -893,7 +893,7 @@ fn eager_truncation_fails_with_sizes_instead_of_hanging() {
                 }
             }
             if se.is_none() {
-                // SAFETY: as above.
+                // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
                 match unsafe { s.isend(src.raw(), 3, Some(&smr)) } {
                     Ok(Some(id)) => {
                         // eager: the send itself completes; the receiver reports
@@ -947,7 +947,7 @@ fn many_grouped_receives_before_ready_all_complete() {
     while done < R {
         assert!(t0.elapsed() < DEADLINE, "stuck: {next} of {} sends taken, {done} of {R} receives done", R * 8);
         if next < R * 8 {
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             if let Some(id) = unsafe { s.isend(src[next].raw(), (next % 8) as i32, Some(&smr[next])) }.unwrap() {
                 sids.push(id);
                 next += 1;

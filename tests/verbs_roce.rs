@@ -39,7 +39,7 @@ fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
             if rdone.is_none() {
                 rdone = r.test(rid).expect("recv test");
             }
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             unsafe { s.isend(src.raw(), 3, Some(&smr)) }.expect("isend")
         });
         until("send completion", || s.test(sid).expect("send test"));
