@@ -72,6 +72,8 @@ def resolve(mods, me, root, rest, is_dir):
     else:
         base = [root]
     parts = base + [r for r in rest if r != "self"]
+    if parts[:2] == ["rustnet", "proto"]:  # the plugin re-exports the core: `pub use rustnet_proto as proto`
+        parts = ["rustnet_proto"] + parts[2:]
     while parts:
         p = "::".join(parts)
         if p in mods:
