@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use rustnet::driver::{default_plugin_path, Plugin, Ptr};
+use rustnet_tools::driver::{default_plugin_path, Plugin, Ptr};
 
 fn env_u64(k: &str, d: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
@@ -65,7 +65,7 @@ enum Fail {
 
 impl Pair {
     fn step(&mut self, p: &Plugin, idx: usize, n: u64, msg: usize, window: usize) -> Result<(), Fail> {
-        let call = |what: &str, e: rustnet::driver::NcclErr| Fail::Call(what.to_string(), e.code);
+        let call = |what: &str, e: rustnet_tools::driver::NcclErr| Fail::Call(what.to_string(), e.code);
         while self.next_recv < n && self.recvs.len() < window {
             let mut buf = vec![0u8; msg];
             let mh = p.reg_mr(self.r, buf.as_mut_ptr(), msg).map_err(|e| call("regMr", e))?;

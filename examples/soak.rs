@@ -1,5 +1,5 @@
 //! Soak: two peer processes drive the built `librustnet.so` through its
-//! vtable (the `rustnet::driver` stand-in for NCCL) for a given time, cycle
+//! vtable (the `rustnet_tools::driver` stand-in for NCCL) for a given time, cycle
 //! after cycle: listen, swap handles, connect+accept, both directions at once
 //! with grouped receives of 0 B to several MiB, every byte checked against a
 //! pattern derived from (cycle, round, buffer), close. Between cycles the
@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
 fn env_u64(k: &str, d: u64) -> u64 {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
@@ -1315,23 +1315,23 @@ fn coordinator_main() -> i32 {
         let _ = writeln!(quiet_csv, "{:.1},{},{},{},{}", q.0, q.1, q.2, q.3, q.4);
     }
     let _ = std::fs::write(out_dir.join("soak-quiet.csv"), quiet_csv);
-    let series = |role: char, f: fn(&Sample) -> f64, color: &str| rustnet::svg::Series {
+    let series = |role: char, f: fn(&Sample) -> f64, color: &str| rustnet_tools::svg::Series {
         name: format!("peer {role}"),
         color: color.into(),
         points: samples.iter().filter(|(s, _)| s.role == role).map(|(s, _)| (s.t, f(s))).collect(),
     };
-    let quiet_series = |f: fn(&(f64, u64, usize, usize, usize)) -> f64| rustnet::svg::Series {
+    let quiet_series = |f: fn(&(f64, u64, usize, usize, usize)) -> f64| rustnet_tools::svg::Series {
         name: "A between cycles".into(),
         color: "#2a7".into(),
         points: co.quiet.iter().map(|q| (q.0, f(q))).collect(),
     };
     let gap = (sample_s as f64) * 3.0;
     let mut panels = vec![
-        rustnet::svg::Panel {
+        rustnet_tools::svg::Panel {
             title: "open fds".into(),
             series: vec![series('A', |s| s.fds as f64, "#1f5fbf"), series('B', |s| s.fds as f64, "#d08000"), quiet_series(|q| q.2 as f64)],
         },
-        rustnet::svg::Panel {
+        rustnet_tools::svg::Panel {
             title: "threads".into(),
             series: vec![
                 series('A', |s| s.threads as f64, "#1f5fbf"),
@@ -1339,7 +1339,7 @@ fn coordinator_main() -> i32 {
                 quiet_series(|q| q.3 as f64),
             ],
         },
-        rustnet::svg::Panel {
+        rustnet_tools::svg::Panel {
             title: "RSS (MiB)".into(),
             series: vec![
                 series('A', |s| s.rss_kib as f64 / 1024.0, "#1f5fbf"),
@@ -1349,15 +1349,15 @@ fn coordinator_main() -> i32 {
         },
     ];
     if !mrs.is_empty() {
-        panels.push(rustnet::svg::Panel {
+        panels.push(rustnet_tools::svg::Panel {
             title: "kernel verbs objects, both peers (rdma res)".into(),
             series: vec![
-                rustnet::svg::Series {
+                rustnet_tools::svg::Series {
                     name: "MRs".into(),
                     color: "#7030a0".into(),
                     points: mrs.iter().map(|m| (m.0, m.1 as f64)).collect(),
                 },
-                rustnet::svg::Series {
+                rustnet_tools::svg::Series {
                     name: "QPs".into(),
                     color: "#a03030".into(),
                     points: mrs.iter().map(|m| (m.0, m.2 as f64)).collect(),
@@ -1365,10 +1365,10 @@ fn coordinator_main() -> i32 {
             ],
         });
     }
-    let markers: Vec<rustnet::svg::Marker> = co
+    let markers: Vec<rustnet_tools::svg::Marker> = co
         .markers
         .iter()
-        .map(|(t, f)| rustnet::svg::Marker {
+        .map(|(t, f)| rustnet_tools::svg::Marker {
             x: *t,
             color: match f {
                 Fault::Kill => "#d00000",
@@ -1380,7 +1380,7 @@ fn coordinator_main() -> i32 {
         })
         .collect();
     let title = format!("rustnet soak: {:.0} s, {} cycles over {net_name}", elapsed, co.tally.cycles);
-    let _ = std::fs::write(out_dir.join("soak.svg"), rustnet::svg::panels(&title, "seconds", &panels, &markers, gap));
+    let _ = std::fs::write(out_dir.join("soak.svg"), rustnet_tools::svg::panels(&title, "seconds", &panels, &markers, gap));
 
     let t = &co.tally;
     let stat = |role: char, f: fn(&Sample) -> usize| -> String {

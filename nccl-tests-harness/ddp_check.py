@@ -28,17 +28,16 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from ncclharness import PLUGIN_NET_NAME
+from ncclharness.envs import expected_net_name, prepare_plugin_dir
+from ncclharness.launch import run_group, tail
+from ncclharness.losses import NET_ATOL, NET_RTOL, REF_ATOL, REF_RTOL, compare_losses
+from ncclharness.nccllog import ProcessLog, check_network
+from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available, worker_setup
+
 # The script each rank process runs (this file; the tests put a stand-in here).
 WORKER_SCRIPT = os.path.abspath(__file__)
 
-from ncclharness import PLUGIN_NET_NAME  # noqa: E402
-from ncclharness.envs import expected_net_name, prepare_plugin_dir  # noqa: E402
-from ncclharness.launch import run_group, tail  # noqa: E402
-from ncclharness.losses import NET_ATOL, NET_RTOL, REF_ATOL, REF_RTOL, compare_losses  # noqa: E402
-from ncclharness.nccllog import ProcessLog, check_network  # noqa: E402
-from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available, worker_setup  # noqa: E402
 
 IN, HIDDEN, OUT_CLASSES = 256, 1024, 10
 

@@ -34,17 +34,16 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from ncclharness import BUILTIN_NET_NAME, PLUGIN_NET_NAME  # noqa: E402
-from ncclharness.collectives import COLLECTIVES, parse_collectives  # noqa: E402
-from ncclharness.envs import (apply_overrides, describe_env, expected_net_name,  # noqa: E402
+from ncclharness import BUILTIN_NET_NAME, PLUGIN_NET_NAME
+from ncclharness.collectives import COLLECTIVES, parse_collectives
+from ncclharness.envs import (apply_overrides, describe_env, expected_net_name,
                               network_env, one_host_env, prepare_plugin_dir)
-from ncclharness.launch import read_text, run_group  # noqa: E402
-from ncclharness.nccllog import check_network, merge_logs, parse_nccl_log  # noqa: E402
-from ncclharness.perfparse import parse_perf_output, run_problems  # noqa: E402
-from ncclharness.report import write_report  # noqa: E402
-from ncclharness.sizes import parse_size  # noqa: E402
+from ncclharness.launch import read_text, run_group
+from ncclharness.nccllog import check_network, merge_logs, parse_nccl_log
+from ncclharness.perfparse import parse_perf_output, run_problems
+from ncclharness.report import write_report
+from ncclharness.sizes import parse_size
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

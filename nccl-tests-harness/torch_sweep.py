@@ -28,19 +28,17 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from ncclharness import BUILTIN_NET_NAME, PLUGIN_NET_NAME
+from ncclharness.collectives import COLLECTIVES, parse_collectives
+from ncclharness.envs import expected_net_name, prepare_plugin_dir
+from ncclharness.nccllog import ProcessLog, check_network
+from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available, worker_setup
+from ncclharness.report import write_report
+from ncclharness.sizes import format_size, parse_size, size_sweep
+from ncclharness.sweep import SweepOptions, run_sweep
+
 # The script each rank process runs (this file; the tests put a stand-in here).
 WORKER_SCRIPT = os.path.abspath(__file__)
-
-from ncclharness import BUILTIN_NET_NAME, PLUGIN_NET_NAME  # noqa: E402
-from ncclharness.collectives import COLLECTIVES, parse_collectives  # noqa: E402
-from ncclharness.envs import expected_net_name, prepare_plugin_dir  # noqa: E402
-from ncclharness.nccllog import ProcessLog, check_network  # noqa: E402
-from ncclharness.ranks import NO_TORCH, own_log_summary, run_local_job, torch_available, worker_setup  # noqa: E402
-from ncclharness.report import write_report  # noqa: E402
-from ncclharness.sizes import format_size, parse_size, size_sweep  # noqa: E402
-from ncclharness.sweep import SweepOptions, run_sweep  # noqa: E402
 
 
 # ------------------------------------------------------------------ worker

@@ -28,6 +28,13 @@ else
 fi
 # shellcheck disable=SC2046  # one file name per word: tracked names have no spaces
 shellcheck -S warning $(git ls-files '*.sh')
+# clippy::undocumented_unsafe_blocks (workspace lints in Cargo.toml) wants a
+# SAFETY comment on every unsafe block; this wants it to say why it holds
+if git grep -nE 'SAFETY[^:]*: *(as above|forwarded|as in )' -- '*.rs'; then
+  echo "FAIL: a SAFETY comment must say why it holds, not point elsewhere"; exit 1
+fi
+echo "== import graph: no circle between modules (docs/architecture.md)"
+python3 scripts/import-graph.py --check
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
 # Fuzzing and sanitizers (docs/fuzzing.md): budgets RUSTNET_FUZZ_SECS (per

@@ -271,7 +271,9 @@ pub fn implicit() -> &'static Arc<NetContext> {
 /// # Safety
 /// As [`crate::unload::Global::clear`]: no reference from [`implicit`] is alive.
 pub(crate) unsafe fn release() {
-    // SAFETY: forwarded from our caller.
+    // SAFETY: our caller guarantees that no reference from `implicit` is
+    // alive or used again (the unload hook saw no call and no handle), which
+    // is Global::clear's contract.
     unsafe { IMPLICIT.clear() };
 }
 

@@ -87,3 +87,16 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".into())
 }
+
+/// The protocol core's errors. Only NCCL's handle bytes reach us through `?`
+/// (an invalid argument, as before); callers of the peer-facing decoders map
+/// theirs to [`Error::Protocol`] with the peer's name.
+impl From<rustnet_proto::ProtoError> for Error {
+    fn from(e: rustnet_proto::ProtoError) -> Self {
+        if e.is_handle() {
+            Error::InvalidArg(e.to_string())
+        } else {
+            Error::Internal(e.to_string())
+        }
+    }
+}

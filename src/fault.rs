@@ -105,6 +105,6 @@ fn injected(site: Site) -> ! {
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
     ARMED.store(0, Ordering::Relaxed);
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees Global::clear's contract (no reference from get/get_or_init is alive or used again).
     unsafe { SLOT.clear() };
 }

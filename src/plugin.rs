@@ -451,11 +451,10 @@ fn auto_reason(e: &Error) -> String {
 /// No reference returned by [`get`]/[`init`] may be alive or used again.
 pub(crate) unsafe fn teardown() {
     drop(CONNECTING.lock().take());
-    // SAFETY: forwarded from our caller.
-    unsafe {
-        PLUGIN.clear();
-        crate::context::release();
-    }
+    // SAFETY: this fn's contract is Global::clear's: no reference from
+    // get/init is alive or used again (the unload hook checked that no call
+    // is inside the plugin and no handle is alive).
+    unsafe { PLUGIN.clear() };
 }
 
 /// Drop the connect attempts in progress under the context numbered
@@ -653,11 +652,14 @@ impl Comm {
     pub unsafe fn isend(&self, buf: RawBuf, tag: i32, mr: Option<&MemHandle>, parent: Option<Parent>) -> Result<Option<ReqId>> {
         let CommBody::Send(s) = &self.body else { return Err(Error::InvalidArg("isend on a receive comm".into())) };
         let r = match &mut *s.lock() {
-            // SAFETY: forwarded from our caller.
+            // SAFETY: `buf` stays readable until the request completes (this
+            // fn's contract), which is all the TCP isend requires.
             AnySend::Tcp(t) => unsafe { t.isend_p(buf, tag, parent) },
-            // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
+            // SAFETY: `buf` stays readable until the request completes (this fn's
+            // contract), and its registration too: NCCL deregisters only after.
             AnySend::Ib(c) => unsafe { c.isend_p(buf, tag, mr.and_then(|m| m.ib.as_ref()), parent) },
-            // SAFETY: as above.
+            // SAFETY: `buf` stays readable until the request completes (this fn's
+            // contract), and so do the rails' registrations: NCCL deregisters only after.
             AnySend::IbMulti(c) => unsafe { c.isend_p(buf, tag, &rail_mrs(mr), parent) },
         };
         if let Some(st) = &self.stats {
@@ -681,7 +683,8 @@ impl Comm {
     /// `parents[i]`: NCCL's profiler parent handle of buffer i.
     pub unsafe fn irecv(&self, bufs: &[RecvBuf], mrs: &[Option<&MemHandle>], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("irecv on a send comm".into())) };
-        // SAFETY: forwarded from our caller.
+        // SAFETY: irecv_inner's contract is this fn's: every buffer stays
+        // writable until the request completes (our caller promised it).
         let res = unsafe { self.irecv_inner(r, bufs, mrs, parents) };
         if let Some(st) = &self.stats {
             match &res {
@@ -703,14 +706,16 @@ impl Comm {
         parents: &[Option<Parent>],
     ) -> Result<Option<ReqId>> {
         match &mut *r.lock() {
-            // SAFETY: forwarded from our caller.
+            // SAFETY: every buffer stays writable until the request completes
+            // (this fn's contract), which is all the TCP irecv requires.
             AnyRecv::Tcp(t) => unsafe { t.irecv_p(bufs, parents) },
             AnyRecv::Ib(c) => {
                 let mut ibm: [Option<&ib::IbMr>; crate::transport::MAX_RECVS] = [None; crate::transport::MAX_RECVS];
                 for (o, m) in ibm.iter_mut().zip(mrs) {
                     *o = m.and_then(|m| m.ib.as_ref());
                 }
-                // SAFETY: forwarded from our caller; NCCL deregisters only after the request completes.
+                // SAFETY: every buffer stays writable until the request completes (this
+                // fn's contract), and its registration too: NCCL deregisters only after.
                 unsafe { c.irecv_p(bufs, &ibm[..mrs.len().min(crate::transport::MAX_RECVS)], parents) }
             }
             AnyRecv::IbMulti(c) => {
@@ -720,7 +725,8 @@ impl Comm {
                     *p = rail_mrs(*m);
                 }
                 let refs: [&[Option<&ib::IbMr>]; N] = std::array::from_fn(|j| &per[j][..]);
-                // SAFETY: forwarded from our caller.
+                // SAFETY: every buffer stays writable until the request completes (this
+                // fn's contract), and so do the rails' registrations: NCCL deregisters only after.
                 unsafe { c.irecv_p(bufs, &refs[..mrs.len().min(N)], parents) }
             }
         }

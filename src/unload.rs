@@ -6,7 +6,9 @@
 //! - Logging keeps no heap state at all (`log.rs`: a static logger).
 //! - Process-wide state that owns heap memory lives in a [`Global`], which
 //!   `on_unload` can empty.
-//! - `on_unload` runs from `.fini_array`: at `dlclose` and at process exit.
+//! - `on_unload` (in `crate::teardown`, the one module that reaches every
+//!   owner of state; this one is a leaf every owner imports) runs from
+//!   `.fini_array`: at `dlclose` and at process exit.
 //!   It frees only when nothing can still use the state: no handle alive (a
 //!   live handle means NCCL may still call with it, e.g. a proxy thread at
 //!   exit), no connect attempt pending, and no other call inside the plugin
@@ -68,7 +70,7 @@ impl<T> Global<T> {
 static TEARING_DOWN: AtomicBool = AtomicBool::new(false);
 /// Set by the first `init` through a vtable: this copy serves NCCL (or a
 /// driver) and owns the state above. A program that links the crate and
-/// uses it directly (the tool, tests) never sets it, and [`on_unload`]
+/// uses it directly (the tool, tests) never sets it, and `on_unload`
 /// leaves its state alone at exit, whatever its threads are doing.
 static SERVING: AtomicBool = AtomicBool::new(false);
 
@@ -99,33 +101,19 @@ impl Drop for InCall {
     }
 }
 
-/// Runs when the library is unloaded (`dlclose`) or the process exits.
-extern "C" fn on_unload() {
-    if !SERVING.load(Ordering::Relaxed) {
-        return;
-    }
-    let _ = std::panic::catch_unwind(|| {
-        // NCCL's logger may be gone already (exit): plain stderr from here on
-        crate::log::set_nccl_logger(None);
-        TEARING_DOWN.store(true, Ordering::SeqCst);
-        if IN_CALL.load(Ordering::SeqCst) != 0 || crate::plugin::connecting() != 0 || !crate::abi::handles::teardown() {
-            // still in use (a process exiting with comms open): keep it all
-            TEARING_DOWN.store(false, Ordering::SeqCst);
-            return;
-        }
-        // SAFETY: no call is inside the plugin (IN_CALL is 0 and new ones are
-        // refused), no handle is alive, so no reference into these remains.
-        unsafe {
-            crate::stats::release();
-            crate::plugin::teardown();
-            crate::transport::ib::release();
-            crate::gpu::release();
-            crate::fault::release();
-            crate::registry::release();
-        }
-    });
+/// Whether a vtable's `init` ran in this copy (see [`SERVING`]).
+pub(crate) fn is_serving() -> bool {
+    SERVING.load(Ordering::Relaxed)
 }
 
-#[used]
-#[link_section = ".fini_array"]
-static ON_UNLOAD: extern "C" fn() = on_unload;
+/// Refuse new calls from now on; true when no call is inside the plugin.
+/// (The teardown hook, `crate::teardown`, then checks the handles.)
+pub(crate) fn begin_teardown() -> bool {
+    TEARING_DOWN.store(true, Ordering::SeqCst);
+    IN_CALL.load(Ordering::SeqCst) == 0
+}
+
+/// Still in use after all: accept calls again and keep every state.
+pub(crate) fn cancel_teardown() {
+    TEARING_DOWN.store(false, Ordering::SeqCst);
+}

@@ -26,7 +26,7 @@ fn build(tag: &str) -> Option<PathBuf> {
 }
 
 fn run(bin: &PathBuf, mode: &str, env: &[(&str, &str)]) -> String {
-    let so = rustnet::driver::default_plugin_path();
+    let so = rustnet_tools::driver::default_plugin_path();
     assert!(so.exists(), "plugin not built at {}", so.display());
     let mut c = Command::new(bin);
     c.arg(&so).arg(mode).env("NCCL_SOCKET_IFNAME", "lo");

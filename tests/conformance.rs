@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rustnet::driver::{self, hex, unhex, Plugin, Ptr};
+use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
 const VERSIONS: [u32; 7] = [6, 7, 8, 9, 10, 11, 12];
 
@@ -480,6 +480,8 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
         p.close_send(s).unwrap();
     }
     p.close_listen(l3).unwrap();
+    // SAFETY: ncclNetAttr_v11_t is a C struct of integers (bindgen), for
+    // which all-zero bytes are a valid value.
     let mut attr: rustnet::abi::sys::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
     attr.sendCommAttr.maxConcurrentPeers = 8;
     attr.op = 1 << 2;

@@ -26,7 +26,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rustnet::driver::{self, Plugin, Ptr};
+use rustnet_tools::driver::{self, Plugin, Ptr};
 
 const FIXED_SEEDS: [u64; 6] = [1, 2, 3, 0xdead_beef, 0x005e_ed0f_f022, 42];
 const CANARY: u8 = 0xa5;

@@ -22,8 +22,8 @@ fn writers() -> usize {
         })
         .count()
 }
-use rustnet::driver::{default_plugin_path, Plugin, Ptr};
 use rustnet::stats::prom;
+use rustnet_tools::driver::{default_plugin_path, Plugin, Ptr};
 
 fn ck<T>(r: Result<T, impl std::fmt::Display>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
@@ -139,7 +139,7 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
         }
     }
     assert!(e.samples.iter().all(|s| s.label("rank") == Some("5") && s.label("host") == Some(host.as_str())));
-    let comm_id = format!("{:#018x}", rustnet::driver::DRIVER_COMM_ID);
+    let comm_id = format!("{:#018x}", rustnet_tools::driver::DRIVER_COMM_ID);
     assert!(
         e.get("rustnet_comm_bytes_total").all(|s| s.label("nccl_comm") == Some(comm_id.as_str())),
         "v12 init's commId labels each comm"

@@ -18,8 +18,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rustnet::driver::{default_plugin_path, Plugin, Ptr};
 use rustnet::proto::handle::{Handle, HandleKind, HANDLE_SIZE};
+use rustnet_tools::driver::{default_plugin_path, Plugin, Ptr};
 
 const CHILD: &str = "RUSTNET_HOSTILE_CHILD";
 

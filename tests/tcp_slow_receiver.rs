@@ -6,7 +6,7 @@
 //! really is gone, is `tcp_link_cut_silent_peer` in the conformance suite.
 use std::time::{Duration, Instant};
 
-use rustnet::driver::{default_plugin_path, Plugin};
+use rustnet_tools::driver::{default_plugin_path, Plugin};
 
 #[test]
 fn a_busy_receiver_past_the_socket_timeout_is_not_a_dead_peer() {

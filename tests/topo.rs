@@ -107,7 +107,7 @@ fn device_order_pci_path_numa_and_nearest_nic_over_two_numa_nodes() {
     let rest: Vec<(String, String)> = nics.iter().filter(|(n, _)| n != "mlx5_2").cloned().collect();
     assert_eq!(topo::nearest_nic(&gpus[1].0, &rest).as_deref(), Some("mlx5_0"));
     // the doctor answers with the same helper
-    assert_eq!(rustnet::doctor::nearest_nic(&gpus[0].0, &nics).as_deref(), Some("mlx5_0"));
+    assert_eq!(topo::nearest_nic(&gpus[0].0, &nics).as_deref(), Some("mlx5_0"));
 }
 
 /// The helper thread's binding: pinning to the CPUs this process may use

@@ -22,7 +22,7 @@ use rustnet::config::Config;
 use rustnet::error::Error;
 use rustnet::plugin::{select_net, Net};
 use rustnet::proto::pool::ReqId;
-use rustnet::transport::ib::{connect, Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::transport::ib::{handshake, Access, IbMr, IbNet, RecvComm, SendComm};
 use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_HOST};
 
 const SIZES: [usize; 10] = [0, 1, 8, 127, 4095, 4096, 65536, 65537, 1 << 20, (4 << 20) + 3];
@@ -88,7 +88,7 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
     assert_eq!(p.port, 1);
     assert!(p.speed_mbps > 0 && p.max_comms > 0);
     assert_eq!((p.max_recvs, p.ptr_support, p.reg_is_global), (8, PTR_HOST, true));
-    let a = connect::local_addr(dev, n.conn_cfg()).expect("local address");
+    let a = handshake::local_addr(dev, n.conn_cfg()).expect("local address");
     eprintln!("{}: GID index {} = {}, MTU code {}", dev.describe(), a.gid_index, rustnet::transport::ib::gid::show(&a.gid), a.mtu);
     if dev.link_layer == rustnet::transport::ib::device::LINK_ETH {
         assert!(rustnet::transport::ib::gid::is_v4(&a.gid), "RoCE: want the IPv4 RoCE v2 GID");
@@ -100,17 +100,17 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
 fn gid_index_knob_is_honoured_and_an_empty_index_is_an_error() {
     let d = device();
     let (n, idx) = net(&[&d], &[]);
-    let auto = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("auto GID");
+    let auto = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("auto GID");
     let want = auto.gid_index.to_string();
     let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", want.as_str())]);
-    let a = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("explicit GID");
+    let a = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("explicit GID");
     assert_eq!((a.gid_index, a.gid), (auto.gid_index, auto.gid));
     // and traffic over the explicit index
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     one_by_one(&n, &mut s, &mut r, &[8, 4096]);
     if n.devices()[idx[0]].link_layer == rustnet::transport::ib::device::LINK_ETH {
         let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", "1000")]);
-        let e = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
+        let e = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("GID index 1000") && e.contains("NCCL_IB_GID_INDEX"), "{e}");
         let (mut l, h) = n.listen(idx[0]).unwrap();
         let mut c = n.connect(idx[0], &h, None).unwrap();
@@ -174,7 +174,7 @@ fn grouped(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, rounds: usize) {
                 if rc.is_none() {
                     rc = r.test(rid).unwrap();
                 }
-                // SAFETY: as above.
+                // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
                 unsafe { s.isend(srcs[i].raw(), tags[i], Some(&smrs[i])) }.unwrap()
             });
             sids.push((id, sizes[i]));
@@ -305,7 +305,7 @@ fn oversized_send_fails_both_ends_with_usage_errors() {
     let rid = unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 1 }], &[Some(&rmr)]) }.unwrap().unwrap();
     let e = until("isend to fail", || {
         let _ = r.test(rid);
-        // SAFETY: as above.
+        // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
         match unsafe { s.isend(src.raw(), 1, Some(&smr)) } {
             Ok(None) => None,
             Ok(Some(_)) => panic!("an oversized send was accepted"),
@@ -402,7 +402,7 @@ fn registration_cache_is_refcounted_and_page_aligned() {
     assert_eq!(dev.mrs.len(), before + 1);
     // a sub-range gets its own registration: the rest of a larger one may
     // map pages that were unmapped and mapped again since
-    // SAFETY: as above.
+    // SAFETY: b outlives every registration below, and this range lies inside it.
     let m3 =
         unsafe { n.reg_mr(idx[0], RawBuf { ptr: raw.ptr.wrapping_add(page + 100), len: 50 }, MemKind::Host, Access::LOCAL_READ) }.unwrap();
     assert_ne!(m1.lkey(), m3.lkey());
@@ -757,7 +757,7 @@ fn exchange(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, size: usize, cap: usi
         if rc.is_none() {
             rc = r.test(rid).unwrap();
         }
-        // SAFETY: as above.
+        // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
         unsafe { s.isend(src.raw(), 3, Some(&smr)) }.unwrap()
     });
     until("send completion", || s.test(sid).unwrap());
@@ -831,7 +831,7 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
     while done.iter().any(|d| !d) {
         assert!(t0.elapsed() < DEADLINE, "stuck: {} sent, {posted} posted, {} done", sids.len(), done.iter().filter(|d| **d).count());
         if posted < N {
-            // SAFETY: as above.
+            // SAFETY: the buffer and its registration outlive the request: the loop ends only when every request is done.
             if let Some(id) = unsafe { r.irecv(&[RecvBuf { buf: dst[posted].raw(), tag: 3 }], &[Some(&rmr[posted])]) }.unwrap() {
                 rids.push((posted, id));
                 posted += 1;
@@ -839,7 +839,7 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
         }
         if sids.len() < N {
             let k = sids.len();
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             if let Some(id) = unsafe { s.isend(src[k].raw(), 3, Some(&smr[k])) }.unwrap() {
                 sids.push(id);
             }
@@ -893,7 +893,7 @@ fn eager_truncation_fails_with_sizes_instead_of_hanging() {
                 }
             }
             if se.is_none() {
-                // SAFETY: as above.
+                // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
                 match unsafe { s.isend(src.raw(), 3, Some(&smr)) } {
                     Ok(Some(id)) => {
                         // eager: the send itself completes; the receiver reports
@@ -947,7 +947,7 @@ fn many_grouped_receives_before_ready_all_complete() {
     while done < R {
         assert!(t0.elapsed() < DEADLINE, "stuck: {next} of {} sends taken, {done} of {R} receives done", R * 8);
         if next < R * 8 {
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             if let Some(id) = unsafe { s.isend(src[next].raw(), (next % 8) as i32, Some(&smr[next])) }.unwrap() {
                 sids.push(id);
                 next += 1;

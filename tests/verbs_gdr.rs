@@ -238,7 +238,7 @@ fn reg_mr_dmabuf_follows_the_probe() {
         }
     }
     // the registration itself
-    // SAFETY: as above.
+    // SAFETY: the memfd mapping behind the dma-buf outlives every registration in this test.
     let r = unsafe { dev.mrs.register_dmabuf(idx[0], va, len, fd, 0, Access::REMOTE_WRITE) };
     match (&dev.gdr.probe, r) {
         (DmabufProbe::Refused(want), Err(e)) => {
@@ -257,10 +257,10 @@ fn reg_mr_dmabuf_follows_the_probe() {
             // SAFETY: our descriptor.
             unsafe { libc::close(fd) };
             let fd2 = udmabuf(mfd, len).unwrap();
-            // SAFETY: as above.
+            // SAFETY: the memfd mapping behind the dma-buf outlives every registration in this test.
             let again = unsafe { dev.mrs.register_dmabuf(idx[0], va, len, fd2, 0, Access::REMOTE_WRITE) }.unwrap();
             assert_eq!(again.lkey(), m.lkey(), "same range: the cached dma-buf MR is reused");
-            // SAFETY: as above.
+            // SAFETY: the memfd mapping behind the dma-buf outlives every registration in this test.
             let half = unsafe { dev.mrs.register_dmabuf(idx[0], va, len / 2, fd2, 0, Access::REMOTE_WRITE) }.unwrap();
             assert_ne!(half.lkey(), m.lkey(), "another range: a new registration");
             // SAFETY: our mapping, registered by address.
@@ -302,7 +302,7 @@ fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, src: &Pages, dst: &Pa
         if rdone.is_none() {
             rdone = r.test(rid).expect("recv test");
         }
-        // SAFETY: as above.
+        // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
         unsafe { s.isend(src.raw(size), 3, Some(&smr)) }.expect("isend")
     });
     until("send completion", || s.test(sid).expect("send test"));

@@ -169,7 +169,7 @@ fn multi_one_by_one(n: &IbNet, s: &mut MultiSend, r: &mut MultiRecv, sizes: &[us
             if rdone.is_none() {
                 rdone = r.test(rid).expect("recv test");
             }
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             unsafe { s.isend(src.raw(), 9, &smr_o) }.expect("isend")
         });
         let sc = until("send completion", || s.test(sid).expect("send test"));

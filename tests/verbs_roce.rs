@@ -18,9 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ib::{captured, device, device2, net, pair_tc, reg, until, Buf, DEADLINE};
-use rustnet::driver::{self, Plugin, Ptr};
-use rustnet::transport::ib::{connect, gid, Access, IbNet, RecvComm, SendComm};
+use rustnet::transport::ib::{gid, handshake, Access, IbNet, RecvComm, SendComm};
 use rustnet::transport::RecvBuf;
+use rustnet_tools::driver::{self, Plugin, Ptr};
 
 /// Move `sizes` one by one and check every byte.
 fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
@@ -41,7 +41,7 @@ fn transfer(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
             if rdone.is_none() {
                 rdone = r.test(rid).expect("recv test");
             }
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             unsafe { s.isend(src.raw(), 3, Some(&smr)) }.expect("isend")
         });
         until("send completion", || s.test(sid).expect("send test"));
@@ -148,7 +148,7 @@ fn ipv6_address_is_chosen_for_af_inet6_and_moves_data() {
     let ix = wait_gid(&d, "fd99::1");
     for extra in [[("NCCL_IB_ADDR_FAMILY", "AF_INET6")], [("NCCL_IB_ADDR_RANGE", "fd99::/16")]] {
         let (n, idx) = net(&[&d], &extra);
-        let a = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("local address");
+        let a = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("local address");
         let c = gid::last_choice(&d, 1).unwrap();
         eprintln!("{extra:?}: {}", c.reason());
         assert_eq!((a.gid_index as u32, gid::show(&a.gid), a.family), (ix, "fd99::1".to_string(), 6), "{}", c.reason());
@@ -161,7 +161,7 @@ fn ipv6_address_is_chosen_for_af_inet6_and_moves_data() {
         transfer(&n, &mut s, &mut r, &[1, 4096, 1 << 20]);
     }
     let (n, idx) = net(&[&d], &[]);
-    let a = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).unwrap();
+    let a = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).unwrap();
     assert!(gid::is_v4(&a.gid), "default stays IPv4: {}", gid::last_choice(&d, 1).unwrap().reason());
 }
 
@@ -180,7 +180,7 @@ fn vlan_upper_selected_by_addr_range_moves_data() {
     ip(&["link", "set", &vlan, "up"]);
     let ix = wait_gid(&d, "::ffff:10.199.77.1");
     let (n, idx) = net(&[&d], &[("NCCL_IB_ADDR_RANGE", "10.199.77.0/24")]);
-    let a = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("local address");
+    let a = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).expect("local address");
     let c = gid::last_choice(&d, 1).unwrap();
     eprintln!("{}", c.reason());
     assert_eq!(a.gid_index as u32, ix);
@@ -191,7 +191,7 @@ fn vlan_upper_selected_by_addr_range_moves_data() {
     // the VLAN device down: either its GID leaves the table (then nothing is
     // in the range: a clear error) or the choice says its netdev is down
     ip(&["link", "set", &vlan, "down"]);
-    let what = until("the choice to notice the VLAN device is down", || match connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()) {
+    let what = until("the choice to notice the VLAN device is down", || match handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()) {
         Err(e) => Some(e.to_string()),
         Ok(_) => Some(gid::last_choice(&d, 1).unwrap().reason()).filter(|r| r.contains(&format!("netdev {vlan} is "))),
     });
@@ -210,7 +210,7 @@ fn ipv4_address_added_after_startup_is_used_by_the_next_connection() {
     assert!(root(), "needs root to add addresses (the VM runs as root)");
     let nd = netdev_of(&d);
     let (n, idx) = net(&[&d], &[("NCCL_IB_ADDR_RANGE", "10.199.88.0/24")]);
-    let e = connect::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
+    let e = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
     eprintln!("before: {e}");
     assert!(e.contains("no GID inside NCCL_IB_ADDR_RANGE=10.199.88.0/24") && e.contains("usable: "), "{e}");
     let mut u = Undo(vec![]);

@@ -1,5 +1,14 @@
 //! Version-neutral slot bodies. Each exported version (v6..v12) converts its
 //! own argument types and calls these.
+//!
+//! Safety contract of every `unsafe fn` here: the caller (a vtable slot)
+//! passes the arguments NCCL passed it, as the slot's `ncclNet_vN_t` defines
+//! them: out-pointers writable for one value of their type, `handle` pointing
+//! at NCCL_NET_HANDLE_MAXSIZE bytes, arrays holding `n` entries, buffers
+//! valid until their request completes (or, for regMr, until deregMr). NULLs
+//! and comm, request or mhandle values this library did not hand out are
+//! checked here and refused with an error: only what NCCL guarantees about
+//! the non-NULL pointers it passes is assumed.
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 

@@ -220,8 +220,11 @@ fn comm_kind(d: Dir) -> Kind {
 /// A new listen comm handle.
 pub(crate) fn listen_new(l: ListenComm) -> Result<*mut c_void> {
     let p = Box::into_raw(Box::new(l));
-    // SAFETY (the error arm): p came from Box::into_raw just above and was never shared.
-    insert(Kind::Listen, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| drop(unsafe { Box::from_raw(p) }))
+    insert(Kind::Listen, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| {
+        // SAFETY: p came from Box::into_raw just above, and insert failed, so
+        // no slot holds it: this is its only owner.
+        drop(unsafe { Box::from_raw(p) })
+    })
 }
 
 /// The listen comm behind `h`.
@@ -243,8 +246,11 @@ pub(crate) fn listen_take(h: *mut c_void, slot_name: &str) -> Result<Box<ListenC
 pub(crate) fn comm_new(c: Comm) -> Result<*mut c_void> {
     let k = comm_kind(c.dir());
     let p = Box::into_raw(Box::new(c));
-    // SAFETY (the error arm): p came from Box::into_raw just above and was never shared.
-    insert(k, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| drop(unsafe { Box::from_raw(p) }))
+    insert(k, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| {
+        // SAFETY: p came from Box::into_raw just above, and insert failed, so
+        // no slot holds it: this is its only owner.
+        drop(unsafe { Box::from_raw(p) })
+    })
 }
 
 /// The comm behind `h`, of either direction.
@@ -262,7 +268,9 @@ pub(crate) fn comm_ref<'a>(h: *mut c_void, slot_name: &str) -> Result<&'a Comm> 
 #[inline]
 pub(crate) fn comm_ref_dir<'a>(h: *mut c_void, d: Dir, slot_name: &str) -> Result<&'a Comm> {
     let p = lookup(h as u64, comm_kind(d), slot_name)? as *const Comm;
-    // SAFETY: as in comm_ref.
+    // SAFETY: lookup checked that `h` names a live comm slot of direction `d`,
+    // which holds a Comm box; it is freed only by its close, which NCCL does
+    // not run concurrently with calls on the comm.
     Ok(unsafe { &*p })
 }
 
@@ -276,8 +284,11 @@ pub(crate) fn comm_take(h: *mut c_void, d: Dir, slot_name: &str) -> Result<Box<C
 /// A new memory handle.
 pub(crate) fn mr_new(m: MemHandle) -> Result<*mut c_void> {
     let p = Box::into_raw(Box::new(m));
-    // SAFETY (the error arm): p came from Box::into_raw just above and was never shared.
-    insert(Kind::Mr, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| drop(unsafe { Box::from_raw(p) }))
+    insert(Kind::Mr, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| {
+        // SAFETY: p came from Box::into_raw just above, and insert failed, so
+        // no slot holds it: this is its only owner.
+        drop(unsafe { Box::from_raw(p) })
+    })
 }
 
 /// The registration behind `h`.
@@ -299,8 +310,11 @@ pub(crate) fn mr_take(h: *mut c_void, slot_name: &str) -> Result<Box<MemHandle>>
 /// A new plugin context handle.
 pub(crate) fn ctx_new(c: Arc<NetContext>) -> Result<*mut c_void> {
     let p = Box::into_raw(Box::new(c));
-    // SAFETY (the error arm): p came from Box::into_raw just above and was never shared.
-    insert(Kind::Ctx, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| drop(unsafe { Box::from_raw(p) }))
+    insert(Kind::Ctx, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| {
+        // SAFETY: p came from Box::into_raw just above, and the table refused
+        // it, so nothing else holds it: this is its only owner.
+        drop(unsafe { Box::from_raw(p) })
+    })
 }
 
 /// The context behind `h`.
@@ -345,7 +359,9 @@ pub(crate) fn req_decode<'a>(r: *mut c_void) -> Result<(&'a Comm, ReqId)> {
         return Err(Error::InvalidArg(format!("test: request {r:p} belongs to a comm that was closed")));
     }
     let id = ReqId { slot: (v >> 40) as u8, gen: (v >> 48) as u8 };
-    // SAFETY: a live comm slot holds a Comm box (as in comm_ref).
+    // SAFETY: the slot's state says it holds a live send or receive comm of the
+    // request's generation, i.e. a Comm box, freed only by its close, which
+    // NCCL does not run concurrently with test on its requests.
     Ok((unsafe { &*(sl.obj.load(Ordering::Relaxed) as *const Comm) }, id))
 }
 

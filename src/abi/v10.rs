@@ -31,7 +31,9 @@ unsafe extern "C" fn connect(
     }
     // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
+    // it checks NULLs and handles itself.
     unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, tc) }
 }
 
@@ -44,7 +46,9 @@ pub(crate) unsafe extern "C" fn isend(
     ph: *mut c_void,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (data: `size` bytes under mhandle,
+    // valid until test reports the request done; request: an out-pointer), which is all c::isend_p
+    // assumes (ph: NULL or NCCL's profiler parent handle); it checks NULLs and handles itself.
     unsafe { c::isend_p(sc, data, size, tag, mh, ph, req) }
 }
 
@@ -59,7 +63,9 @@ pub(crate) unsafe extern "C" fn irecv(
     ph: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (data, tags, mhandles: n entries
+    // each, the buffers valid until test reports the request done; request: an out-pointer), which
+    // is all v9::irecv_p assumes (ph: NULL or n parent handles); it checks NULLs and handles itself.
     unsafe { v9::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
 }
 

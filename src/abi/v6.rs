@@ -11,7 +11,8 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
 }
 
 unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v6_t defines it (ndev: an out-pointer for one int),
+    // which is all c::devices assumes; it checks NULLs and handles itself.
     unsafe { c::devices(ndev) }
 }
 
@@ -36,12 +37,16 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v6
 }
 
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v6_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
+    // it checks NULLs and handles itself.
     unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v6_t defines it (listenComm: what listen returned;
+    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
+    // itself.
     unsafe { c::accept(lc, rc) }
 }
 

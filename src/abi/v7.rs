@@ -11,7 +11,8 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
 }
 
 unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (ndev: an out-pointer for one int),
+    // which is all c::devices assumes; it checks NULLs and handles itself.
     unsafe { c::devices(ndev) }
 }
 
@@ -42,16 +43,21 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
         // SAFETY: a non-null devComm out-pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
+    // it checks NULLs and handles itself.
     unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
     if !dc.is_null() {
-        // SAFETY: as in connect.
+        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
+        // for one device-handle pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (listenComm: what listen returned;
+    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
+    // itself.
     unsafe { c::accept(lc, rc) }
 }
 
@@ -59,7 +65,9 @@ pub(crate) unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void,
     if size < 0 {
         return guard("regMr", || Err(crate::error::Error::InvalidArg(format!("regMr size {size} is negative"))));
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (data: `size` bytes of memory of type
+    // `type`, allocated until deregMr; mhandle: an out-pointer), which is all c::reg_mr assumes; it
+    // checks NULLs and handles itself.
     unsafe { c::reg_mr(comm, data, size as usize, ty, mh) }
 }
 

@@ -16,7 +16,8 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
 }
 
 unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (ndev: an out-pointer for one int),
+    // which is all c::devices assumes; it checks NULLs and handles itself.
     unsafe { c::devices(ndev) }
 }
 
@@ -44,7 +45,9 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v8
 }
 
 pub(crate) unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, lc: *mut VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (handle: NCCL_NET_HANDLE_MAXSIZE
+    // writable bytes; listenComm: an out-pointer), which is all c::listen assumes; it checks NULLs
+    // and handles itself.
     unsafe { c::listen(c::Ctx::Implicit, dev, handle, lc) }
 }
 
@@ -53,21 +56,28 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
         // SAFETY: a non-null devComm out-pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
+    // it checks NULLs and handles itself.
     unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v8_t) -> ncclResult_t {
     if !dc.is_null() {
-        // SAFETY: as in connect.
+        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
+        // for one device-handle pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (listenComm: what listen returned;
+    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
+    // itself.
     unsafe { c::accept(lc, rc) }
 }
 
 pub(crate) unsafe extern "C" fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: c_int, mh: *mut VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data: `size` bytes of memory of type
+    // `type`, allocated until deregMr; mhandle: an out-pointer), which is all c::reg_mr assumes; it
+    // checks NULLs and handles itself.
     unsafe { c::reg_mr(comm, data, size, ty, mh) }
 }
 
@@ -80,12 +90,15 @@ pub(crate) unsafe extern "C" fn reg_mr_dmabuf(
     fd: c_int,
     mh: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data: `size` bytes of memory of type
+    // `type`, which fd/offset also describe, allocated until deregMr; mhandle: an out-pointer),
+    // which is all c::reg_mr_dmabuf assumes; it checks NULLs and handles itself.
     unsafe { c::reg_mr_dmabuf(comm, data, size, ty, offset, fd, mh) }
 }
 
 pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mh: *mut c_void) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (mhandle: what regMr returned, used
+    // by no pending request), which is all c::dereg_mr assumes; it checks NULLs and handles itself.
     unsafe { c::dereg_mr(comm, mh) }
 }
 
@@ -100,7 +113,9 @@ pub(crate) unsafe extern "C" fn isend(
     if size < 0 {
         return guard("isend", || Err(crate::error::Error::InvalidArg(format!("isend size {size} is negative"))));
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data: `size` bytes under mhandle,
+    // valid until test reports the request done; request: an out-pointer), which is all c::isend
+    // assumes; it checks NULLs and handles itself.
     unsafe { c::isend(sc, data, size as usize, tag, mh, req) }
 }
 
@@ -118,7 +133,9 @@ pub(crate) unsafe extern "C" fn irecv(
         Ok(s) => s,
         Err(e) => return guard("irecv", || Err(e)),
     };
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data, tags, mhandles: n entries
+    // each, the buffers valid until test reports the request done; request: an out-pointer), which
+    // is all c::irecv assumes; it checks NULLs and handles itself.
     unsafe { c::irecv(rc, n, data, &s, tags, mh, req) }
 }
 
@@ -130,27 +147,37 @@ pub(crate) unsafe extern "C" fn iflush(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data, sizes, mhandles: n entries
+    // each; request: an out-pointer), which is all c::iflush assumes; it checks NULLs and handles
+    // itself.
     unsafe { c::iflush(rc, n, data, sizes, mh, req) }
 }
 
 pub(crate) unsafe extern "C" fn test(req: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (request: what isend/irecv/iflush
+    // returned; done: an out-pointer; sizes: NULL or room for the request's n ints), which is all
+    // c::test assumes; it checks NULLs and handles itself.
     unsafe { c::test(req, done, sizes) }
 }
 
 pub(crate) unsafe extern "C" fn close_send(c: *mut c_void) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (a send comm handle, on which NCCL
+    // makes no other call from now on), which is all c::close_send assumes; it checks NULLs and
+    // handles itself.
     unsafe { c::close_send(c) }
 }
 
 pub(crate) unsafe extern "C" fn close_recv(c: *mut c_void) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (a receive comm handle, on which NCCL
+    // makes no other call from now on), which is all c::close_recv assumes; it checks NULLs and
+    // handles itself.
     unsafe { c::close_recv(c) }
 }
 
 pub(crate) unsafe extern "C" fn close_listen(c: *mut c_void) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (a listen comm handle, on which NCCL
+    // makes no other call from now on), which is all c::close_listen assumes; it checks NULLs and
+    // handles itself.
     unsafe { c::close_listen(c) }
 }
 

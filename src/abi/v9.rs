@@ -15,7 +15,8 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
 }
 
 pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (ndev: an out-pointer for one int),
+    // which is all c::devices assumes; it checks NULLs and handles itself.
     unsafe { c::devices(ndev) }
 }
 
@@ -89,16 +90,21 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
         // SAFETY: a non-null devComm out-pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
+    // it checks NULLs and handles itself.
     unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
 pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
     if !dc.is_null() {
-        // SAFETY: as in connect.
+        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
+        // for one device-handle pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (listenComm: what listen returned;
+    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
+    // itself.
     unsafe { c::accept(lc, rc) }
 }
 
@@ -110,7 +116,9 @@ pub(crate) unsafe extern "C" fn isend(
     mh: *mut c_void,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data: `size` bytes under mhandle,
+    // valid until test reports the request done; request: an out-pointer), which is all c::isend
+    // assumes; it checks NULLs and handles itself.
     unsafe { c::isend(sc, data, size, tag, mh, req) }
 }
 
@@ -144,7 +152,9 @@ pub(crate) unsafe fn irecv_p(
         Ok(s) => s,
         Err(e) => return guard("irecv", || Err(e)),
     };
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, tags, mhandles: n entries
+    // each, the buffers valid until test reports the request done; request: an out-pointer), which
+    // is all c::irecv_p assumes (ph: NULL or n profiler parent handles); it checks NULLs and handles itself.
     unsafe { c::irecv_p(rc, n, data, &s, tags, mh, ph, req) }
 }
 

@@ -34,7 +34,7 @@ static INFO: crate::unload::Global<CudaInfo> = crate::unload::Global::new();
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees Global::clear's contract (no reference from get/get_or_init is alive or used again).
     unsafe { INFO.clear() };
 }
 

@@ -11,7 +11,8 @@ use std::path::Path;
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees Global::clear's contract for the CUDA
+    // probe (no reference into it is alive or used again), cuda::release's.
     unsafe { cuda::release() };
 }
 

@@ -1,13 +1,13 @@
-//! Transports: the verbs one and the TCP one, behind one set of types.
+//! Transports: the verbs one and the TCP one, behind one set of types, and
+//! the socket layer both use ([`sock`]: TCP's data streams, and the verbs
+//! transport's out-of-band exchange).
 pub mod ib;
+pub mod sock;
 pub mod tcp;
 
 use std::ffi::CStr;
 
-/// Largest grouped receive we accept (`maxRecvs`).
-pub const MAX_RECVS: usize = 8;
-/// Requests in flight per receive comm (NCCL_NET_MAX_REQUESTS).
-pub const MAX_REQUESTS: usize = 32;
+pub use rustnet_proto::{MAX_RECVS, MAX_REQUESTS};
 /// Largest single isend/irecv we accept: `test` reports sizes as C `int`.
 pub const MAX_P2P_BYTES: usize = 1 << 30;
 
@@ -62,7 +62,8 @@ pub struct RawBuf {
 // SAFETY: RawBuf is an address and a length; the obligations of using it are
 // on the unsafe functions that read or write through it.
 unsafe impl Send for RawBuf {}
-// SAFETY: as above.
+// SAFETY: &RawBuf only reads the address and length (Copy values); reading
+// or writing the bytes is the business of the unsafe fns that take one.
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {

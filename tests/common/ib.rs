@@ -131,7 +131,7 @@ impl Buf {
         unsafe { std::slice::from_raw_parts(self.v.as_ptr() as *const u8, self.len) }
     }
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above.
+        // SAFETY: the Vec holds at least len bytes, &mut self makes this the only view, and u8 has no alignment needs.
         unsafe { std::slice::from_raw_parts_mut(self.v.as_mut_ptr() as *mut u8, self.len) }
     }
     pub fn fill(&mut self, seed: u8) {
@@ -171,7 +171,7 @@ pub fn one_by_one_with(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[u
             if rdone.is_none() {
                 rdone = r.test(rid).expect("recv test");
             }
-            // SAFETY: as above.
+            // SAFETY: the source buffer and its registration outlive the request: the test waits for it to finish before dropping them.
             unsafe { s.isend(src.raw(), tag, Some(&smr)) }.expect("isend")
         });
         let sc = until("send completion", || s.test(sid).expect("send test"));

@@ -12,8 +12,6 @@ use std::path::Path;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::connect::ConnCfg;
-use super::device::IbDev;
 use super::verbs::Pd;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -139,10 +137,11 @@ pub fn decisions() -> Vec<Gdr> {
     DECISIONS.lock().clone()
 }
 
-/// Does `iflush` on a receive comm of `dev` post the flush read? (`IbNet`
-/// hands each device's comms a `ConnCfg` whose `flush` is this.)
-pub fn flush_needed(dev: &IbDev, cc: &ConnCfg) -> bool {
-    cc.flush || dev.gdr.flush()
+/// Does `iflush` on a receive comm of a device with decision `gdr` post the
+/// flush read, `forced` being RUSTNET_FORCE_FLUSH? (`IbNet` hands each
+/// device's comms a `ConnCfg` whose `flush` is this.)
+pub fn flush_needed(gdr: &Gdr, forced: bool) -> bool {
+    forced || gdr.flush()
 }
 
 // The CUDA driver's cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,

@@ -4,18 +4,22 @@
 //! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (all `unsafe` is there);
 //! - [`device`]: discovery, filtering, ordering, properties, async events;
 //! - [`gid`]: the RoCE GID choice;
-//! - [`connect`]: out-of-band exchange and QP bring-up;
+//! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
+//! - [`establish`]: connect/accept, sequencing the handshake into comms;
 //! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
 //! - [`reg`]: the registration cache;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
-//! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement).
+//! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement);
+//! - [`iwarp`] / [`rdmacm`] (types in [`cmffi`]): iWARP connection set-up through librdmacm
+//!   (iWARP QPs are connected by the CM, not by hand), notices in [`crate::proto::notice`].
 pub mod cmffi;
-pub mod connect;
 pub mod device;
+pub mod establish;
 pub mod ffi;
 pub mod gdr;
 pub mod gid;
+pub mod handshake;
 pub mod iwarp;
 pub mod p2p;
 pub mod rdmacm;
@@ -40,16 +44,20 @@ use crate::transport::{DeviceProps, MemKind, RawBuf};
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees Global::clear's contract for all verbs
+    // state (no reference into it is alive or used again), which is verbs::release's.
     unsafe { verbs::release() };
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees Global::clear's contract for all verbs
+    // state, librdmacm's record included (no reference into it is alive or
+    // used again), which is rdmacm::release's.
     unsafe { rdmacm::release() };
     gid::release();
     gdr::release();
 }
 
-pub use connect::{ConnCfg, IbConnecting, IbListen};
 pub use device::IbDev;
+pub use establish::{IbConnecting, IbListen};
+pub use handshake::ConnCfg;
 pub use p2p::{RecvComm, SendComm};
 pub use reg::IbMr;
 pub use verbs::Access;
@@ -89,7 +97,7 @@ impl IbNet {
         let dev_cc = devs
             .iter()
             .map(|d| {
-                let flush = gdr::flush_needed(d, &cc) && !cc.flush;
+                let flush = gdr::flush_needed(&d.gdr, cc.flush) && !cc.flush;
                 // the eager path copies with the CPU: host memory only
                 let no_eager = cc.eager > 0 && d.gdr.decision.ptr_support != crate::transport::PTR_HOST;
                 if flush || no_eager {
@@ -228,7 +236,8 @@ impl IbNet {
     pub unsafe fn reg_mr(&self, dev: usize, buf: RawBuf, kind: MemKind, access: Access) -> Result<IbMr> {
         let d = self.dev(dev)?;
         d.gdr.check_reg(kind, buf.ptr, buf.len)?;
-        // SAFETY: forwarded from our caller.
+        // SAFETY: `buf` stays mapped until the registration is dropped (this
+        // fn's contract), which is all register requires.
         unsafe { d.mrs.register(dev, buf.ptr, buf.len, access) }
     }
 
@@ -242,7 +251,8 @@ impl IbNet {
     pub unsafe fn reg_mr_dmabuf(&self, dev: usize, buf: RawBuf, fd: i32, offset: u64, access: Access) -> Result<IbMr> {
         let d = self.dev(dev)?;
         d.gdr.check_dmabuf(buf.ptr, buf.len, fd)?;
-        // SAFETY: forwarded from our caller.
+        // SAFETY: the memory behind `fd` stays allocated until the registration
+        // is dropped (this fn's contract), which is all register_dmabuf requires.
         unsafe { d.mrs.register_dmabuf(dev, buf.ptr, buf.len, fd, offset, access) }
     }
 

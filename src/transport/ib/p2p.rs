@@ -12,9 +12,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::connect::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
 use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
+use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
@@ -26,7 +26,7 @@ use crate::proto::fifo::{
 };
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
 use crate::proto::pool::{Pool, ReqId};
-use crate::transport::tcp::sys::{Io, Socket};
+use crate::transport::sock::{Io, Socket};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
 /// Completions polled per `ibv_poll_cq` call.
@@ -52,7 +52,7 @@ const RECV_WRS: usize = FIFO_DEPTH + 16;
 const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
 /// The sender signals one eager write in this many.
 const EAGER_SIGNAL: usize = 16;
-/// Eager-path WRs QP 0 may hold (part of its send queue, see connect.rs).
+/// Eager-path WRs QP 0 may hold (part of its send queue, see handshake.rs).
 const EAGER_SQ: usize = 2 * RING_SLOTS;
 /// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
 const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
@@ -478,12 +478,12 @@ impl SendComm {
             match &mut self.hs {
                 None => return Ok(()),
                 Some(SendHs::ReadMeta { rx, got, since, .. }) => {
-                    if !connect::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
-                        return connect::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
+                    if !handshake::read_some(&self.link.oob, &mut rx[..], got, &self.link.peer, "the receiver's connection metadata")? {
+                        return handshake::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
                     }
-                    let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w })?;
+                    let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w.to_string() })?;
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
-                    let qps = connect::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
+                    let qps = handshake::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
                     self.link.qps = qps;
                     self.link.init_stats();
                     self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
@@ -509,7 +509,7 @@ impl SendComm {
                     self.hs = Some(SendHs::WriteReady { sent: 0 });
                 }
                 Some(SendHs::WriteReady { sent }) => {
-                    if !connect::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
+                    if !handshake::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
                         return Ok(());
                     }
                     self.hs = None;
@@ -552,7 +552,7 @@ impl SendComm {
                     elems[i] = c;
                 }
                 Slot::NotYet => return Ok(false),
-                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why }),
+                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why.to_string() }),
             }
             i += 1;
         }
@@ -695,7 +695,8 @@ impl SendComm {
                 }
             }
         }
-        // SAFETY: forwarded from our caller.
+        // SAFETY: `buf` stays readable until test reports the request (this
+        // fn's contract); try_eager needs it only until it returns.
         if let Some(id) = unsafe { self.try_eager(buf, tag, freed, parent)? } {
             return Ok(Some(id));
         }
@@ -720,7 +721,7 @@ impl SendComm {
     unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64, parent: Option<Parent>) -> Result<Option<ReqId>> {
         let Some(e) = &self.eager else { return Ok(None) };
         if let Err(what) = e.st.check_credits(freed) {
-            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what }));
+            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what: what.to_string() }));
         }
         if e.st.refuse(tag, buf.len, freed).is_some() {
             return Ok(None);
@@ -1267,7 +1268,7 @@ impl RecvComm {
 
     fn progress_ready(&mut self) -> Result<()> {
         let Some((buf, got)) = &mut self.ready else { return Ok(()) };
-        if !connect::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
+        if !handshake::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
             return Ok(());
         }
         if *buf != READY {
@@ -1534,7 +1535,7 @@ impl RecvComm {
             if e.ring.read_u64(off + eager::wire_len(h.size as usize) - 8) != eager::marker(idx) {
                 break; // the payload is still landing
             }
-            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what })?;
+            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what: what.to_string() })?;
             self.cts.sender_head(h.head);
             self.link.progressed();
             if let eager::Arrival::Posted(j) = to {
@@ -1682,7 +1683,7 @@ impl RecvComm {
         }
         // SAFETY: WITH_IMM is set, so the union holds imm_data.
         let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w })?;
+        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w.to_string() })?;
         let slot = imm.slot as usize;
         let Some((seq, id)) = self.by_slot[slot] else {
             return Err(Error::Protocol {
@@ -1719,7 +1720,7 @@ impl RecvComm {
         let kind = r.imm.unwrap();
         let sizes = fifo::sizes_from_imm(kind, &r.caps[..r.n], read_sizes).map_err(|what| match kind {
             ImmKind::Fail(_) => Error::Usage(format!("peer {}: {what}", link.peer_name())),
-            _ => Error::Protocol { peer: link.peer_name(), what },
+            _ => Error::Protocol { peer: link.peer_name(), what: what.to_string() },
         })?;
         for (i, s) in sizes[..r.n].iter().enumerate() {
             if let Some(s) = *s {

@@ -133,8 +133,9 @@ impl MrCache {
             e.refs += 1;
             return Ok(IbMr { cache: self.clone(), mr: Some(e.mr.clone()), dev });
         }
-        // SAFETY: forwarded from our caller; the kernel takes its own
-        // reference on the dma-buf, so closing fd later is fine.
+        // SAFETY: the memory behind the dma-buf stays allocated until the handle
+        // is dropped (this fn's contract), which outlives the MR; the kernel takes
+        // its own reference on the dma-buf, so closing fd later is fine.
         let mr = Arc::new(unsafe { self.pd.reg_dmabuf_mr(offset, end - start, start as u64, fd, access)? });
         g.push(Entry { start, end, dmabuf: true, mr: mr.clone(), refs: 1 });
         Ok(IbMr { cache: self.clone(), mr: Some(mr), dev })

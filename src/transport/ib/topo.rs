@@ -110,13 +110,13 @@ pub fn bind_current_thread(cpus: &[usize]) -> Result<Vec<usize>, String> {
     if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) } != 0 {
         return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()));
     }
-    // SAFETY: as above.
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let mut used = Vec::new();
     for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
         // SAFETY: c < CPU_SETSIZE.
         if unsafe { libc::CPU_ISSET(c, &allowed) } {
-            // SAFETY: as above.
+            // SAFETY: c < CPU_SETSIZE, so the bit is inside `set`.
             unsafe { libc::CPU_SET(c, &mut set) };
             used.push(c);
         }

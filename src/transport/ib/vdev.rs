@@ -20,8 +20,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::connect::{ConnCfg, IbConnecting, IbListen};
 use super::device::IbDev;
+use super::establish::{IbConnecting, IbListen};
+use super::handshake::ConnCfg;
 use super::p2p::{QpStat, RecvComm, SendComm};
 use super::reg::IbMr;
 use super::topo::{nic_key, NumaScope};

@@ -88,7 +88,8 @@ static LIB: crate::unload::Global<std::result::Result<Lib, String>> = crate::unl
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
     if matches!(LIB.get(), Some(Err(_))) {
-        // SAFETY: forwarded; without a library no thread uses it.
+        // SAFETY: our caller guarantees Global::clear's contract (no reference
+        // from get is used again); and a failed load gave no thread a table to use.
         unsafe { LIB.clear() };
     }
 }
@@ -123,7 +124,8 @@ macro_rules! need {
 
 macro_rules! optional {
     ($h:expr, $name:literal, $ver:literal, $ty:ty) => {
-        // SAFETY: as in need!: the versioned symbol has the prototype $ty.
+        // SAFETY: the symbol is the versioned libibverbs function whose C
+        // prototype $ty transcribes from <infiniband/verbs.h>.
         sym($h, $name, $ver).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
     };
 }
@@ -249,7 +251,8 @@ struct CtxInner {
 // SAFETY: ibv_context is thread-safe per libibverbs' documented threading
 // model (all verbs may be called from any thread).
 unsafe impl Send for CtxInner {}
-// SAFETY: as above.
+// SAFETY: &CtxInner only hands the context pointer to verbs calls, which
+// libibverbs allows from several threads at once (its threading model).
 unsafe impl Sync for CtxInner {}
 
 impl Drop for CtxInner {
@@ -381,7 +384,7 @@ impl Context {
         let fd = unsafe { (*self.0.ptr).async_fd };
         // SAFETY: fcntl on the context's own descriptor.
         let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
+        // SAFETY: fcntl on the context's own descriptor, flags it just returned plus O_NONBLOCK.
         if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
             return Err(Error::last_os(format!("fcntl(async_fd of {}, O_NONBLOCK)", self.name())));
         }
@@ -420,7 +423,8 @@ impl Context {
                 // SAFETY: for QP events the union holds a live QP pointer
                 // (alive until the event is acked, which happens below).
                 let qp = unsafe { ev.element.qp };
-                // SAFETY: as above.
+                // SAFETY: a non-null qp here is the live QP the event names (alive
+                // until the event is acked, below); qp_num is a plain field.
                 AsyncDetail::Qp(if qp.is_null() { 0 } else { unsafe { (*qp).qp_num } })
             }
             IBV_EVENT_DEVICE_FATAL => AsyncDetail::Device,
@@ -466,7 +470,8 @@ struct PdInner {
 
 // SAFETY: PDs are usable from any thread (libibverbs threading model).
 unsafe impl Send for PdInner {}
-// SAFETY: as above.
+// SAFETY: &PdInner only hands the PD pointer to verbs calls (reg_mr,
+// create_qp...), which libibverbs allows from several threads at once.
 unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
@@ -614,7 +619,8 @@ pub struct Mr {
 // SAFETY: an MR is an immutable handle once created; libibverbs allows
 // using and deregistering it from any thread.
 unsafe impl Send for Mr {}
-// SAFETY: as above.
+// SAFETY: &Mr reads only the immutable lkey/rkey/access fields and the
+// pointer; nothing mutates an MR after creation.
 unsafe impl Sync for Mr {}
 
 impl Drop for Mr {
@@ -685,7 +691,9 @@ impl Drop for RawAlloc {
 // SAFETY: the region is plain memory owned by this struct; its bytes are
 // only touched through raw pointers (volatile reads, explicit copies).
 unsafe impl Send for HostRegion {}
-// SAFETY: as above; no method hands out references into the memory.
+// SAFETY: &HostRegion reaches the bytes only through raw pointers (volatile
+// reads, explicit copies), never through references, so concurrent use is
+// no data race in Rust's sense; the protocol orders the writers.
 unsafe impl Sync for HostRegion {}
 
 impl HostRegion {
@@ -763,7 +771,8 @@ struct CqInner {
 
 // SAFETY: CQs are usable from any thread; our comms poll each CQ from one thread.
 unsafe impl Send for CqInner {}
-// SAFETY: as above.
+// SAFETY: &CqInner only hands the CQ pointer to verbs calls, which
+// libibverbs allows from several threads (each comm polls its CQ from one).
 unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
@@ -846,7 +855,8 @@ struct QpInner {
 
 // SAFETY: QPs are usable from any thread; each comm posts from one thread.
 unsafe impl Send for QpInner {}
-// SAFETY: as above.
+// SAFETY: &QpInner only hands the QP pointer to verbs calls, which
+// libibverbs allows from several threads (each comm posts from one).
 unsafe impl Sync for QpInner {}
 
 impl Drop for QpInner {

@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::p2p::{RecvComm, SendComm};
-use super::sys::{nofile_limit, Io, Poller, Socket, POLL_BATCH};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::proto::handle::{Handle, HandleKind, PROTO_VERSION};
 use crate::proto::wire::{Hello, Reply, Verdict, HELLO_LEN, REPLY_LEN};
+use crate::transport::sock::{nofile_limit, Io, Poller, Socket, POLL_BATCH};
 
 /// A random 64-bit id (listener nonces, connection ids). These tell
 /// connections apart and are not secrets, so the call never waits for the
@@ -24,7 +24,7 @@ pub fn random_u64() -> u64 {
     // blocks; older kernels reject it and GRND_NONBLOCK is tried.
     let mut r = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 8, libc::GRND_INSECURE) };
     if r != 8 {
-        // SAFETY: as above.
+        // SAFETY: v is a valid 8-byte buffer; GRND_NONBLOCK never blocks.
         r = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 8, libc::GRND_NONBLOCK) };
     }
     if r != 8 {
@@ -509,7 +509,7 @@ impl TcpConnecting {
                 all = false;
                 continue;
             }
-            let r = Reply::decode(&s.reply).map_err(|what| Error::Protocol { peer: peer.to_string(), what })?;
+            let r = Reply::decode(&s.reply).map_err(|what| Error::Protocol { peer: peer.to_string(), what: what.to_string() })?;
             if r.verdict != Verdict::Accepted {
                 return Err(remote(format!("the listener refused the connection: {}", r.verdict.explain())));
             }

@@ -3,10 +3,10 @@
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::path::Path;
 
-use super::sys::{self, IfAddr};
 use crate::config::{Config, Family, NameList};
 use crate::error::{Error, Result};
 use crate::registry::intern;
+use crate::transport::sock::{self as sys, IfAddr};
 use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS, PTR_HOST};
 
 /// Most interfaces we use (NCCL's MAX_IFS).

@@ -2,7 +2,6 @@
 pub mod connect;
 pub mod device;
 pub mod p2p;
-pub mod sys;
 
 use std::path::Path;
 

@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::sys::{self, EventFd, Io, Socket, MAX_IOV};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
+use crate::transport::sock::{self as sys, EventFd, Io, Socket, MAX_IOV};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
 /// Staging buffer for stream 0 (headers and small payloads).
@@ -259,9 +259,9 @@ impl SendCore {
                         n += 1;
                     }
                 }
+                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 // SAFETY: headers live in the queued pieces (not moved during
                 // the call); data are NCCL buffers kept valid by the isend contract.
-                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 match unsafe { st.sock.writev_raw(&iov[..n]) } {
                     Ok(Io::Done(mut wrote)) => {
                         let short = wrote < offered;
@@ -528,8 +528,9 @@ impl RecvCore {
                 self.stage_lo = 0;
                 self.stage_hi = 0;
                 let hdr = (self.stage.as_mut_ptr(), HDR_LEN);
-                // SAFETY: as above; the staging buffer is ours, HDR_LEN <= STAGE_LEN,
-                // and it does not overlap NCCL's buffer.
+                // SAFETY: x.ptr+x.got .. +need is the rest of a posted receive buffer
+                // (need = x.len - x.got); the staging buffer is ours, HDR_LEN <=
+                // STAGE_LEN, and it does not overlap NCCL's buffer.
                 match unsafe { st0.sock.read_raw2((x.ptr.add(x.got), need), hdr) } {
                     Ok(Io::Done(n)) => {
                         self.drained = n < need + HDR_LEN;
@@ -560,7 +561,7 @@ impl RecvCore {
             return self.refill();
         }
         let hdr: [u8; HDR_LEN] = self.stage[self.stage_lo..self.stage_lo + HDR_LEN].try_into().unwrap();
-        let h = MsgHeader::decode(&hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w })?;
+        let h = MsgHeader::decode(&hdr).map_err(|w| Error::Protocol { peer: peer.to_string(), what: w.to_string() })?;
         // The message lands in the first posted receive that still has a
         // free buffer with its tag: per tag, sends and receives match in
         // posting order (with shared comms one rank's next step may arrive
@@ -579,13 +580,13 @@ impl RecvCore {
                 // up when NCCL tests them)
                 let head = *self.order.front().unwrap();
                 let r = self.reqs.get(head).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
-                let e = wire::match_recv(&r.specs[..r.n], h.tag, h.size).err().unwrap_or_default();
+                let e = wire::match_recv(&r.specs[..r.n], h.tag, h.size).err().map(|e| e.to_string()).unwrap_or_default();
                 return Err(Error::Usage(format!("{e} (and no other posted receive takes tag {})", h.tag)));
             }
             return Ok(Step::Blocked);
         };
         let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive order queue: {s}")))?;
-        let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(Error::Usage)?;
+        let i = wire::match_recv(&r.specs[..r.n], h.tag, h.size).map_err(|e| Error::Usage(e.to_string()))?;
         self.stage_lo += HDR_LEN;
         let size = h.size as usize;
         self.big = size >= DIRECT_READ;
@@ -627,7 +628,9 @@ impl RecvCore {
         let peer = self.peer;
         for st in self.streams.iter_mut().skip(1) {
             while let Some(x) = st.q.front_mut() {
-                // SAFETY: inside a posted receive buffer, as above.
+                // SAFETY: x.ptr+x.got .. x.ptr+x.len is the rest of this stream's chunk,
+                // inside a posted receive buffer that NCCL keeps writable until the
+                // request completes.
                 match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
                     Ok(Io::Done(n)) => {
                         let short = n < x.len - x.got;
@@ -893,7 +896,8 @@ impl SendComm {
     /// # Safety
     /// `buf` must stay readable until `test` reports this request done or failed.
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32) -> Result<Option<ReqId>> {
-        // SAFETY: forwarded from our caller.
+        // SAFETY: isend_p's contract is this fn's (`buf` readable until test
+        // reports the request), which our caller promised.
         unsafe { self.isend_p(buf, tag, None) }
     }
 
@@ -903,13 +907,15 @@ impl SendComm {
     /// As [`Self::isend`].
     pub unsafe fn isend_p(&mut self, buf: RawBuf, tag: i32, parent: Option<Parent>) -> Result<Option<ReqId>> {
         match self {
-            // SAFETY: forwarded from our caller.
+            // SAFETY: `buf` stays readable until test reports the request
+            // (this fn's contract), which is the inner isend's contract.
             SendComm::Direct(c) => unsafe { c.isend(buf, tag, true, parent) },
             SendComm::Helper(h) => {
                 let mut c = h.sh.core.lock();
                 // the caller writes what fits at once (no hand-off for a
                 // small message); the helper takes over what is left
-                // SAFETY: forwarded from our caller.
+                // SAFETY: `buf` stays readable until test reports the request
+                // (this fn's contract); the helper thread reads it only until then.
                 let r = unsafe { c.isend(buf, tag, true, parent) };
                 let left = c.streams.iter().any(|st| !st.q.is_empty());
                 drop(c);
@@ -995,7 +1001,8 @@ impl RecvComm {
     /// # Safety
     /// Every buffer must stay writable until `test` reports this request done or failed.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<ReqId>> {
-        // SAFETY: forwarded from our caller.
+        // SAFETY: irecv_p's contract is this fn's (every buffer writable until
+        // test reports the request), which our caller promised.
         unsafe { self.irecv_p(bufs, &[]) }
     }
 
@@ -1005,10 +1012,12 @@ impl RecvComm {
     /// As [`Self::irecv`].
     pub unsafe fn irecv_p(&mut self, bufs: &[RecvBuf], parents: &[Option<Parent>]) -> Result<Option<ReqId>> {
         match self {
-            // SAFETY: forwarded from our caller.
+            // SAFETY: every buffer stays writable until test reports the
+            // request (this fn's contract), which is the inner irecv's contract.
             RecvComm::Direct(c) => unsafe { c.irecv(bufs, parents) },
             RecvComm::Helper(h) => {
-                // SAFETY: forwarded from our caller.
+                // SAFETY: every buffer stays writable until test reports the
+                // request (this fn's contract); the helper writes only until then.
                 let r = unsafe { h.sh.core.lock().irecv(bufs, parents) };
                 if matches!(r, Ok(Some(_))) {
                     h.posted();
@@ -1131,7 +1140,7 @@ mod data_tests {
             }
             while ps < sizes.len() && ps - ds < 8 {
                 let b = RawBuf { ptr: src[ps].as_ptr() as *mut u8, len: sizes[ps] };
-                // SAFETY: as above, for src.
+                // SAFETY: src outlives the loop, which ends only when every send is done.
                 let Some(id) = unsafe { s.isend(b, 5) }.unwrap() else { break };
                 sq.push_back(id);
                 ps += 1;

@@ -1,0 +1,55 @@
+//! What bench's modes share: a sample set and its order statistics, one
+//! measured point of the step/ring sweeps, and the size formatter. A leaf:
+//! bench, ring and plot import it, it imports none of them.
+
+/// The samples of one measurement (medians, min and max over repeats).
+#[derive(Default, Clone)]
+pub struct Stat(pub Vec<f64>);
+
+impl Stat {
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+    pub fn med(&self) -> f64 {
+        let v = self.sorted();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+    pub fn min(&self) -> f64 {
+        self.sorted().first().copied().unwrap_or(f64::NAN)
+    }
+    pub fn max(&self) -> f64 {
+        self.sorted().last().copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// One measured point.
+pub struct Row {
+    pub ranks: usize,
+    pub size: usize,
+    pub net: String,
+    pub busbw: Stat,
+    pub cpu: Stat,
+}
+
+/// A size as the tables print it: 4K, 1M, 2G, or bytes.
+pub(crate) fn human(n: usize) -> String {
+    if n >= 1 << 30 && n % (1 << 30) == 0 {
+        format!("{}G", n >> 30)
+    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}M", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{}K", n >> 10)
+    } else {
+        n.to_string()
+    }
+}

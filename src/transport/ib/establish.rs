@@ -1,0 +1,159 @@
+//! The verbs transport's connect and accept: drive the out-of-band exchange
+//! of [`handshake`] (its picture is there) over the TCP transport's listener
+//! and connector (`HandleKind::Ib`), and build the comms of [`p2p`] from what
+//! it established. The sender's last steps (the receiver's [`Meta`], RTR ->
+//! RTS, READY) run inside its [`SendComm`]; the receiver's comm waits for
+//! READY before it writes any CTS.
+//!
+//! [`p2p`]: super::p2p
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::device::IbDev;
+use super::handshake::{self, choose_tc_sl, read_some, write_some, ConnCfg, Setup};
+use super::p2p::{RecvComm, SendComm};
+use crate::error::{Error, Result};
+use crate::proto::handle::{Handle, HandleKind};
+use crate::proto::ib_meta::{Meta, META_LEN};
+use crate::transport::sock::Socket;
+use crate::transport::tcp::{TcpConnecting, TcpListen};
+
+// ---------------------------------------------------------------- connect
+
+enum ConnStage {
+    Tcp(TcpConnecting),
+    Meta { sock: Socket, peer: SocketAddr, setup: Box<Setup>, tx: Box<[u8; META_LEN]>, sent: usize },
+    Gone,
+}
+
+/// An outgoing verbs connection in progress.
+pub struct IbConnecting {
+    dev: Arc<IbDev>,
+    cc: Arc<ConnCfg>,
+    tc: u8,
+    sl: u8,
+    st: ConnStage,
+}
+
+impl IbConnecting {
+    /// Start connecting to the listener in `h` from `dev`.
+    pub fn start(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, h: &Handle, comm_tc: Option<i32>) -> Result<IbConnecting> {
+        if h.kind != HandleKind::Ib {
+            return Err(Error::Usage(format!(
+                "the peer listens with the {:?} transport but this process uses verbs: set the same RUSTNET_TRANSPORT on every rank",
+                h.kind
+            )));
+        }
+        let (tc, sl) = choose_tc_sl(cc, comm_tc);
+        let tcp = TcpConnecting::start(h, 1, cc.stream)?;
+        Ok(IbConnecting { dev: dev.clone(), cc: cc.clone(), tc, sl, st: ConnStage::Tcp(tcp) })
+    }
+
+    /// Advance; `Ok(true)` once our metadata is on its way (the rest of the
+    /// handshake finishes inside the send comm).
+    pub fn progress(&mut self) -> Result<bool> {
+        loop {
+            match &mut self.st {
+                ConnStage::Tcp(c) => {
+                    if !c.progress()? {
+                        return Ok(false);
+                    }
+                    let ConnStage::Tcp(c) = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
+                    let (mut socks, peer) = c.into_streams();
+                    let sock = socks.pop().ok_or_else(|| Error::Internal("connector returned no socket".into()))?;
+                    let setup = Box::new(Setup::new(&self.dev, &self.cc, true)?);
+                    let tx = Box::new(setup.meta(self.tc, self.sl, self.cc.split).encode());
+                    self.st = ConnStage::Meta { sock, peer, setup, tx, sent: 0 };
+                }
+                ConnStage::Meta { sock, peer, tx, sent, .. } => return write_some(sock, &tx[..], sent, peer, "connection metadata"),
+                ConnStage::Gone => return Err(Error::Internal("connect progressed after failing".into())),
+            }
+        }
+    }
+
+    /// The send comm (after `progress` returned true).
+    pub fn into_send_comm(self) -> Result<SendComm> {
+        match self.st {
+            ConnStage::Meta { sock, peer, setup, .. } => Ok(SendComm::new(*setup, sock, peer, self.cc, self.tc, self.sl)),
+            _ => Err(Error::Internal("into_send_comm before the connection metadata was sent".into())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- listen / accept
+
+enum Accepting {
+    ReadMeta { sock: Socket, peer: SocketAddr, rx: Box<[u8; META_LEN]>, got: usize },
+    SendMeta { comm: Box<RecvComm>, peer: SocketAddr, tx: Box<[u8; META_LEN]>, sent: usize },
+}
+
+/// A verbs listening endpoint.
+pub struct IbListen {
+    tcp: TcpListen,
+    dev: Arc<IbDev>,
+    cc: Arc<ConnCfg>,
+    pending: Vec<Accepting>,
+}
+
+impl IbListen {
+    /// Listen for connections to `dev` on the out-of-band address `oob`.
+    pub fn new(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, oob: SocketAddr) -> Result<(IbListen, Handle)> {
+        let (tcp, h) = TcpListen::new(oob, HandleKind::Ib, cc.stream)?;
+        Ok((IbListen { tcp, dev: dev.clone(), cc: cc.clone(), pending: Vec::new() }, h))
+    }
+
+    /// Accept; `Ok(None)` until one connection completed its side of the handshake.
+    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+        while let Some((mut socks, peer)) = self.tcp.accept_streams()? {
+            if let Some(sock) = socks.pop() {
+                self.pending.push(Accepting::ReadMeta { sock, peer, rx: Box::new([0; META_LEN]), got: 0 });
+            }
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            match &mut self.pending[i] {
+                Accepting::ReadMeta { sock, peer, rx, got } => {
+                    // The hello carried our nonce: this is the rank NCCL
+                    // told to connect here, so a failure now fails accept
+                    // (dropping it would leave this rank waiting forever).
+                    match read_some(sock, &mut rx[..], got, peer, "connection metadata") {
+                        Ok(false) => {
+                            i += 1;
+                            continue;
+                        }
+                        Ok(true) => {}
+                        Err(e) => {
+                            self.pending.swap_remove(i);
+                            return Err(e);
+                        }
+                    }
+                    let remote = match Meta::decode(rx) {
+                        Ok(m) => m,
+                        Err(what) => {
+                            let peer = peer.to_string();
+                            self.pending.swap_remove(i);
+                            return Err(Error::Protocol { peer, what: what.to_string() });
+                        }
+                    };
+                    let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };
+                    let comm = self.build_recv(sock, peer, &remote)?;
+                    let tx = Box::new(comm.local_meta().encode());
+                    self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
+                }
+                Accepting::SendMeta { comm, peer, tx, sent } => {
+                    if write_some(comm.oob(), &tx[..], sent, peer, "connection metadata")? {
+                        let Accepting::SendMeta { comm, .. } = self.pending.swap_remove(i) else { unreachable!() };
+                        return Ok(Some(*comm));
+                    }
+                    i += 1;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn build_recv(&self, sock: Socket, peer: SocketAddr, remote: &Meta) -> Result<RecvComm> {
+        let (setup, qps, cc) = handshake::receiver_qps(&self.dev, &self.cc, &sock, &peer, remote)?;
+        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote)
+    }
+}

@@ -1,0 +1,439 @@
+//! The verbs transport's out-of-band exchange (NCCL's net_ib connect.cc):
+//! an out-of-band TCP connection (the TCP transport's listener and
+//! connector, with `HandleKind::Ib`) carries one [`Meta`] each way and the
+//! sender's [`READY`](crate::proto::ib_meta::READY). This module owns its
+//! steps: the connection knobs ([`ConnCfg`]), our address and GID, the QPs
+//! and their bring-up against the peer's [`Meta`] ([`connect_qps`],
+//! [`receiver_qps`]), and the non-blocking socket I/O with its timeout.
+//! [`super::establish`] sequences the steps and builds the comms; it imports
+//! this module, never the other way round. Everything is non-blocking, and
+//! `connect` never waits for `accept`:
+//!
+//! ```text
+//! sender (connect)                         receiver (accept)
+//!   TCP connect + hello  ----------------->  TCP accept + hello
+//!   create QPs (INIT), FIFO
+//!   Meta(sender)         ----------------->  create QPs, INIT -> RTR -> RTS
+//!   connect returns a SendComm               sizes area
+//!                        <-----------------  Meta(receiver); accept returns
+//!   (in isend/test) RTR -> RTS                a RecvComm that writes no CTS
+//!   READY                ----------------->  until READY arrives
+//! ```
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::device::{IbDev, LINK_ETH};
+use super::gid::{self, SysfsGids};
+use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
+use crate::config::{AddrRange, Config, Family};
+use crate::error::{Error, Result};
+use crate::proto::eager;
+use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
+use crate::proto::ib_meta::Meta;
+use crate::proto::wire::{Reply, Verdict, REPLY_LEN};
+use crate::transport::sock::{Io, Socket};
+use crate::transport::tcp::StreamCfg;
+
+/// Connection knobs, parsed once.
+#[derive(Debug, Clone)]
+pub struct ConnCfg {
+    /// QPs per connection.
+    pub nqps: usize,
+    /// Split each message across all QPs.
+    pub split: bool,
+    /// NCCL_IB_TIMEOUT.
+    pub timeout: u8,
+    /// NCCL_IB_RETRY_CNT.
+    pub retry_cnt: u8,
+    /// NCCL_IB_PKEY (index).
+    pub pkey: u16,
+    /// NCCL_IB_TC (-1 = the communicator's, else 0).
+    pub tc: i32,
+    /// NCCL_IB_FIFO_TC: traffic class of the receiver's QPs (its CTS writes); -1 = the data TC.
+    pub fifo_tc: i32,
+    /// NCCL_IB_SL (-1 = 0).
+    pub sl: i32,
+    /// NCCL_IB_GID_INDEX (-1 = auto).
+    pub gid_index: i64,
+    /// NCCL_IB_ADDR_FAMILY.
+    pub family: Family,
+    /// NCCL_IB_ROCE_VERSION_NUM.
+    pub roce_version: u8,
+    /// NCCL_IB_ADDR_RANGE.
+    pub addr_range: AddrRange,
+    /// NCCL_IB_USE_INLINE.
+    pub use_inline: bool,
+    /// RUSTNET_IB_EAGER: the eager limit this end offers (0 = off).
+    pub eager: u32,
+    /// iflush posts a loopback RDMA READ even for host memory
+    /// (RUSTNET_FORCE_FLUSH=1 and not NCCL_GDR_FLUSH_DISABLE=1).
+    pub flush: bool,
+    /// Out-of-band socket settings.
+    pub stream: StreamCfg,
+}
+
+impl ConnCfg {
+    /// From the knob table.
+    pub fn from_config(cfg: &Config) -> ConnCfg {
+        ConnCfg {
+            nqps: cfg.ib_qps_per_connection.get() as usize,
+            split: cfg.ib_split_data_on_qps.get() == 1,
+            timeout: cfg.ib_timeout.get() as u8,
+            retry_cnt: cfg.ib_retry_cnt.get() as u8,
+            pkey: cfg.ib_pkey.get() as u16,
+            tc: cfg.ib_tc.get() as i32,
+            fifo_tc: cfg.ib_fifo_tc.get() as i32,
+            sl: cfg.ib_sl.get() as i32,
+            gid_index: cfg.ib_gid_index.get(),
+            family: cfg.ib_addr_family,
+            roce_version: cfg.ib_roce_version.get() as u8,
+            addr_range: cfg.ib_addr_range,
+            use_inline: cfg.ib_use_inline.get() == 1,
+            eager: cfg.ib_eager.get() as u32,
+            flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
+            stream: StreamCfg { nstreams: 1, ..StreamCfg::from_config(cfg) },
+        }
+    }
+}
+
+/// How this end of a connection is addressed (read fresh per connection).
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr {
+    /// Active MTU code.
+    pub mtu: u8,
+    /// LID.
+    pub lid: u16,
+    /// GID.
+    pub gid: [u8; 16],
+    /// GID index.
+    pub gid_index: u8,
+    /// Address family of the GID (RoCE: 4 or 6; 0 on InfiniBand).
+    pub family: u8,
+    /// RoCE version of the GID (1, 2; 0 when unknown or InfiniBand).
+    pub roce_version: u8,
+}
+
+/// The GID selection preferences of `cc`.
+pub fn gid_prefs(cc: &ConnCfg) -> gid::Prefs {
+    gid::Prefs {
+        family: Some(cc.family),
+        version: cc.roce_version,
+        range: cc.addr_range,
+        forced: (cc.gid_index >= 0).then_some(cc.gid_index as u32),
+    }
+}
+
+/// Choose the GID of `dev` for a new connection from a fresh read of its
+/// table (RoCE), with the reason; the choice is recorded per port and logged
+/// at INFO when it is new or changed.
+pub fn choose_gid(dev: &IbDev, gid_tbl_len: u32, cc: &ConnCfg) -> Result<gid::GidChoice> {
+    let t = SysfsGids::new(std::path::Path::new("/sys"), &dev.dev_name, dev.port, gid_tbl_len);
+    let c = gid::choose(&t, &format!("{}:{}", dev.dev_name, dev.port), &gid_prefs(cc))?;
+    gid::remember(&c);
+    Ok(c)
+}
+
+/// Query the port and choose the GID for a new connection.
+pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
+    let pa = dev.port_attr()?;
+    if pa.state != super::ffi::IBV_PORT_ACTIVE {
+        return Err(Error::Usage(format!("{} is {} now (was ACTIVE at init)", dev.describe(), super::device::port_state_name(pa.state))));
+    }
+    let mtu = pa.active_mtu.clamp(1, 5) as u8;
+    if dev.link_layer != LINK_ETH {
+        // InfiniBand: GID 0 (LID routing inside the subnet)
+        let g = dev.ctx.query_gid(dev.port, 0)?;
+        return Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: 0, family: 0, roce_version: 0 });
+    }
+    // The verbs stack's own view of the entry: sysfs and it agree unless the
+    // table changed in between; then choose again, once.
+    let mut again = true;
+    let (c, g) = loop {
+        let c = choose_gid(dev, pa.gid_tbl_len.max(0) as u32, cc)?;
+        let g = dev.ctx.query_gid(dev.port, c.index)?;
+        if g == c.gid {
+            break (c, g);
+        }
+        if !again {
+            return Err(Error::Usage(format!(
+                "{}: GID {} changed while it was chosen (sysfs {}, verbs {}): the address table is moving",
+                dev.describe(),
+                c.index,
+                gid::show(&c.gid),
+                gid::show(&g)
+            )));
+        }
+        again = false;
+    };
+    Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: c.index as u8, family: c.family_code(), roce_version: c.version.unwrap_or(0) })
+}
+
+fn family_text(code: u8) -> &'static str {
+    match code {
+        4 => "IPv4",
+        6 => "IPv6",
+        _ => "?",
+    }
+}
+
+/// Both ends of a RoCE connection must use GIDs of one address family and
+/// one RoCE version; the error names both GIDs.
+pub fn check_peer_gid(dev: &IbDev, local: &LocalAddr, remote: &Meta) -> Result<()> {
+    if dev.link_layer != LINK_ETH {
+        return Ok(());
+    }
+    let fam_differs = local.family != 0 && remote.family != 0 && local.family != remote.family;
+    let ver_differs = local.roce_version != 0 && remote.roce_version != 0 && local.roce_version != remote.roce_version;
+    if !fam_differs && !ver_differs {
+        return Ok(());
+    }
+    let what = if fam_differs { "address families" } else { "RoCE versions" };
+    Err(Error::Usage(format!(
+        "RoCE GID mismatch ({what} differ): this end uses {}:{} GID {} {} ({}, RoCE v{}), the peer uses {}:{} GID {} {} ({}, RoCE v{}); \
+         set the same NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM and NCCL_IB_ADDR_RANGE (or none) on every rank",
+        dev.dev_name,
+        dev.port,
+        local.gid_index,
+        gid::show(&local.gid),
+        family_text(local.family),
+        local.roce_version,
+        remote.name,
+        remote.port,
+        remote.gid_index,
+        gid::show(&remote.gid),
+        family_text(remote.family),
+        remote.roce_version
+    )))
+}
+
+/// RTR parameters toward `remote` (MTU = the smaller of both ends).
+pub fn rtr_params(dev: &IbDev, local: &LocalAddr, remote: &Meta, qp_index: usize, tc: u8, sl: u8) -> RtrParams {
+    let global = dev.link_layer == LINK_ETH || local.gid[..8] != remote.gid[..8];
+    RtrParams {
+        dest_qpn: remote.qpns[qp_index % remote.qpns.len()],
+        mtu: local.mtu.min(remote.mtu) as u32,
+        port: dev.port,
+        global,
+        dgid: remote.gid,
+        sgid_index: local.gid_index,
+        dlid: remote.lid,
+        tc,
+        sl,
+    }
+}
+
+/// What either end creates before it knows its peer.
+pub(super) struct Setup {
+    pub dev: Arc<IbDev>,
+    pub cq: Cq,
+    pub qps: Vec<Qp<Init>>,
+    pub local: LocalAddr,
+    /// Sender: the CTS FIFO the peer writes. Receiver: the sizes area the peer writes.
+    pub region: HostRegion,
+    /// Sender: sizes staging. Receiver: CTS staging.
+    pub stage: HostRegion,
+    /// The eager limit this end offers (0 = off).
+    pub eager: u32,
+}
+
+/// Send-queue depth of a receiver QP (CTS writes).
+pub const RECV_SQ_DEPTH: usize = 128;
+
+impl Setup {
+    pub fn new(dev: &Arc<IbDev>, cc: &ConnCfg, sender: bool) -> Result<Setup> {
+        let local = local_addr(dev, cc)?;
+        let nqps = cc.nqps;
+        let lanes = if cc.split { nqps } else { 1 };
+        let cqe = (2 * FIFO_DEPTH * lanes + RECV_SQ_DEPTH + 64).min(dev.max_cqe.max(64) as usize) as i32;
+        let cq = Cq::new(&dev.ctx, cqe)?;
+        let wr_cap = |v: usize| v.min(dev.max_qp_wr.max(16) as usize) as u32;
+        let caps = if sender {
+            QpCaps {
+                max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 2 * eager::RING_SLOTS + 32),
+                max_recv_wr: 1,
+                max_inline: if cc.use_inline { 64 } else { 0 },
+            }
+        } else {
+            QpCaps {
+                max_send_wr: wr_cap(RECV_SQ_DEPTH),
+                max_recv_wr: wr_cap(2 * FIFO_DEPTH),
+                // a batch of 16 single-buffer CTS fits inline (16 x 32 bytes)
+                max_inline: if cc.use_inline { SLOT_BYTES.max(512) as u32 } else { 0 },
+            }
+        };
+        let mut qps = Vec::with_capacity(nqps);
+        for _ in 0..nqps {
+            qps.push(Qp::create(&dev.pd, &cq, caps, dev.port, cc.pkey, Access::REMOTE_WRITE)?);
+        }
+        let (region, stage) = if sender {
+            // the FIFO, then the credit word the receiver writes
+            let fifo = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
+            (fifo, HostRegion::new(&dev.pd, SIZES_BYTES, Access::LOCAL_READ)?)
+        } else {
+            // CTS staging, then the credit word's source
+            let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
+            (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, stage)
+        };
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager })
+    }
+
+    pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
+        Meta {
+            qpns: self.qps.iter().map(|q| q.qpn()).collect(),
+            mtu: self.local.mtu,
+            link: self.dev.link_layer,
+            port: self.dev.port,
+            gid_index: self.local.gid_index,
+            lid: self.local.lid,
+            tc,
+            sl,
+            split,
+            gid: self.local.gid,
+            family: self.local.family,
+            roce_version: self.local.roce_version,
+            addr: self.region.addr() as u64,
+            rkey: self.region.rkey(),
+            name: self.dev.dev_name.clone(),
+            eager: self.eager,
+            ring: (0, 0),
+        }
+    }
+}
+
+/// Bring `qps` to RTS toward `remote`.
+pub(super) fn connect_qps(
+    dev: &IbDev,
+    local: &LocalAddr,
+    qps: Vec<Qp<Init>>,
+    remote: &Meta,
+    tc: u8,
+    sl: u8,
+    cc: &ConnCfg,
+) -> Result<Vec<Qp<Rts>>> {
+    if remote.qpns.len() != qps.len() {
+        return Err(Error::Usage(format!(
+            "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
+            remote.qpns.len(),
+            qps.len()
+        )));
+    }
+    check_peer_gid(dev, local, remote)?;
+    let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
+    let mut out = Vec::with_capacity(qps.len());
+    for (i, q) in qps.into_iter().enumerate() {
+        let r: Qp<Rtr> = q.to_rtr(&rtr_params(dev, local, remote, i, tc, sl))?;
+        out.push(r.to_rts(&rts)?);
+    }
+    Ok(out)
+}
+
+/// Non-blocking: push `buf[*done..]`; true when all of it is out.
+pub(super) fn write_some(sock: &Socket, buf: &[u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
+    while *done < buf.len() {
+        match sock.write(&buf[*done..]) {
+            Ok(Io::Done(n)) => *done += n,
+            Ok(_) => return Ok(false),
+            Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("sending {what}: {e}") }),
+        }
+    }
+    Ok(true)
+}
+
+/// Non-blocking: fill `buf[*done..]`; true when complete.
+pub(super) fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
+    while *done < buf.len() {
+        match sock.read(&mut buf[*done..]) {
+            Ok(Io::Done(n)) => *done += n,
+            Ok(Io::Again) => return Ok(false),
+            Ok(Io::Eof) => {
+                // A listener that refuses a hello says why before it closes.
+                let refused = buf.get(..REPLY_LEN).and_then(|b| Reply::decode(b.try_into().ok()?).ok()).filter(|_| *done >= REPLY_LEN);
+                let what = match refused {
+                    Some(r) if r.verdict != Verdict::Accepted => format!("the listener refused the connection: {}", r.verdict.explain()),
+                    _ => format!("closed the connection while we waited for {what} (peer process exited or gave up)"),
+                };
+                return Err(Error::Remote { peer: peer.to_string(), what });
+            }
+            Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("receiving {what}: {e}") }),
+        }
+    }
+    Ok(true)
+}
+
+/// A sender waiting for the receiver's metadata (the receiver's acceptance)
+/// since `since`: an error naming the peer and the knob once
+/// `RUSTNET_CONNECT_TIMEOUT` has passed (a listener that took the TCP
+/// connection but never answers is not a librustnet receiver).
+pub(super) fn within_connect_timeout(since: std::time::Instant, cc: &ConnCfg, peer: &SocketAddr) -> Result<()> {
+    let t = cc.stream.connect_timeout_s.max(1);
+    if since.elapsed() < std::time::Duration::from_secs(t as u64) {
+        return Ok(());
+    }
+    Err(Error::Remote {
+        peer: peer.to_string(),
+        what: format!(
+            "connected, but the receiver did not answer with its connection metadata within RUSTNET_CONNECT_TIMEOUT={t} s: \
+             that rank is not calling accept, or the port belongs to a program that is not a librustnet listener"
+        ),
+    })
+}
+
+/// The traffic class and service level a sender uses for its (data) QPs.
+/// Precedence as in NCCL 2.26+: `NCCL_IB_TC` when set, else the
+/// communicator's traffic class (ABI v10 `connect`), else 0; `NCCL_IB_SL`
+/// when set, else 0. Both travel in the metadata and the receiver follows
+/// them (its traffic class only unless `NCCL_IB_FIFO_TC` is set).
+pub fn choose_tc_sl(cc: &ConnCfg, comm_tc: Option<i32>) -> (u8, u8) {
+    let tc = if cc.tc >= 0 { cc.tc } else { comm_tc.filter(|&t| (0..=255).contains(&t)).unwrap_or(0) };
+    let sl = if cc.sl >= 0 { cc.sl } else { 0 };
+    (tc as u8, sl as u8)
+}
+
+/// The traffic class of the receiver's QPs, which carry its CTS writes:
+/// `NCCL_IB_FIFO_TC` when set (RoCE only, as NCCL), else the sender's.
+pub fn receiver_tc(cc: &ConnCfg, link_layer: u8, sender_tc: u8) -> u8 {
+    if cc.fifo_tc >= 0 && link_layer == LINK_ETH {
+        cc.fifo_tc as u8
+    } else {
+        sender_tc
+    }
+}
+
+/// The receiver's half of the exchange once the sender's [`Meta`] arrived:
+/// check that the two ports can talk (link layer, GIDs), create our QPs and
+/// bring them to RTS against the sender's. Returns the set-up (its QPs taken
+/// out), the established QPs and the connection knobs as the sender asked
+/// (split). On a GID mismatch the sender is told who we are first, so both
+/// ends fail naming both GIDs.
+pub(super) fn receiver_qps(
+    dev: &Arc<IbDev>,
+    cc: &ConnCfg,
+    sock: &Socket,
+    peer: &SocketAddr,
+    remote: &Meta,
+) -> Result<(Setup, Vec<Qp<Rts>>, ConnCfg)> {
+    if remote.link != dev.link_layer {
+        return Err(Error::Usage(format!(
+            "peer {peer} connects from a {} port to our {} ({}): link layers differ",
+            if remote.link == LINK_ETH { "RoCE" } else { "InfiniBand" },
+            if dev.link_layer == LINK_ETH { "RoCE" } else { "InfiniBand" },
+            dev.describe()
+        )));
+    }
+    let setup = Setup::new(dev, cc, false)?;
+    if let Err(e) = check_peer_gid(dev, &setup.local, remote) {
+        // Tell the sender who we are before failing, so that it fails
+        // with the same message naming both GIDs (one short write; the
+        // socket buffer holds it).
+        let tx = setup.meta(0, 0, remote.split).encode();
+        let mut sent = 0;
+        let _ = write_some(sock, &tx, &mut sent, peer, "connection metadata");
+        return Err(e);
+    }
+    let tc = receiver_tc(cc, dev.link_layer, remote.tc);
+    let mut cc = cc.clone();
+    cc.split = remote.split;
+    let qps = connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)?;
+    let setup = Setup { qps: Vec::new(), ..setup };
+    Ok((setup, qps, cc))
+}

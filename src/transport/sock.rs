@@ -1,0 +1,574 @@
+//! The socket system calls the TCP transport (and the verbs out-of-band
+//! exchange) need, wrapped once. Every `unsafe` block of the socket side lives here.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::error::{Errno, Error, Result};
+
+/// Most pieces one gather write takes.
+pub const MAX_IOV: usize = 64;
+
+/// Outcome of a non-blocking transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    /// This many bytes moved (> 0).
+    Done(usize),
+    /// Would block.
+    Again,
+    /// The peer closed its end (read returned 0).
+    Eof,
+}
+
+fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in.
+            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+            sin6.sin6_scope_id = a.scope_id();
+            sin6.sin6_flowinfo = a.flowinfo();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Convert a kernel socket address; `None` for families other than IPv4/IPv6.
+///
+/// # Safety
+/// `sa` must point to a valid socket address of at least its family's size.
+pub unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    // SAFETY: caller guarantees `sa` is valid for its family.
+    unsafe {
+        match (*sa).sa_family as i32 {
+            libc::AF_INET => {
+                let sin = &*(sa as *const libc::sockaddr_in);
+                let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa as *const libc::sockaddr_in6);
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), sin6.sin6_flowinfo, sin6.sin6_scope_id)))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn cvt(r: libc::c_int, op: impl FnOnce() -> String) -> Result<libc::c_int> {
+    if r < 0 {
+        Err(Error::sys(op(), Errno::last()))
+    } else {
+        Ok(r)
+    }
+}
+
+/// A TCP socket (listening or connected), non-blocking, close-on-exec.
+#[derive(Debug)]
+pub struct Socket {
+    fd: OwnedFd,
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Socket {
+    fn new(addr: &SocketAddr) -> Result<Socket> {
+        let fam = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+        // SAFETY: plain socket(2) call; the returned fd is owned below.
+        let fd = cvt(unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) }, || {
+            "socket(AF_INET/6, SOCK_STREAM)".into()
+        })?;
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        Ok(Socket { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    fn setopt<T>(&self, level: i32, name: i32, val: T, what: &str) -> Result<()> {
+        // SAFETY: `val` lives for the call and its size is passed.
+        let r = unsafe {
+            libc::setsockopt(
+                self.as_raw_fd(),
+                level,
+                name,
+                &val as *const T as *const libc::c_void,
+                std::mem::size_of::<T>() as libc::socklen_t,
+            )
+        };
+        cvt(r, || format!("setsockopt({what})")).map(|_| ())
+    }
+
+    /// Listen on `addr` (port 0 picks one); returns the socket and bound address.
+    pub fn listen(addr: SocketAddr) -> Result<(Socket, SocketAddr)> {
+        let s = Socket::new(&addr)?;
+        s.setopt(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1 as libc::c_int, "SO_REUSEADDR")?;
+        let (ss, len) = to_sockaddr(&addr);
+        // SAFETY: ss/len describe a valid address for this socket's family.
+        cvt(unsafe { libc::bind(s.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }, || format!("bind({addr})"))?;
+        // SAFETY: plain listen(2) on our socket.
+        cvt(unsafe { libc::listen(s.as_raw_fd(), 4096) }, || format!("listen({addr})"))?;
+        let local = s.local_addr()?;
+        Ok((s, local))
+    }
+
+    /// Start a non-blocking connect; completion is seen with [`Socket::connect_done`].
+    pub fn connect_start(addr: SocketAddr) -> Result<Socket> {
+        Socket::connect_start_tos(addr, None)
+    }
+
+    /// [`Socket::connect_start`] with the IP TOS / IPv6 traffic class byte
+    /// set before the SYN leaves, so every packet of the stream carries it.
+    pub fn connect_start_tos(addr: SocketAddr, tos: Option<u8>) -> Result<Socket> {
+        let s = Socket::new(&addr)?;
+        if let Some(t) = tos {
+            s.set_tos(addr.is_ipv6(), t)?;
+        }
+        let (ss, len) = to_sockaddr(&addr);
+        // SAFETY: ss/len describe a valid address for this socket's family.
+        let r = unsafe { libc::connect(s.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) };
+        if r < 0 {
+            let e = Errno::last();
+            if e.0 != libc::EINPROGRESS && e.0 != libc::EINTR {
+                return Err(Error::sys(format!("connect to {addr}"), e));
+            }
+        }
+        Ok(s)
+    }
+
+    /// `Ok(true)` once connected, `Ok(false)` while in progress.
+    pub fn connect_done(&self, addr: &SocketAddr) -> Result<bool> {
+        let mut p = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        if r < 0 {
+            return Err(Error::last_os("poll"));
+        }
+        if r == 0 {
+            return Ok(false);
+        }
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        cvt(
+            // SAFETY: err/len are valid out-pointers of the right size.
+            unsafe {
+                libc::getsockopt(self.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut libc::c_void, &mut len)
+            },
+            || "getsockopt(SO_ERROR)".into(),
+        )?;
+        if err != 0 {
+            return Err(Error::sys(format!("connect to {addr}"), Errno(err)));
+        }
+        Ok(true)
+    }
+
+    /// Accept one pending connection; `None` when none is waiting.
+    pub fn accept(&self) -> Result<Option<(Socket, SocketAddr)>> {
+        // SAFETY: zeroed sockaddr_storage is valid; len is its size.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: ss/len are valid out-pointers.
+        let fd = unsafe {
+            libc::accept4(self.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        };
+        if fd < 0 {
+            let e = Errno::last();
+            return match e.0 {
+                libc::EAGAIN | libc::EINTR | libc::ECONNABORTED => Ok(None),
+                _ => Err(Error::sys("accept", e)),
+            };
+        }
+        // SAFETY: fd is a fresh descriptor; ss was filled by the kernel.
+        let s = Socket { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
+        // SAFETY: the kernel wrote a valid address of `len` bytes.
+        let peer = unsafe { from_sockaddr(&ss as *const _ as *const libc::sockaddr) }
+            .unwrap_or(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)));
+        Ok(Some((s, peer)))
+    }
+
+    /// Local address.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        // SAFETY: sockaddr_storage is plain data; zeroed is a valid (empty) value.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: valid out-pointers.
+        cvt(unsafe { libc::getsockname(self.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len) }, || "getsockname".into())?;
+        // SAFETY: the kernel filled a valid address.
+        unsafe { from_sockaddr(&ss as *const _ as *const libc::sockaddr) }
+            .ok_or_else(|| Error::Internal("getsockname: unknown family".into()))
+    }
+
+    /// Options for a data stream: no Nagle, keepalive that finds a dead
+    /// peer of an idle connection after `timeout_s`, and optional fixed
+    /// buffer sizes. No TCP_USER_TIMEOUT: since Linux 5.x it also aborts a
+    /// connection whose receiver is alive but has not read for that long
+    /// (zero window), which is a rank busy elsewhere, not a failure; a send
+    /// side with data in flight and no acknowledgement is watched by
+    /// [`SendComm`](super::p2p::SendComm) instead.
+    pub fn tune_stream(&self, timeout_s: i64, bufsize: u64) -> Result<()> {
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1 as libc::c_int, "TCP_NODELAY")?;
+        self.setopt(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1 as libc::c_int, "SO_KEEPALIVE")?;
+        let idle = (timeout_s / 3).max(1) as libc::c_int;
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle, "TCP_KEEPIDLE")?;
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, idle.max(1), "TCP_KEEPINTVL")?;
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2 as libc::c_int, "TCP_KEEPCNT")?;
+        if bufsize > 0 {
+            let b = bufsize.min(i32::MAX as u64) as libc::c_int;
+            self.setopt(libc::SOL_SOCKET, libc::SO_SNDBUF, b, "SO_SNDBUF")?;
+            self.setopt(libc::SOL_SOCKET, libc::SO_RCVBUF, b, "SO_RCVBUF")?;
+        }
+        Ok(())
+    }
+
+    /// Set the IP TOS / IPv6 traffic class byte.
+    pub fn set_tos(&self, v6: bool, tos: u8) -> Result<()> {
+        if v6 {
+            self.setopt(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, tos as libc::c_int, "IPV6_TCLASS")
+        } else {
+            self.setopt(libc::IPPROTO_IP, libc::IP_TOS, tos as libc::c_int, "IP_TOS")
+        }
+    }
+
+    /// Non-blocking read into raw memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be writable memory that stays valid for the call.
+    pub unsafe fn read_raw(&self, ptr: *mut u8, len: usize) -> std::result::Result<Io, Errno> {
+        loop {
+            // SAFETY: the caller guarantees the buffer.
+            let r = unsafe { libc::recv(self.as_raw_fd(), ptr as *mut libc::c_void, len, libc::MSG_DONTWAIT) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return if len == 0 { Ok(Io::Done(0)) } else { Ok(Io::Eof) };
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Non-blocking scatter read into two raw pieces: the first filled
+    /// before the second (one system call for a payload's end and the next
+    /// header).
+    ///
+    /// # Safety
+    /// Each `(ptr, len)` must be writable memory valid for the call, and the
+    /// two must not overlap.
+    pub unsafe fn read_raw2(&self, a: (*mut u8, usize), b: (*mut u8, usize)) -> std::result::Result<Io, Errno> {
+        let mut iov = [
+            libc::iovec { iov_base: a.0 as *mut libc::c_void, iov_len: a.1 },
+            libc::iovec { iov_base: b.0 as *mut libc::c_void, iov_len: b.1 },
+        ];
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::recvmsg(self.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return if a.1 + b.1 == 0 { Ok(Io::Done(0)) } else { Ok(Io::Eof) };
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Non-blocking gather write of up to two raw pieces (MSG_NOSIGNAL: a dead
+    /// peer is an EPIPE error, never a signal).
+    ///
+    /// # Safety
+    /// Each `(ptr, len)` must be readable memory valid for the call.
+    pub unsafe fn write_raw2(&self, a: (*const u8, usize), b: (*const u8, usize)) -> std::result::Result<Io, Errno> {
+        let mut iov = [
+            libc::iovec { iov_base: a.0 as *mut libc::c_void, iov_len: a.1 },
+            libc::iovec { iov_base: b.0 as *mut libc::c_void, iov_len: b.1 },
+        ];
+        let n = if b.1 == 0 { 1 } else { 2 };
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::sendmsg(self.as_raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if r >= 0 {
+                return Ok(if r == 0 && a.1 + b.1 > 0 { Io::Again } else { Io::Done(r as usize) });
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Non-blocking gather write of raw pieces (at most [`MAX_IOV`]).
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` must be readable memory valid for the call.
+    pub unsafe fn writev_raw(&self, pieces: &[(*const u8, usize)]) -> std::result::Result<Io, Errno> {
+        let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOV];
+        let n = pieces.len().min(MAX_IOV);
+        for (v, p) in iov.iter_mut().zip(&pieces[..n]) {
+            *v = libc::iovec { iov_base: p.0 as *mut libc::c_void, iov_len: p.1 };
+        }
+        // SAFETY: zeroed msghdr is valid; we point it at our iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n;
+        loop {
+            // SAFETY: msg and iov are valid; the caller guarantees the buffers.
+            let r = unsafe { libc::sendmsg(self.as_raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if r > 0 {
+                return Ok(Io::Done(r as usize));
+            }
+            if r == 0 {
+                return Ok(Io::Again);
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(Io::Again),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// From the kernel's TCP_INFO: whether the peer owes us an answer
+    /// (segments unacknowledged, or window probes unanswered) and the time
+    /// since its last acknowledgement, in ms.
+    pub fn ack_state(&self) -> std::result::Result<(bool, u32), Errno> {
+        // SAFETY: tcp_info is plain data; the kernel fills at most `len` bytes.
+        let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: ti and len are valid for the call.
+        let r = unsafe {
+            libc::getsockopt(self.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&mut ti as *mut libc::tcp_info).cast(), &mut len)
+        };
+        if r != 0 {
+            return Err(Errno::last());
+        }
+        Ok((ti.tcpi_unacked > 0 || ti.tcpi_probes > 0, ti.tcpi_last_ack_recv))
+    }
+
+    /// Has the peer closed (or reset) this connection? Looks without taking
+    /// any byte: data waiting to be read is left where it is.
+    pub fn peer_closed(&self) -> std::result::Result<bool, Errno> {
+        let mut b = 0u8;
+        loop {
+            // SAFETY: one writable byte; MSG_PEEK leaves the queue as it is.
+            let r = unsafe { libc::recv(self.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+            if r >= 0 {
+                return Ok(r == 0);
+            }
+            let e = Errno::last();
+            match e.0 {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Ok(false),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Safe read into a byte slice.
+    pub fn read(&self, buf: &mut [u8]) -> std::result::Result<Io, Errno> {
+        // SAFETY: a &mut slice is valid writable memory.
+        unsafe { self.read_raw(buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// Safe write of a byte slice.
+    pub fn write(&self, buf: &[u8]) -> std::result::Result<Io, Errno> {
+        // SAFETY: a slice is valid readable memory.
+        unsafe { self.write_raw2((buf.as_ptr(), buf.len()), (std::ptr::null(), 0)) }
+    }
+}
+
+/// An eventfd: how a thread posting work wakes a helper thread asleep in poll.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// A non-blocking, close-on-exec eventfd.
+    pub fn new() -> Result<EventFd> {
+        // SAFETY: plain eventfd(2); the descriptor is owned below.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }, || "eventfd".into())?;
+        // SAFETY: a fresh descriptor nothing else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Wake the waiter (its next poll sees POLLIN).
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: 8 readable bytes; a full counter (EAGAIN) already wakes the waiter.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reset the counter after a wake-up.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: 8 writable bytes; EAGAIN (already zero) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// poll(2) on `fds` for at most `timeout_ms`; EINTR counts as a wake-up.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> std::result::Result<usize, Errno> {
+    // SAFETY: fds is a valid array of fds.len() pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = Errno::last();
+        return if e.0 == libc::EINTR { Ok(0) } else { Err(e) };
+    }
+    Ok(r as usize)
+}
+
+/// An IP interface as `getifaddrs` reports it.
+#[derive(Debug, Clone)]
+pub struct IfAddr {
+    /// Interface name.
+    pub name: String,
+    /// One address of it.
+    pub addr: IpAddr,
+    /// IFF_UP and IFF_RUNNING.
+    pub running: bool,
+    /// IFF_LOOPBACK.
+    pub loopback: bool,
+}
+
+/// All IPv4/IPv6 addresses of all interfaces, in the kernel's order.
+pub fn interfaces() -> Result<Vec<IfAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head`, freed below with freeifaddrs.
+    cvt(unsafe { libc::getifaddrs(&mut head) }, || "getifaddrs".into())?;
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p walks the list getifaddrs returned; entries are valid until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is a valid socket address per getifaddrs.
+        let Some(sa) = (unsafe { from_sockaddr(ifa.ifa_addr) }) else { continue };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let flags = ifa.ifa_flags;
+        out.push(IfAddr {
+            name,
+            addr: sa.ip(),
+            running: flags & (libc::IFF_UP as u32) != 0 && flags & (libc::IFF_RUNNING as u32) != 0,
+            loopback: flags & (libc::IFF_LOOPBACK as u32) != 0,
+        });
+    }
+    // SAFETY: head came from getifaddrs and is freed exactly once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// Interface index of `name` (for IPv6 link-local scope ids); 0 if unknown.
+pub fn if_index(name: &str) -> u32 {
+    let Ok(c) = std::ffi::CString::new(name) else { return 0 };
+    // SAFETY: c is a valid NUL-terminated string.
+    unsafe { libc::if_nametoindex(c.as_ptr()) }
+}
+
+// ------------------------------------------------ listener bookkeeping (connection set-up)
+
+/// Most readiness events one [`Poller::ready`] call returns.
+pub const POLL_BATCH: usize = 64;
+
+/// An epoll set over a listener's not-yet-identified connections, so that a
+/// call to `accept` costs what is ready, not what is attached (level
+/// triggered; each socket is known by a caller's token).
+#[derive(Debug)]
+pub struct Poller {
+    fd: OwnedFd,
+}
+
+impl Poller {
+    /// A new, empty set.
+    pub fn new() -> Result<Poller> {
+        // SAFETY: plain epoll_create1(2); the returned fd is owned below.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }, || "epoll_create1".into())?;
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        Ok(Poller { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Watch `s` for input or hang-up, reported as `token`.
+    pub fn add(&self, s: &Socket, token: u64) -> Result<()> {
+        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
+        // SAFETY: both fds are open; ev is valid for the call.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) }, || "epoll_ctl(ADD)".into())
+            .map(|_| ())
+    }
+
+    /// Stop watching `s` (before it is handed on; closing it also does).
+    pub fn remove(&self, s: &Socket) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: both fds are open; ev is valid (kernels before 2.6.9 want non-NULL).
+        // A failure leaves nothing to undo: the socket was not in the set.
+        let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, s.as_raw_fd(), &mut ev) };
+    }
+
+    /// Tokens of the sockets with something to read (or closed), without waiting.
+    pub fn ready(&self, out: &mut [u64; POLL_BATCH]) -> Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; POLL_BATCH];
+        loop {
+            // SAFETY: evs has room for POLL_BATCH events; zero timeout.
+            let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), POLL_BATCH as libc::c_int, 0) };
+            if r < 0 && Errno::last().0 == libc::EINTR {
+                continue;
+            }
+            let n = cvt(r, || "epoll_wait".into())? as usize;
+            for (o, e) in out.iter_mut().zip(&evs[..n]) {
+                *o = e.u64;
+            }
+            return Ok(n);
+        }
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` of this process, for messages (None: unlimited or unknown).
+pub fn nofile_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid out-pointer for the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
