@@ -216,15 +216,18 @@ impl NetContext {
         Member(self.clone())
     }
 
-    /// `finalize`: end the context. Its pending connect attempts are dropped.
+    /// `finalize`: end the context. Its pending connect attempts are dropped
+    /// by `drop_connecting` (given the context's serial, it returns how many;
+    /// the plugin's `drop_connecting_of`, passed in by the
+    /// caller so that this module needs no edge back to the plugin).
     /// Refused (an error naming the count) while comms are still open;
     /// those comms then fail every call but close.
-    pub fn finalize(&self) -> Result<()> {
+    pub fn finalize(&self, drop_connecting: impl FnOnce(u64) -> usize) -> Result<()> {
         if self.implicit {
             return Err(Error::Internal("the implicit context of ABI v6-v10 is never finalized".into()));
         }
         self.finalized.store(true, Ordering::Release);
-        let dropped = crate::plugin::drop_connecting_of(self.serial);
+        let dropped = drop_connecting(self.serial);
         let open = self.open_comms();
         let (a, calls) = self.attr();
         tracing::debug!(
@@ -289,7 +292,7 @@ mod tests {
         let m2 = c.member();
         assert_eq!(c.open_comms(), 2);
         drop(m1);
-        let e = c.finalize().unwrap_err().to_string();
+        let e = c.finalize(|_| 0).unwrap_err().to_string();
         assert!(e.contains("0xabc") && e.contains("1 listen/send/receive comm(s) open"), "{e}");
         // the remaining member sees the context gone, and keeps it alive
         let e = m2.ctx().check_live("isend").unwrap_err().to_string();
@@ -308,7 +311,7 @@ mod tests {
         a.op = 1 << 3;
         c.set_attr(a).unwrap();
         assert_eq!(c.attr(), (a, 1));
-        c.finalize().unwrap();
+        c.finalize(|_| 0).unwrap();
         assert!(c.set_attr(a).is_err());
     }
 
@@ -318,6 +321,6 @@ mod tests {
             let e = NetContext::new(1, Some(bad), None).err().unwrap().to_string();
             assert!(e.contains(&bad.to_string()) && e.contains("0..255"), "{e}");
         }
-        assert!(implicit().finalize().is_err());
+        assert!(implicit().finalize(|_| 0).is_err());
     }
 }

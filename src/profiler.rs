@@ -4,7 +4,9 @@
 //! `docs/profiler.md` for the formats and where they come from.
 //!
 //! This is the safe half. The C callback itself lives in
-//! [`crate::abi::profiler`]; the core only sees:
+//! [`crate::abi::profiler`], which hands the core a [`Sink`] (its start and
+//! stop functions) with the callback's address through [`install`]: the
+//! core never names the abi ring. The core only sees:
 //! - [`Profiler::enabled`]: one relaxed atomic load (no callback, or NCCL
 //!   passed NULL: false, and nothing else runs);
 //! - [`Profiler::start`] -> [`OpenEvent`]: an open event that is stopped
@@ -15,6 +17,9 @@
 //!   comm is built with profiling on and keyed by request slot, so the data
 //!   path never allocates.
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use once_cell::sync::OnceCell;
 
 use crate::proto::pool::ReqId;
 use crate::transport::MAX_RECVS;
@@ -88,22 +93,48 @@ pub enum Fields {
     },
 }
 
-/// The process-wide profiler facade (NCCL hands the same callback to every
-/// init; see [`crate::abi::profiler::set_callback`]).
+/// How events reach NCCL's callback: functions of the C boundary
+/// ([`crate::abi::profiler`]), given the callback's address.
+#[derive(Debug, Clone, Copy)]
+pub struct Sink {
+    /// Start an event under `parent` with the callback at the address;
+    /// the event handle NCCL wrote, or `None` when the callback refused it.
+    pub start: fn(NonZeroUsize, Parent, &Fields) -> Option<usize>,
+    /// Stop the event with that handle (the callback it was started with).
+    pub stop: fn(NonZeroUsize, usize),
+}
+
+/// The callback as an address (0: none).
+static CB: AtomicUsize = AtomicUsize::new(0);
+/// The C boundary's functions, set by the first [`install`] (always the same).
+static SINK: OnceCell<Sink> = OnceCell::new();
+
+/// Install NCCL's callback (its address; 0: events off) and the functions
+/// that call it. NCCL hands the same callback to every init (see
+/// [`crate::abi::profiler::set_callback`], this function's one caller: the
+/// sink's functions turn the address back into that callback).
+pub(crate) fn install(cb: usize, sink: Sink) {
+    SINK.get_or_init(|| sink);
+    CB.store(cb, Ordering::Release);
+}
+
+/// The process-wide profiler facade.
 pub struct Profiler;
 
 impl Profiler {
     /// Is a callback installed? One relaxed load: the only cost when off.
     #[inline(always)]
     pub fn enabled() -> bool {
-        crate::abi::profiler::enabled()
+        CB.load(Ordering::Relaxed) != 0
     }
 
     /// Start an event under `parent`; `None` when profiling is off or the
     /// callback refused it (then there is nothing to stop).
     #[inline]
     pub fn start(parent: Parent, f: &Fields) -> Option<OpenEvent> {
-        crate::abi::profiler::start(parent, f)
+        let cb = NonZeroUsize::new(CB.load(Ordering::Acquire))?;
+        let handle = (SINK.get()?.start)(cb, parent, f)?;
+        Some(OpenEvent { cb, handle })
     }
 
     /// Stop an event (the same as dropping it).
@@ -129,7 +160,10 @@ impl OpenEvent {
 
 impl Drop for OpenEvent {
     fn drop(&mut self) {
-        crate::abi::profiler::stop(self);
+        // an event exists only after install set the sink
+        if let Some(s) = SINK.get() {
+            (s.stop)(self.cb, self.handle);
+        }
     }
 }
 

@@ -85,7 +85,7 @@ pub(crate) fn finalize(ctx: VoidPtr) -> ncclResult_t {
     guard("finalize", || {
         nonnull(ctx, "finalize", "ctx")?;
         let c = handles::ctx_take(ctx, "finalize")?;
-        c.finalize()
+        c.finalize(crate::plugin::drop_connecting_of)
     })
 }
 
@@ -227,7 +227,10 @@ pub(crate) unsafe fn dereg_mr(_comm: VoidPtr, mhandle: VoidPtr) -> ncclResult_t 
 }
 
 pub(crate) unsafe fn isend(comm: VoidPtr, data: VoidPtr, size: usize, tag: c_int, mhandle: VoidPtr, request: *mut VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers; no parent handle before v10.
+    // SAFETY: isend_p assumes what this fn's callers (the v6-v9 isend slots)
+    // hold from NCCL: data valid for size bytes until the request is done,
+    // request an out-pointer; it checks NULLs and handles itself. A NULL
+    // parent handle: there is none before v10.
     unsafe { isend_p(comm, data, size, tag, mhandle, std::ptr::null_mut(), request) }
 }
 
@@ -278,7 +281,10 @@ pub(crate) unsafe fn irecv(
     mhandles: *mut VoidPtr,
     request: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers; no parent handles before v10.
+    // SAFETY: irecv_p assumes what this fn's callers (the v6-v9 irecv slots)
+    // hold from NCCL: n entries in data/sizes/tags/mhandles, buffers valid
+    // until the request is done, request an out-pointer; it checks NULLs and
+    // handles itself. A NULL parent array: there is none before v10.
     unsafe { irecv_p(comm, n, data, sizes, tags, mhandles, std::ptr::null_mut(), request) }
 }
 

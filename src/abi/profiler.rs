@@ -11,10 +11,10 @@
 //! our stack.
 use std::ffi::{c_int, c_void};
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::sys::{ncclProfilerCallback_t, ncclResult_t};
-use crate::profiler::{Fields, OpenEvent, Parent};
+use crate::profiler::{Fields, Parent, Sink};
 
 /// `ncclProfilerNetEventStart` (`src/include/nccl_common.h`).
 pub const EVENT_START: c_int = 0;
@@ -78,9 +78,6 @@ pub struct SockV1 {
     pub length: usize,
 }
 
-/// The callback as an address (0: none).
-static CB: AtomicUsize = AtomicUsize::new(0);
-
 /// Install the callback NCCL passed to init (NULL: events off). Every
 /// init that carries one (v10 `init`, v11/v12 `init(ctx, ...)`) calls
 /// this after the plugin initialised; NCCL passes the same function to all
@@ -90,26 +87,21 @@ static CB: AtomicUsize = AtomicUsize::new(0);
 pub fn set_callback(cb: ncclProfilerCallback_t) {
     let on = crate::plugin::get().map_or(true, |p| p.cfg.profiler.get() == 1);
     let v = if on { cb.map_or(0, |f| f as usize) } else { 0 };
-    CB.store(v, Ordering::Release);
-}
-
-/// Is a callback installed?
-#[inline(always)]
-pub fn enabled() -> bool {
-    CB.load(Ordering::Relaxed) != 0
+    crate::profiler::install(v, Sink { start, stop });
 }
 
 type Cb = unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> ncclResult_t;
 
 fn as_cb(addr: NonZeroUsize) -> Cb {
-    // SAFETY: every non-zero value stored in CB (and copied into an
-    // OpenEvent) came from a `ncclProfilerCallback_t` in `set_callback`.
+    // SAFETY: every non-zero address the core holds (its CB, copied into an
+    // OpenEvent) came from a `ncclProfilerCallback_t` in `set_callback`,
+    // the one caller of the crate-private `profiler::install`.
     unsafe { std::mem::transmute::<usize, Cb>(addr.get()) }
 }
 
-/// Start one event; `None` when off or when the callback failed.
-pub fn start(parent: Parent, f: &Fields) -> Option<OpenEvent> {
-    let cb = NonZeroUsize::new(CB.load(Ordering::Acquire))?;
+/// Start one event with the callback at `cb`; its handle, or `None` when
+/// the callback failed.
+fn start(cb: NonZeroUsize, parent: Parent, f: &Fields) -> Option<usize> {
     match *f {
         Fields::Qp { device, qpn, opcode, wr_id, len } => {
             let mut d = IbDescrV1 { ty: DESCR_TYPE, qp: IbQpV1 { device, wr_id, opcode, qp_num: qpn as c_int, length: len } };
@@ -122,7 +114,7 @@ pub fn start(parent: Parent, f: &Fields) -> Option<OpenEvent> {
     }
 }
 
-fn call_start(cb: NonZeroUsize, parent: Parent, plugin_id: i64, descr: *mut c_void) -> Option<OpenEvent> {
+fn call_start(cb: NonZeroUsize, parent: Parent, plugin_id: i64, descr: *mut c_void) -> Option<usize> {
     let mut eh: *mut c_void = std::ptr::null_mut();
     // SAFETY: NCCL's callback with its documented arguments: a valid
     // out-pointer, NCCL's own parent handle (non-NULL: Parent), and a
@@ -133,15 +125,15 @@ fn call_start(cb: NonZeroUsize, parent: Parent, plugin_id: i64, descr: *mut c_vo
         warn_once(r);
         return None;
     }
-    Some(OpenEvent { cb, handle: eh as usize })
+    Some(eh as usize)
 }
 
 /// Stop one event (called from `OpenEvent`'s drop: exactly once).
-pub(crate) fn stop(ev: &mut OpenEvent) {
-    let mut eh = ev.handle as *mut c_void;
+fn stop(cb: NonZeroUsize, handle: usize) {
+    let mut eh = handle as *mut c_void;
     // SAFETY: the callback this event was started with; `eh` is what it
     // wrote at start (possibly NULL, which NCCL's own transports pass too).
-    let _ = unsafe { as_cb(ev.cb)(&mut eh, EVENT_STOP, std::ptr::null_mut(), 0, std::ptr::null_mut()) };
+    let _ = unsafe { as_cb(cb)(&mut eh, EVENT_STOP, std::ptr::null_mut(), 0, std::ptr::null_mut()) };
 }
 
 fn warn_once(r: ncclResult_t) {

@@ -28,7 +28,9 @@ pub(crate) unsafe extern "C" fn init(
     crate::transport::ib::vdev::set_nccl_fuses(true);
     // SAFETY: config may be NULL (no class); else NCCL's struct for this call.
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
-    // SAFETY: forwarded NCCL out-pointer.
+    // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: an
+    // out-pointer for the new context), which is all c::init_ctx assumes; it
+    // checks NULL itself.
     let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), prof) };
     // the events' callback (process-wide: NCCL passes the same one to every context)
     super::profiler::set_callback(prof);
@@ -36,7 +38,10 @@ pub(crate) unsafe extern "C" fn init(
 }
 
 pub(crate) unsafe extern "C" fn listen(ctx: *mut c_void, dev: c_int, handle: *mut c_void, lc: *mut VoidPtr) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: its
+    // context handle; handle: NCCL_NET_HANDLE_MAXSIZE writable bytes;
+    // listenComm: an out-pointer), which is all c::listen assumes; it checks
+    // NULLs and handles (the context's too) itself.
     unsafe { c::listen(Ctx::Handle(ctx), dev, handle, lc) }
 }
 
@@ -51,7 +56,10 @@ pub(crate) unsafe extern "C" fn connect(
         // SAFETY: a non-null devComm out-pointer; host plugins return none.
         unsafe { *dc = std::ptr::null_mut() };
     }
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: its
+    // context handle; handle: the bytes the peer's listen filled; sendComm:
+    // an out-pointer), which is all c::connect assumes; it checks NULLs and
+    // handles (the context's too) itself.
     unsafe { c::connect(Ctx::Handle(ctx), dev, handle, sc, None) }
 }
 

@@ -131,7 +131,10 @@ pub(crate) unsafe extern "C" fn irecv(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: forwarded NCCL pointers.
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, sizes,
+    // tags, mhandles: n entries each, the buffers valid until test reports
+    // the request done; request: an out-pointer), which is all irecv_p
+    // assumes; no parent handles in v9 (NULL).
     unsafe { irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
 }
 

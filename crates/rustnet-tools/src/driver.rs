@@ -966,7 +966,8 @@ pub mod prof {
             }
             1 => {
                 STOPS.fetch_add(1, Ordering::SeqCst);
-                // SAFETY: as above.
+                // SAFETY: eh is non-NULL (checked on entry) and the plugin's
+                // stop passes the address of its own live eHandle variable.
                 let h = unsafe { *eh } as usize;
                 if !check {
                     return;

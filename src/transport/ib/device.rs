@@ -14,10 +14,7 @@ use crate::error::{Error, Result};
 use crate::registry::intern;
 use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS};
 
-/// IBV_LINK_LAYER_INFINIBAND.
-pub const LINK_IB: u8 = 1;
-/// IBV_LINK_LAYER_ETHERNET.
-pub const LINK_ETH: u8 = 2;
+pub use super::port::{port_state_name, LINK_ETH, LINK_IB};
 /// NCCL's MAX_IB_DEVS.
 pub const MAX_DEVS: usize = 32;
 
@@ -125,18 +122,6 @@ pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
     const WIDTHS: [i32; 5] = [1, 4, 8, 12, 2];
     let first_bit = |v: u8, n: usize| if v == 0 { 0 } else { (v.trailing_zeros() as usize).min(n - 1) };
     SPEEDS[first_bit(active_speed, SPEEDS.len())] * WIDTHS[first_bit(active_width, WIDTHS.len())]
-}
-
-/// Text of an IBV_PORT_* state.
-pub fn port_state_name(s: u32) -> &'static str {
-    match s {
-        1 => "DOWN",
-        2 => "INIT",
-        3 => "ARMED",
-        4 => "ACTIVE",
-        5 => "ACTIVE_DEFER",
-        _ => "NOP",
-    }
 }
 
 /// sysfs PCI path of device `dev` (realpath of its `device` link); None for

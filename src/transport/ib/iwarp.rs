@@ -19,8 +19,8 @@
 //! before.
 use std::path::Path;
 
-use super::device::{port_state_name, LINK_ETH, LINK_IB};
 use super::ffi::{IBV_PORT_ACTIVE, IBV_TRANSPORT_IWARP};
+use super::port::{port_state_name, LINK_ETH, LINK_IB};
 use crate::config::NameList;
 
 /// Whether this build can carry traffic over iWARP ports. False until the

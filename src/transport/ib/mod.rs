@@ -2,7 +2,7 @@
 //! receiver-driven and zero-copy. Laid out like NCCL's `net_ib/`:
 //!
 //! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (all `unsafe` is there);
-//! - [`device`]: discovery, filtering, ordering, properties, async events;
+//! - [`device`]: discovery, filtering, ordering, properties, async events ([`port`]: link layer and state words);
 //! - [`gid`]: the RoCE GID choice;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
 //! - [`establish`]: connect/accept, sequencing the handshake into comms;
@@ -22,6 +22,7 @@ pub mod gid;
 pub mod handshake;
 pub mod iwarp;
 pub mod p2p;
+pub mod port;
 pub mod rdmacm;
 pub mod reg;
 pub mod topo;

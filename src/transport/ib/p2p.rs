@@ -637,7 +637,8 @@ impl SendComm {
     /// `buf` must stay readable, and `mr` registered, until `test` reports
     /// this request done or failed.
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>) -> Result<Option<ReqId>> {
-        // SAFETY: forwarded from our caller.
+        // SAFETY: isend_p's contract is this fn's (`buf` readable and `mr`
+        // registered until test reports the request), which our caller promised.
         unsafe { self.isend_p(buf, tag, mr, None) }
     }
 
@@ -1296,7 +1297,8 @@ impl RecvComm {
     /// Every buffer must stay writable, and its registration alive, until
     /// `test` reports this request done or failed.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
-        // SAFETY: forwarded from our caller.
+        // SAFETY: irecv_p's contract is this fn's (every buffer writable and
+        // registered until test reports the request), which our caller promised.
         unsafe { self.irecv_p(bufs, mrs, &[]) }
     }
 

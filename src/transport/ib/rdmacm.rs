@@ -81,7 +81,9 @@ static LIB: crate::unload::Global<std::result::Result<CmLib, String>> = crate::u
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
     if matches!(LIB.get(), Some(Err(_))) {
-        // SAFETY: forwarded; without a library no thread uses it.
+        // SAFETY: our caller guarantees Global::clear's contract (no
+        // reference into LIB alive or used again); besides, a failed load
+        // left no library that any thread could be using.
         unsafe { LIB.clear() };
     }
 }
@@ -188,7 +190,9 @@ struct Chan {
 // SAFETY: librdmacm's objects may be used from any thread; each of ours is
 // driven by one thread at a time (the comm that owns it).
 unsafe impl Send for Chan {}
-// SAFETY: as above.
+// SAFETY: a shared &Chan only hands its pointer to librdmacm calls, which
+// may be made from any thread, and only the comm that owns the channel polls
+// it; the fields themselves are never written after construction.
 unsafe impl Sync for Chan {}
 
 impl Drop for Chan {
@@ -219,7 +223,7 @@ impl Chan {
         let fd = unsafe { (*ptr).fd };
         // SAFETY: fcntl on an fd we own through the channel.
         let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
+        // SAFETY: F_SETFL on the same fd, open as long as the channel `ch` is.
         if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
             return Err(Error::last_os("fcntl(rdma_cm channel, O_NONBLOCK)"));
         }
@@ -265,9 +269,12 @@ struct Id {
     connected: bool,
 }
 
-// SAFETY: as for Chan.
+// SAFETY: librdmacm's ids may be used from any thread (its calls lock
+// internally), and each Id is driven by the one comm that owns it; the Arc
+// keeps its channel alive wherever it goes.
 unsafe impl Send for Id {}
-// SAFETY: as above.
+// SAFETY: a shared &Id only reads its pointer for librdmacm calls, which may
+// be made from any thread; mutation (`connected`) needs &mut.
 unsafe impl Sync for Id {}
 
 impl Drop for Id {

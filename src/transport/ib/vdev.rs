@@ -405,7 +405,9 @@ impl MultiSend {
     /// # Safety
     /// As [`SendComm::isend`].
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, mrs: &[Option<&IbMr>]) -> Result<Option<ReqId>> {
-        // SAFETY: forwarded from our caller.
+        // SAFETY: isend_p's contract is this fn's (`buf` readable and the
+        // rails' registrations alive until test reports the request), which
+        // our caller promised.
         unsafe { self.isend_p(buf, tag, mrs, None) }
     }
 
@@ -517,7 +519,9 @@ impl MultiRecv {
     /// # Safety
     /// As [`RecvComm::irecv`].
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf], mrs: &[&[Option<&IbMr>]]) -> Result<Option<ReqId>> {
-        // SAFETY: forwarded from our caller.
+        // SAFETY: irecv_p's contract is this fn's (every buffer writable and
+        // its rails' registrations alive until test reports the request),
+        // which our caller promised.
         unsafe { self.irecv_p(bufs, mrs, &[]) }
     }
 
