@@ -262,7 +262,7 @@ fn rdma_cm_connect_to_nobody_fails_naming_the_peer() {
     assert!(err.contains("rank 7") && err.contains(&to.to_string()), "the error must name the peer: {err}");
 }
 
-/// The iWARP data path's notice rules (proto/notice.rs) over siw, driven by
+/// The iWARP data path's notice rules (crates/rustnet-proto/src/notice.rs) over siw, driven by
 /// hand: b keeps RECV_DEPTH receives posted (RecvRing), advertises 32
 /// receives at a time, a sends all 32 back to back -- per message its RDMA
 /// WRITEs, then an inline SEND notice, no immediates anywhere -- and b
