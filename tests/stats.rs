@@ -176,12 +176,12 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
     assert_eq!(e.get("rustnet_comm_bytes_total").count(), 0, "closed comms have no per-comm series");
 
     // what `rustnet stats` makes of it
-    let rep = rustnet::stats::summary::scan(&dir).unwrap();
+    let rep = rustnet_tools::stats_summary::scan(&dir).unwrap();
     assert!(rep.skipped.is_empty(), "{:?}", rep.skipped);
     assert_eq!(rep.procs.len(), 1);
     let pr = &rep.procs[0];
     assert_eq!((pr.rank.as_deref(), pr.bytes(), pr.errors(), pr.open), (Some("5"), 2 * total, 0, 0));
-    let (text, code) = rustnet::stats::summary::render(&dir, &rep);
+    let (text, code) = rustnet_tools::stats_summary::render(&dir, &rep);
     assert_eq!(code, 0, "{text}");
     println!("{text}");
     drop(p);

@@ -2,7 +2,8 @@
 //! background thread rewrite `<host>-<pid>.prom` there every
 //! `RUSTNET_STATS_INTERVAL` seconds, in the Prometheus text format that
 //! node_exporter's textfile collector reads, and `rustnet stats DIR`
-//! summarises a directory of them ([`summary`]).
+//! summarises a directory of them (`rustnet_tools::stats_summary`, outside
+//! the .so; it reads the files with [`prom::parse`]).
 //!
 //! The data path only bumps counters: each comm owns a [`CommStats`] of
 //! relaxed atomics (and, on verbs, a [`QpTable`] per QP set), bumped where
@@ -24,7 +25,6 @@
 //! (futex-based, no thread-local state); the writer's own thread-locals go
 //! with it when it is joined.
 pub mod prom;
-pub mod summary;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -5,7 +5,9 @@
 //!   its vtable (bench, agent, and the conformance and fuzz tests);
 //! - [`doctor`]: `rustnet doctor`, the host checks;
 //! - [`fabric`]: NIC counters and lossless-Ethernet rules (`watch`, `doctor`);
-//! - [`bisect`]: the slow-node search logic; [`svg`]: plots without a dependency.
+//! - [`bisect`]: the slow-node search logic; [`svg`]: plots without a dependency;
+//! - [`stats_summary`]: `rustnet stats DIR`, a job's statistics files (the
+//!   plugin's `RUSTNET_STATS_DIR`) summarised per rank and device.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -13,5 +15,6 @@ pub mod bisect;
 pub mod doctor;
 pub mod driver;
 pub mod fabric;
+pub mod stats_summary;
 pub mod status;
 pub mod svg;

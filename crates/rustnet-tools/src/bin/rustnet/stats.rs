@@ -33,9 +33,9 @@ pub fn main(args: Vec<String>) -> i32 {
         return 2;
     };
     let dir = Path::new(&dir);
-    match rustnet::stats::summary::scan(dir) {
+    match rustnet_tools::stats_summary::scan(dir) {
         Ok(r) => {
-            let (text, code) = rustnet::stats::summary::render(dir, &r);
+            let (text, code) = rustnet_tools::stats_summary::render(dir, &r);
             print!("{text}");
             code
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::prom;
+use rustnet::stats::prom;
 
 /// One device of one process.
 #[derive(Debug, Clone, Default, PartialEq)]
