@@ -28,6 +28,7 @@ pub mod proto;
 pub mod registry;
 pub mod stats;
 pub mod svg;
+pub mod thread;
 pub mod transport;
 pub mod unload;
 
