@@ -28,6 +28,7 @@ pub mod profiler;
 pub mod registry;
 pub mod stats;
 mod teardown;
+pub mod thread;
 pub mod transport;
 pub mod unload;
 

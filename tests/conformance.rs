@@ -1682,6 +1682,24 @@ fn reload_many_case() -> Result<String, String> {
 /// load_unload_500_flat: over verbs the pinned copy's RSS grows for the
 /// first few dozen cycles whatever the knobs (50 warm-up cycles cover it,
 /// 6 did not).
+/// The load/unload cycles with the TCP helper thread forced on (the default
+/// on hosts with 4 or more CPUs per rank, so on most GPU nodes): each comm's
+/// helper is joined at close, and nothing it did may keep the library
+/// mapped after dlclose (a std::thread spawned from NCCL's thread, or a
+/// parking_lot lock that parked it, would: both leave a thread-local
+/// destructor of ours in a thread that outlives the cycle).
+fn reload_tcp_helper_case() -> Result<String, String> {
+    if std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib") {
+        return Ok("SKIPPED: the TCP helper thread is a TCP transport feature".into());
+    }
+    let a = spawn("A", 8, "reload_many", &[("RUSTNET_CONF_RELOADS", "200"), ("RUSTNET_SOCKET_HELPER", "1")]);
+    let line = finish_within(a, Duration::from_secs(300))?;
+    if !line.contains("unmapped after every dlclose") {
+        return Err(format!("with the TCP helper thread the library stayed mapped: {line}"));
+    }
+    Ok(line)
+}
+
 fn reload_stats_case() -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("rustnet-conf-stats-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1807,6 +1825,7 @@ fn main() {
     cases.push(("panic_mid_test_fails_comm".into(), Box::new(|| panic_mid_case("test:progressed"))));
     cases.push(("load_unload_500_flat".into(), Box::new(reload_many_case)));
     cases.push(("load_unload_stats_dir".into(), Box::new(reload_stats_case)));
+    cases.push(("load_unload_tcp_helper".into(), Box::new(reload_tcp_helper_case)));
     cases.push(("connect_close_churn_flat".into(), Box::new(connect_churn_case)));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
         cases.push(("tcp_link_cut_silent_peer".into(), Box::new(link_cut_case)));

@@ -10,13 +10,14 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
+use crate::thread::BareThread;
 use crate::transport::sock::{self as sys, EventFd, Io, Socket, MAX_IOV};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
@@ -731,6 +732,9 @@ pub trait Drive: Send + 'static {
     fn fail_with(&mut self, e: Error);
 }
 
+/// std's Mutex, not parking_lot's: NCCL's thread may wait on it while the
+/// helper holds it, and a thread parking_lot parks keeps thread-local state
+/// of ours that would pin the library after dlclose (see crate::thread).
 struct Shared<T> {
     core: Mutex<T>,
     stop: AtomicBool,
@@ -748,7 +752,7 @@ struct Shared<T> {
 /// the thread. The thread is joined when the comm is dropped (NCCL's close).
 pub struct Helper<T: Drive> {
     sh: Arc<Shared<T>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<BareThread>,
 }
 
 /// Longest sleep of an idle helper (it re-checks its stop flag at least this often).
@@ -759,7 +763,7 @@ fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
     while !sh.stop.load(Ordering::SeqCst) {
         let seen = sh.posts.load(Ordering::SeqCst);
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut c = sh.core.lock();
+            let mut c = sh.lock_core();
             c.progress();
             c.wait_set(&mut fds[1..])
         }));
@@ -771,7 +775,7 @@ fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
                 // no longer finish, and stop touching NCCL's buffers.
                 let what = crate::error::panic_text(&*p);
                 tracing::warn!("TCP helper thread panicked: {what}; the comm is failed");
-                sh.core.lock().fail_with(Error::Internal(format!("the TCP helper thread panicked: {what}")));
+                sh.lock_core().fail_with(Error::Internal(format!("the TCP helper thread panicked: {what}")));
                 return;
             }
         };
@@ -788,6 +792,23 @@ fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
     }
 }
 
+impl<T> Shared<T> {
+    /// The core, also after a panic while it was held (a poisoned lock): the
+    /// helper fails the comm then, and the caller must still see that.
+    fn lock_core(&self) -> MutexGuard<'_, T> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The core if nobody holds it.
+    fn try_lock_core(&self) -> Option<MutexGuard<'_, T>> {
+        match self.core.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
 impl<T: Drive> Helper<T> {
     fn start(core: T, what: &str) -> Result<Helper<T>> {
         let sh = Arc::new(Shared {
@@ -798,10 +819,9 @@ impl<T: Drive> Helper<T> {
             wake: EventFd::new()?,
         });
         let s2 = sh.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("rustnet-tcp-{what}"))
-            .spawn(move || helper_loop(s2))
-            .map_err(|e| Error::Internal(format!("start the TCP helper thread: {e}")))?;
+        let name: &'static std::ffi::CStr = if what == "send" { c"rustnet-tcp-snd" } else { c"rustnet-tcp-rcv" };
+        let thread =
+            BareThread::spawn(name, move || helper_loop(s2)).map_err(|e| Error::Internal(format!("start the TCP helper thread: {e}")))?;
         Ok(Helper { sh, thread: Some(thread) })
     }
 
@@ -826,7 +846,7 @@ impl<T: Drive> Drop for Helper<T> {
         self.sh.stop.store(true, Ordering::SeqCst);
         self.sh.wake.notify();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            t.join();
         }
     }
 }
@@ -879,7 +899,7 @@ impl SendComm {
     pub fn peer(&self) -> SocketAddr {
         match self {
             SendComm::Direct(c) => c.peer,
-            SendComm::Helper(h) => h.sh.core.lock().peer,
+            SendComm::Helper(h) => h.sh.lock_core().peer,
         }
     }
 
@@ -887,7 +907,7 @@ impl SendComm {
     pub fn nstreams(&self) -> usize {
         match self {
             SendComm::Direct(c) => c.nstreams(),
-            SendComm::Helper(h) => h.sh.core.lock().nstreams(),
+            SendComm::Helper(h) => h.sh.lock_core().nstreams(),
         }
     }
 
@@ -911,7 +931,7 @@ impl SendComm {
             // (this fn's contract), which is the inner isend's contract.
             SendComm::Direct(c) => unsafe { c.isend(buf, tag, true, parent) },
             SendComm::Helper(h) => {
-                let mut c = h.sh.core.lock();
+                let mut c = h.sh.lock_core();
                 // the caller writes what fits at once (no hand-off for a
                 // small message); the helper takes over what is left
                 // SAFETY: `buf` stays readable until test reports the request
@@ -933,7 +953,7 @@ impl SendComm {
             SendComm::Direct(c) => c.test(id, true),
             // the helper holds the lock while it moves bytes: the request
             // is then not done yet; else the caller moves what it can
-            SendComm::Helper(h) => match h.sh.core.try_lock() {
+            SendComm::Helper(h) => match h.sh.try_lock_core() {
                 Some(mut c) => c.test(id, true),
                 None => Ok(None),
             },
@@ -992,7 +1012,7 @@ impl RecvComm {
     pub fn peer(&self) -> SocketAddr {
         match self {
             RecvComm::Direct(c) => c.peer,
-            RecvComm::Helper(h) => h.sh.core.lock().peer,
+            RecvComm::Helper(h) => h.sh.lock_core().peer,
         }
     }
 
@@ -1018,7 +1038,7 @@ impl RecvComm {
             RecvComm::Helper(h) => {
                 // SAFETY: every buffer stays writable until test reports the
                 // request (this fn's contract); the helper writes only until then.
-                let r = unsafe { h.sh.core.lock().irecv(bufs, parents) };
+                let r = unsafe { h.sh.lock_core().irecv(bufs, parents) };
                 if matches!(r, Ok(Some(_))) {
                     h.posted();
                 }
@@ -1031,7 +1051,7 @@ impl RecvComm {
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         match self {
             RecvComm::Direct(c) => c.test(id, true),
-            RecvComm::Helper(h) => match h.sh.core.try_lock() {
+            RecvComm::Helper(h) => match h.sh.try_lock_core() {
                 Some(mut c) => c.test(id, true),
                 None => Ok(None),
             },
@@ -1278,7 +1298,7 @@ mod data_tests {
             0
         }
         fn fail_with(&mut self, e: Error) {
-            *self.failed.lock() = Some(e.to_string());
+            *self.failed.lock().unwrap() = Some(e.to_string());
         }
     }
 
@@ -1290,11 +1310,11 @@ mod data_tests {
         armed.store(true, Ordering::SeqCst);
         h.posted();
         let t0 = Instant::now();
-        while failed.lock().is_none() {
+        while failed.lock().unwrap().is_none() {
             assert!(t0.elapsed() < Duration::from_secs(10), "the helper's panic did not fail the comm");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let e = failed.lock().clone().unwrap();
+        let e = failed.lock().unwrap().clone().unwrap();
         assert!(e.contains("helper thread panicked") && e.contains("injected helper panic"), "{e}");
         // the thread is gone: only the comm holds the shared state
         while Arc::strong_count(&h.sh) > 1 {
