@@ -18,8 +18,7 @@
 //!   path never allocates.
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-use once_cell::sync::OnceCell;
+use std::sync::OnceLock;
 
 use crate::proto::pool::ReqId;
 use crate::transport::MAX_RECVS;
@@ -107,7 +106,9 @@ pub struct Sink {
 /// The callback as an address (0: none).
 static CB: AtomicUsize = AtomicUsize::new(0);
 /// The C boundary's functions, set by the first [`install`] (always the same).
-static SINK: OnceCell<Sink> = OnceCell::new();
+/// std's OnceLock (a futex on Linux): an init racing another waits without
+/// leaving thread-local state of ours in NCCL's thread (see [`crate::thread`]).
+static SINK: OnceLock<Sink> = OnceLock::new();
 
 /// Install NCCL's callback (its address; 0: events off) and the functions
 /// that call it. NCCL hands the same callback to every init (see
