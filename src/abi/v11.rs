@@ -5,7 +5,7 @@
 //! comes with `init` instead of each `connect`. Everything else is v10.
 use std::ffi::{c_int, c_void};
 
-use super::common::{self as c, c_str_or_null, Ctx, NET_NAME};
+use super::common::{self as c, Ctx, NET_NAME};
 use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{guard, out, v10, v9, VoidPtr};
@@ -95,25 +95,7 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
         let d = c::properties(dev)?;
         let mut v = ncclNetVDeviceProps_v11_t { ndevs: 0, devs: [0; 4] };
         v.ndevs = v9::vprops_into(dev, &mut v.devs);
-        *p = ncclNetProperties_v11_t {
-            name: d.name.as_ptr() as *mut _,
-            pciPath: c_str_or_null(d.pci_path),
-            guid: d.guid,
-            ptrSupport: d.ptr_support,
-            regIsGlobal: d.reg_is_global as c_int,
-            forceFlush: d.force_flush as c_int,
-            speed: d.speed_mbps,
-            port: d.port,
-            latency: d.latency_us,
-            maxComms: d.max_comms,
-            maxRecvs: d.max_recvs,
-            netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
-            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
-            vProps: v,
-            maxP2pBytes: d.max_p2p_bytes,
-            maxCollBytes: d.max_coll_bytes,
-            maxMultiRequestSize: MAX_MULTI_REQUEST_SIZE,
-        };
+        *p = v9::properties_v9_on!(ncclNetProperties_v11_t, &d, v, maxMultiRequestSize: MAX_MULTI_REQUEST_SIZE);
         Ok(())
     })
 }

@@ -3,7 +3,7 @@
 //! properties.
 use std::ffi::c_int;
 
-use super::common::{self as c, c_str_or_null, NET_NAME};
+use super::common::{self as c, NET_NAME};
 use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{guard, out, v10, v11, v9};
@@ -17,27 +17,14 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
         v.ndevs = v9::vprops_into(dev, &mut v.devs);
         let (rail, plane) = crate::plugin::get()?.rail_plane(dev);
         let undef = NCCL_NET_ID_UNDEF as i16;
-        *p = ncclNetProperties_v12_t {
-            name: d.name.as_ptr() as *mut _,
-            pciPath: c_str_or_null(d.pci_path),
-            guid: d.guid,
-            ptrSupport: d.ptr_support,
-            regIsGlobal: d.reg_is_global as c_int,
-            forceFlush: d.force_flush as c_int,
-            speed: d.speed_mbps,
-            port: d.port,
-            latency: d.latency_us,
-            maxComms: d.max_comms,
-            maxRecvs: d.max_recvs,
-            netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
-            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
-            vProps: v,
-            maxP2pBytes: d.max_p2p_bytes,
-            maxCollBytes: d.max_coll_bytes,
+        *p = v9::properties_v9_on!(
+            ncclNetProperties_v12_t,
+            &d,
+            v,
             maxMultiRequestSize: v11::MAX_MULTI_REQUEST_SIZE,
             railId: rail.unwrap_or(undef),
             planeId: plane.unwrap_or(undef),
-        };
+        );
         Ok(())
     })
 }

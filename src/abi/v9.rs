@@ -2,7 +2,7 @@
 //! virtual-device properties, max bytes per operation.
 use std::ffi::{c_int, c_void};
 
-use super::common::{self as c, c_str_or_null, NET_NAME};
+use super::common::{self as c, NET_NAME};
 use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{guard, out, VoidPtr};
@@ -20,25 +20,37 @@ pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
     unsafe { c::devices(ndev) }
 }
 
+/// A properties struct of v9 or later (`$ty`) from the device's properties
+/// `$d` and its `vProps`, plus the fields that version adds: the fields v9
+/// defined are the same in every later version, only the type differs.
+macro_rules! properties_v9_on {
+    ($ty:ident, $d:expr, $vprops:expr $(, $field:ident: $value:expr)* $(,)?) => {{
+        let d = $d;
+        $ty {
+            name: d.name.as_ptr() as *mut _,
+            pciPath: $crate::abi::common::c_str_or_null(d.pci_path),
+            guid: d.guid,
+            ptrSupport: d.ptr_support,
+            regIsGlobal: d.reg_is_global as std::ffi::c_int,
+            forceFlush: d.force_flush as std::ffi::c_int,
+            speed: d.speed_mbps,
+            port: d.port,
+            latency: d.latency_us,
+            maxComms: d.max_comms,
+            maxRecvs: d.max_recvs,
+            netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as std::ffi::c_int,
+            vProps: $vprops,
+            maxP2pBytes: d.max_p2p_bytes,
+            maxCollBytes: d.max_coll_bytes,
+            $($field: $value,)*
+        }
+    }};
+}
+pub(crate) use properties_v9_on;
+
 pub(crate) fn fill_v9(dev: c_int, d: &DeviceProps) -> ncclNetProperties_v9_t {
-    ncclNetProperties_v9_t {
-        name: d.name.as_ptr() as *mut _,
-        pciPath: c_str_or_null(d.pci_path),
-        guid: d.guid,
-        ptrSupport: d.ptr_support,
-        regIsGlobal: d.reg_is_global as c_int,
-        forceFlush: d.force_flush as c_int,
-        speed: d.speed_mbps,
-        port: d.port,
-        latency: d.latency_us,
-        maxComms: d.max_comms,
-        maxRecvs: d.max_recvs,
-        netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
-        netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION as c_int,
-        vProps: vprops(dev),
-        maxP2pBytes: d.max_p2p_bytes,
-        maxCollBytes: d.max_coll_bytes,
-    }
+    properties_v9_on!(ncclNetProperties_v9_t, d, vprops(dev))
 }
 
 /// vProps: the physical devices fused in `dev` (itself for a plain
