@@ -195,7 +195,7 @@ impl SendCore {
     /// # Safety
     /// `buf` must stay readable until `test` reports this request done or failed.
     /// `parent`: NCCL's profiler parent handle; each piece is one event.
-    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, eager: bool, parent: Option<Parent>) -> Result<Option<ReqId>> {
+    pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, parent: Option<Parent>) -> Result<Option<ReqId>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -220,7 +220,7 @@ impl SendCore {
             let ev = parent.filter(|_| s < MAX_EVENTS_PER_PARENT).and_then(|p| self.streams[s].event(p, len));
             self.streams[s].q.push_back(Piece { req: id, hdr, hdr_len, data, len, done: 0, ev });
         }
-        if idle && eager {
+        if idle {
             self.progress();
         }
         Ok(Some(id))
@@ -260,7 +260,6 @@ impl SendCore {
                         n += 1;
                     }
                 }
-                let offered: usize = iov[..n].iter().map(|v| v.1).sum();
                 // SAFETY: headers live in the queued pieces (not moved during
                 // the call); data are NCCL buffers kept valid by the isend contract.
                 match unsafe { st.sock.writev_raw(&iov[..n]) } {
@@ -295,11 +294,10 @@ impl SendCore {
     }
 
     /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
-    /// With `io` false the caller only looks (a helper thread moves the bytes).
-    pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
         // already sent in an earlier gather write: no system call to say so
-        if io && r.pieces_left > 0 {
+        if r.pieces_left > 0 {
             self.progress();
         }
         let r = self.reqs.get(id).unwrap();
@@ -414,6 +412,15 @@ enum Step {
 }
 
 impl RecvCore {
+    /// The failure ends every open piece event: nothing more moves.
+    fn stop_events(&mut self) {
+        for st in &mut self.streams {
+            for p in st.q.iter_mut() {
+                p.ev = None;
+            }
+        }
+    }
+
     /// Build from accepted streams.
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvCore {
         RecvCore {
@@ -663,11 +670,10 @@ impl RecvCore {
     }
 
     /// `Ok(Some(sizes))` when every buffer of the receive is filled.
-    /// With `io` false the caller only looks (a helper thread moves the bytes).
-    pub fn test(&mut self, id: ReqId, io: bool) -> Result<Option<Completion>> {
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         let r = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
         // already filled by an earlier read: no system call to say so
-        if io && (r.unmatched > 0 || r.pieces_left > 0) {
+        if r.unmatched > 0 || r.pieces_left > 0 {
             self.progress();
         }
         if let Some(e) = &self.failed {
@@ -676,11 +682,7 @@ impl RecvCore {
                 self.order.retain(|&o| o != id);
             }
             // no byte moves any more: stop every piece's event before NCCL hears of it
-            for st in &mut self.streams {
-                for x in st.q.iter_mut() {
-                    x.ev = None;
-                }
-            }
+            self.stop_events();
             return Err(e);
         }
         let r = self.reqs.get(id).unwrap();
@@ -929,14 +931,14 @@ impl SendComm {
         match self {
             // SAFETY: `buf` stays readable until test reports the request
             // (this fn's contract), which is the inner isend's contract.
-            SendComm::Direct(c) => unsafe { c.isend(buf, tag, true, parent) },
+            SendComm::Direct(c) => unsafe { c.isend(buf, tag, parent) },
             SendComm::Helper(h) => {
                 let mut c = h.sh.lock_core();
                 // the caller writes what fits at once (no hand-off for a
                 // small message); the helper takes over what is left
                 // SAFETY: `buf` stays readable until test reports the request
                 // (this fn's contract); the helper thread reads it only until then.
-                let r = unsafe { c.isend(buf, tag, true, parent) };
+                let r = unsafe { c.isend(buf, tag, parent) };
                 let left = c.streams.iter().any(|st| !st.q.is_empty());
                 drop(c);
                 if left && matches!(r, Ok(Some(_))) {
@@ -950,11 +952,11 @@ impl SendComm {
     /// `Ok(Some(size))` when the send is done, `Ok(None)` while in flight.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         match self {
-            SendComm::Direct(c) => c.test(id, true),
+            SendComm::Direct(c) => c.test(id),
             // the helper holds the lock while it moves bytes: the request
             // is then not done yet; else the caller moves what it can
             SendComm::Helper(h) => match h.sh.try_lock_core() {
-                Some(mut c) => c.test(id, true),
+                Some(mut c) => c.test(id),
                 None => Ok(None),
             },
         }
@@ -1050,9 +1052,9 @@ impl RecvComm {
     /// `Ok(Some(sizes))` when every buffer of the receive is filled.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         match self {
-            RecvComm::Direct(c) => c.test(id, true),
+            RecvComm::Direct(c) => c.test(id),
             RecvComm::Helper(h) => match h.sh.try_lock_core() {
-                Some(mut c) => c.test(id, true),
+                Some(mut c) => c.test(id),
                 None => Ok(None),
             },
         }
