@@ -6,8 +6,9 @@
 //! the .so; it reads the files with [`prom::parse`]).
 //!
 //! The data path only bumps counters: each comm owns a [`CommStats`] of
-//! relaxed atomics (and, on verbs, a [`QpTable`] per QP set), bumped where
-//! the comm's own lock is already held; nothing there allocates or locks.
+//! relaxed atomics, bumped by the plugin's isend/irecv/test, and on verbs a
+//! [`QpTable`] per QP set, bumped by the comm under its own lock (so with
+//! plain loads and stores); nothing there allocates or locks.
 //! The registry below is touched when a comm opens or closes and by the
 //! writer; a closing comm's counts are folded into per-device totals so the
 //! file keeps them.
@@ -21,7 +22,7 @@
 //! thread-local destructor registered by it): `std::thread::spawn`, which
 //! touches thread-locals with destructors in the *calling* thread (NCCL's,
 //! alive for good), and parking_lot, whose parked threads get one. So the
-//! writer is a bare pthread, and the locks and the wake-up here are std's
+//! writer is a bare pthread ([`crate::thread::BareThread`]), and the locks and the wake-up here are std's
 //! (futex-based, no thread-local state); the writer's own thread-locals go
 //! with it when it is joined.
 pub mod prom;
@@ -47,6 +48,14 @@ impl Counter {
     #[inline]
     pub fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Add `n` where only one thread ever adds (the comm's, under its lock):
+    /// a load and a store instead of a locked read-modify-write; readers
+    /// still see whole values.
+    #[inline]
+    pub fn add_single_writer(&self, n: u64) {
+        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
     /// The value now.
@@ -90,12 +99,13 @@ impl QpTable {
         let _ = self.qps.set(qpns.map(|qpn| QpCounter { qpn, msgs: Counter::default(), bytes: Counter::default() }).collect());
     }
 
-    /// Count one message (lane) of `bytes` on QP `i`.
+    /// Count one message (lane) of `bytes` on QP `i`. Only the comm's own
+    /// calls count (under the comm's lock), so no locked add per message.
     #[inline]
     pub fn bump(&self, i: usize, bytes: u64) {
         if let Some(q) = self.qps.get().and_then(|t| t.get(i)) {
-            q.msgs.add(1);
-            q.bytes.add(bytes);
+            q.msgs.add_single_writer(1);
+            q.bytes.add_single_writer(bytes);
         }
     }
 
@@ -198,7 +208,7 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 
 struct Writer {
     shared: Arc<Shared>,
-    thread: libc::pthread_t,
+    thread: crate::thread::BareThread,
 }
 
 /// The stop flag and the wake-up of the writer.
@@ -320,44 +330,23 @@ pub fn close_comm(c: &Arc<CommStats>) {
 
 fn start_writer() -> Option<Writer> {
     let shared = Arc::new(Shared { stop: Mutex::new(false), wake: Condvar::new() });
-    let arg = Box::into_raw(Box::new(shared.clone()));
-    // SAFETY: pthread_t is a plain integer on Linux; pthread_create writes it.
-    let mut thread: libc::pthread_t = unsafe { std::mem::zeroed() };
-    // SAFETY: writer_main is a start routine that takes ownership of `arg`,
-    // a Box<Arc<Shared>> given up just above; default attributes (NULL).
-    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), writer_main, arg.cast()) };
-    if rc != 0 {
-        // SAFETY: the thread was not created, so `arg` is still ours.
-        drop(unsafe { Box::from_raw(arg) });
-        tracing::warn!(
-            "statistics: could not start the writer thread ({}); the file is written when the last comm closes",
-            std::io::Error::from_raw_os_error(rc)
-        );
-        return None;
+    let sh = shared.clone();
+    match crate::thread::BareThread::spawn(WRITER_NAME, move || writer_loop(&sh)) {
+        Ok(thread) => Some(Writer { shared, thread }),
+        Err(e) => {
+            tracing::warn!("statistics: could not start the writer thread ({e}); the file is written when the last comm closes");
+            None
+        }
     }
-    Some(Writer { shared, thread })
 }
 
 /// The writer thread's name (`/proc/<pid>/task/*/comm`).
 pub const WRITER_NAME: &std::ffi::CStr = c"rustnet-stats";
 
-extern "C" fn writer_main(arg: *mut libc::c_void) -> *mut libc::c_void {
-    // SAFETY: start_writer passed a Box<Arc<Shared>> and gave it up.
-    let sh = unsafe { Box::from_raw(arg.cast::<Arc<Shared>>()) };
-    // SAFETY: names this thread (for ps/top and the tests) with a
-    // NUL-terminated string of at most 15 characters.
-    unsafe { libc::pthread_setname_np(libc::pthread_self(), WRITER_NAME.as_ptr()) };
-    // a panic must not unwind out of a C start routine
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(&sh)));
-    std::ptr::null_mut()
-}
-
 fn stop_writer(w: Writer) {
     *lock(&w.shared.stop) = true;
     w.shared.wake.notify_all();
-    // SAFETY: a thread we created and have not joined or detached (a Writer
-    // is consumed here, once).
-    unsafe { libc::pthread_join(w.thread, std::ptr::null_mut()) };
+    w.thread.join();
 }
 
 fn writer_loop(sh: &Shared) {
