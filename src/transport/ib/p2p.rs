@@ -948,9 +948,10 @@ impl SendComm {
                     continue;
                 }
                 f.lanes_left -= 1;
+                let qi = self.link.qp_index(wc.qp_num);
                 if let Some(ev) = &mut self.link.ev {
                     // this QP's share of each send is on the wire and acknowledged
-                    if let Some(qi) = self.link.qps.iter().position(|q| q.qpn() == wc.qp_num) {
+                    if let Some(qi) = qi {
                         for r in f.reqs[..f.n].iter().flatten() {
                             ev.stop(*r, qi);
                         }
