@@ -140,13 +140,19 @@ impl IbListen {
                     let tx = Box::new(comm.local_meta().encode());
                     self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
                 }
-                Accepting::SendMeta { comm, peer, tx, sent } => {
-                    if write_some(comm.oob(), &tx[..], sent, peer, "connection metadata")? {
+                Accepting::SendMeta { comm, peer, tx, sent } => match write_some(comm.oob(), &tx[..], sent, peer, "connection metadata") {
+                    Ok(false) => i += 1,
+                    Ok(true) => {
                         let Accepting::SendMeta { comm, .. } = self.pending.swap_remove(i) else { unreachable!() };
                         return Ok(Some(*comm));
                     }
-                    i += 1;
-                }
+                    // like a failed read above: this connection is done, and
+                    // leaving it queued would fail every later accept on it
+                    Err(e) => {
+                        self.pending.swap_remove(i);
+                        return Err(e);
+                    }
+                },
             }
         }
         Ok(None)
