@@ -119,8 +119,8 @@ pub(crate) fn c_str_or_null(s: Option<&'static std::ffi::CStr>) -> *mut c_char {
 pub(crate) unsafe fn listen(ctx: Ctx, dev: c_int, handle: VoidPtr, listen_comm: *mut VoidPtr) -> ncclResult_t {
     guard("listen", || {
         let ctx = ctx.get("listen")?;
-        // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes.
-        let h = unsafe { (nonnull(handle as *const u8, "listen", "handle")? as *mut [u8; HANDLE_SIZE]).as_mut() }.unwrap();
+        // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes; NULL is rejected.
+        let h = unsafe { out(handle as *mut [u8; HANDLE_SIZE], "listen", "handle")? };
         // SAFETY: out-pointer from NCCL.
         let lc = unsafe { out(listen_comm, "listen", "listenComm")? };
         let l = plugin::get()?.listen(&ctx, dev, h)?;
@@ -132,8 +132,8 @@ pub(crate) unsafe fn listen(ctx: Ctx, dev: c_int, handle: VoidPtr, listen_comm: 
 pub(crate) unsafe fn connect(ctx: Ctx, dev: c_int, handle: VoidPtr, send_comm: *mut VoidPtr, tc: Option<i32>) -> ncclResult_t {
     guard("connect", || {
         let ctx = ctx.get("connect")?;
-        // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes.
-        let h = unsafe { (nonnull(handle as *const u8, "connect", "handle")? as *mut [u8; HANDLE_SIZE]).as_mut() }.unwrap();
+        // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes; NULL is rejected.
+        let h = unsafe { out(handle as *mut [u8; HANDLE_SIZE], "connect", "handle")? };
         // SAFETY: out-pointer from NCCL.
         let sc = unsafe { out(send_comm, "connect", "sendComm")? };
         *sc = std::ptr::null_mut();
