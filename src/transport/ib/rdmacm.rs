@@ -25,6 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::cmffi::*;
+use super::verbs::{dlerror_string, sym};
 use crate::error::{Errno, Error, Result};
 
 /// The soname we load.
@@ -88,26 +89,9 @@ pub(crate) unsafe fn release() {
     }
 }
 
-fn dlerror_string() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated thread-local string.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown dl error".into()
-    } else {
-        // SAFETY: non-NULL dlerror result is a valid C string.
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
 macro_rules! need {
     ($h:expr, $name:literal, $ty:ty) => {{
-        let n = CString::new($name).unwrap();
-        let v = CString::new("RDMACM_1.0").unwrap();
-        // SAFETY: $h is a live handle from dlopen; n and v are valid C strings.
-        let p = unsafe { libc::dlvsym($h, n.as_ptr(), v.as_ptr()) };
-        if p.is_null() {
-            return Err(format!("{LIBRDMACM} lacks {}@RDMACM_1.0", $name));
-        }
+        let p = sym($h, $name, "RDMACM_1.0").ok_or_else(|| format!("{LIBRDMACM} lacks {}@RDMACM_1.0", $name))?;
         // SAFETY: the symbol is the versioned librdmacm function whose C
         // prototype $ty transcribes from <rdma/rdma_cma.h>.
         unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
@@ -319,26 +303,7 @@ struct SockAddr(libc::sockaddr_storage);
 
 impl SockAddr {
     fn new(a: SocketAddr) -> SockAddr {
-        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
-        let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        match a {
-            SocketAddr::V4(v4) => {
-                // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-                let sin = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in) };
-                sin.sin_family = libc::AF_INET as libc::sa_family_t;
-                sin.sin_port = v4.port().to_be();
-                sin.sin_addr = libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() };
-            }
-            SocketAddr::V6(v6) => {
-                // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
-                let sin6 = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in6) };
-                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                sin6.sin6_port = v6.port().to_be();
-                sin6.sin6_addr = libc::in6_addr { s6_addr: v6.ip().octets() };
-                sin6.sin6_scope_id = v6.scope_id();
-            }
-        }
-        SockAddr(s)
+        SockAddr(crate::transport::sock::to_sockaddr(&a).0)
     }
 
     fn ptr(&mut self) -> *mut libc::sockaddr {

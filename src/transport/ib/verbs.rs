@@ -94,7 +94,8 @@ pub(crate) unsafe fn release() {
     }
 }
 
-fn dlerror_string() -> String {
+/// The last dlopen/dlsym error of this thread (also for librdmacm).
+pub(super) fn dlerror_string() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated thread-local string.
     let e = unsafe { libc::dlerror() };
     if e.is_null() {
@@ -105,7 +106,8 @@ fn dlerror_string() -> String {
     }
 }
 
-fn sym(h: *mut c_void, name: &str, version: &str) -> Option<*mut c_void> {
+/// The versioned symbol `name@version` of the library `h` (also for librdmacm).
+pub(super) fn sym(h: *mut c_void, name: &str, version: &str) -> Option<*mut c_void> {
     let n = CString::new(name).ok()?;
     let v = CString::new(version).ok()?;
     // SAFETY: h is a live handle from dlopen; n and v are valid C strings.
