@@ -739,7 +739,8 @@ pub fn render(r: &Report) -> String {
     s
 }
 
-fn js(s: &str) -> String {
+/// `s` as a JSON string literal (also for `rustnet watch --json`).
+pub fn js(s: &str) -> String {
     let mut o = String::from("\"");
     for c in s.chars() {
         match c {

@@ -2,12 +2,9 @@
 //! and CPU s/GB against message size (log scale), one line per network, with
 //! the min-max range as a bar. (bisect.rs draws a heat map, not lines.)
 use crate::samples::Row;
+use rustnet_tools::svg::xml as esc;
 
 const COLORS: [&str; 6] = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#9467bd", "#ff7f0e"];
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
 
 fn size_label(n: usize) -> String {
     if n >= 1 << 20 && n % (1 << 20) == 0 {

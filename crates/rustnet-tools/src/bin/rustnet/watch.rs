@@ -7,6 +7,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use rustnet_tools::doctor::js;
 use rustnet_tools::fabric::classify::{classify, Kind, Severity};
 use rustnet_tools::fabric::counters::{self, Delta, Ethtool, PortCounters, Source};
 use rustnet_tools::fabric::lossless::DcbTool;
@@ -73,20 +74,6 @@ fn parse(args: Vec<String>) -> Result<Option<Opts>, String> {
         }
     }
     Ok(Some(o))
-}
-
-fn js(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
 }
 
 fn src_name(s: Source) -> &'static str {
