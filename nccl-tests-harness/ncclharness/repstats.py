@@ -193,15 +193,16 @@ def _range(s):
     return f"{s.lo:6.3f}-{s.hi:<6.3f}"
 
 
+def _groups(points):
+    """The (collective, ranks) pairs of `points`, in first-seen order."""
+    return list(dict.fromkeys((pt.collective, pt.nranks) for pt in points))
+
+
 def format_points(points, plugin="rustnet", builtin="Socket", min_size=GOAL_MIN_SIZE):
     """One table per (collective, ranks): median and range for both networks,
     ratio of medians and the range of the per-repeat ratios."""
     out = []
-    groups = []
-    for pt in points:
-        g = (pt.collective, pt.nranks)
-        if g not in groups:
-            groups.append(g)
+    groups = _groups(points)
     for c, n in groups:
         out.append("")
         out.append(f"{c}, {n} ranks: busbw GB/s, median [min-max] over repeats (n = values)")
@@ -220,11 +221,7 @@ def format_points(points, plugin="rustnet", builtin="Socket", min_size=GOAL_MIN_
 
 def format_ratio_matrix(points, plugin="rustnet", builtin="Socket", min_size=GOAL_MIN_SIZE):
     """Sizes down, (collective, ranks) across: the ratio of the medians."""
-    groups = []
-    for pt in points:
-        g = (pt.collective, pt.nranks)
-        if g not in groups:
-            groups.append(g)
+    groups = _groups(points)
     sizes = sorted({pt.size for pt in points})
     by = {pt.key: pt for pt in points}
     heads = [f"{c} n={n}" for c, n in groups]

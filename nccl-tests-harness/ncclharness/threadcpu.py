@@ -15,6 +15,7 @@ same interval.
 """
 
 import os
+import statistics
 import threading
 import time
 
@@ -159,11 +160,8 @@ def summary_table(rows):
         groups.setdefault((coll, n, net), []).append(r)
 
     def med(xs):
-        xs = sorted(x for x in xs if x is not None)
-        if not xs:
-            return None
-        m = len(xs) // 2
-        return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
 
     head = f"{'test':<12}{'ranks':>6} {'network':<9}{'runs':>5}{'wall s':>8}{'cpu s':>8}" + \
         "".join(f"{k:>8}" for k in KINDS) + f"{'idle':>7}"
