@@ -812,19 +812,33 @@ impl<T> Shared<T> {
 }
 
 impl<T: Drive> Helper<T> {
-    fn start(core: T, what: &str) -> Result<Helper<T>> {
+    /// Start the comm's helper thread; if it cannot start, the core comes
+    /// back with the reason, so the caller's thread can drive it instead.
+    fn start(core: T, what: &str) -> std::result::Result<Helper<T>, (T, Error)> {
+        let wake = match EventFd::new() {
+            Ok(w) => w,
+            Err(e) => return Err((core, e)),
+        };
         let sh = Arc::new(Shared {
             core: Mutex::new(core),
             stop: AtomicBool::new(false),
             posts: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
-            wake: EventFd::new()?,
+            wake,
         });
         let s2 = sh.clone();
         let name: &'static std::ffi::CStr = if what == "send" { c"rustnet-tcp-snd" } else { c"rustnet-tcp-rcv" };
-        let thread =
-            BareThread::spawn(name, move || helper_loop(s2)).map_err(|e| Error::Internal(format!("start the TCP helper thread: {e}")))?;
-        Ok(Helper { sh, thread: Some(thread) })
+        match BareThread::spawn(name, move || helper_loop(s2)) {
+            Ok(thread) => Ok(Helper { sh, thread: Some(thread) }),
+            Err(e) => {
+                let e = Error::Internal(format!("start the TCP helper thread: {e}"));
+                // the failed spawn dropped its clone: the core is ours alone again
+                match Arc::try_unwrap(sh) {
+                    Ok(sh) => Err((sh.core.into_inner().unwrap_or_else(|p| p.into_inner()), e)),
+                    Err(_) => unreachable!("no thread holds the helper's state"),
+                }
+            }
+        }
     }
 
     /// Stop the thread without waiting for it (a comm failed by a panic at
@@ -874,27 +888,15 @@ impl SendComm {
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
         let core = SendCore::new(socks, peer, cfg);
         if cfg.helper {
-            let peer = core.peer;
             match Helper::start(core, "send") {
                 Ok(h) => return SendComm::Helper(h),
-                Err(e) => {
+                Err((core, e)) => {
                     tracing::warn!("{e}; sending to {peer} from the caller's thread instead");
-                    return SendComm::new_direct_after_failure(peer);
+                    return SendComm::Direct(core);
                 }
             }
         }
         SendComm::Direct(core)
-    }
-
-    fn new_direct_after_failure(peer: SocketAddr) -> SendComm {
-        // the core moved into the failed start; a comm that fails every call says why
-        let mut c = SendCore::new(
-            Vec::new(),
-            peer,
-            StreamCfg { nstreams: 0, min_chunk: 1, timeout_s: 1, bufsize: 0, helper: false, connect_timeout_s: 60, max_strangers: 256 },
-        );
-        c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
-        SendComm::Direct(c)
     }
 
     /// Peer address.
@@ -987,23 +989,9 @@ impl RecvComm {
         if cfg.helper {
             match Helper::start(core, "recv") {
                 Ok(h) => return RecvComm::Helper(h),
-                Err(e) => {
+                Err((core, e)) => {
                     tracing::warn!("{e}; receiving from {peer} from the caller's thread instead");
-                    let mut c = RecvCore::new(
-                        Vec::new(),
-                        peer,
-                        StreamCfg {
-                            nstreams: 0,
-                            min_chunk: 1,
-                            timeout_s: 1,
-                            bufsize: 0,
-                            helper: false,
-                            connect_timeout_s: 60,
-                            max_strangers: 256,
-                        },
-                    );
-                    c.failed = Some(Error::Internal("could not start the TCP helper thread (see the WARN above)".into()));
-                    return RecvComm::Direct(c);
+                    return RecvComm::Direct(core);
                 }
             }
         }
@@ -1308,7 +1296,7 @@ mod data_tests {
     fn a_panic_in_the_helper_fails_the_comm_and_ends_the_thread() {
         let armed = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
-        let h = Helper::start(Bomb { armed: armed.clone(), failed: failed.clone() }, "bomb").unwrap();
+        let Ok(h) = Helper::start(Bomb { armed: armed.clone(), failed: failed.clone() }, "bomb") else { panic!("helper did not start") };
         armed.store(true, Ordering::SeqCst);
         h.posted();
         let t0 = Instant::now();
