@@ -9,7 +9,7 @@ use super::{v9, VoidPtr};
 
 unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
-    crate::transport::ib::vdev::set_nccl_fuses(true);
+    crate::plugin::Plugin::nccl_fuses_devices();
     // v10 comms all belong to the implicit context: its profiler callback
     crate::context::implicit().set_profiler(prof);
     let r = c::init(v8::logger(log));

@@ -25,7 +25,7 @@ pub(crate) unsafe extern "C" fn init(
     prof: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
-    crate::transport::ib::vdev::set_nccl_fuses(true);
+    crate::plugin::Plugin::nccl_fuses_devices();
     // SAFETY: config may be NULL (no class); else NCCL's struct for this call.
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: an

@@ -10,7 +10,7 @@ use crate::transport::DeviceProps;
 
 unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
-    crate::transport::ib::vdev::set_nccl_fuses(true);
+    crate::plugin::Plugin::nccl_fuses_devices();
     c::init(v8::logger(log))
 }
 

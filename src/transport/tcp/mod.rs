@@ -141,6 +141,12 @@ impl TcpNet {
         &self.helper_why
     }
 
+    /// The init log's line: interfaces, streams per connection, helper choice.
+    pub fn summary(&self) -> String {
+        let list: Vec<String> = self.ifs.iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
+        format!("using TCP on {} ({} stream(s) per connection; {})", list.join(" "), self.cfg.nstreams, self.helper_why)
+    }
+
     /// Properties of `dev`.
     pub fn props(&self, dev: usize) -> Result<DeviceProps> {
         self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))
