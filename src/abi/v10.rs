@@ -11,7 +11,7 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) 
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
     crate::plugin::Plugin::nccl_fuses_devices();
     // v10 comms all belong to the implicit context: its profiler callback
-    crate::context::implicit().set_profiler(prof);
+    crate::context::implicit().set_profiler(super::profiler::core_callback(prof));
     let r = c::init(v8::logger(log));
     // the events' callback (process-wide, see abi/profiler.rs)
     super::profiler::set_callback(prof);

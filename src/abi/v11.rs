@@ -31,7 +31,7 @@ pub(crate) unsafe extern "C" fn init(
     // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: an
     // out-pointer for the new context), which is all c::init_ctx assumes; it
     // checks NULL itself.
-    let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), prof) };
+    let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), super::profiler::core_callback(prof)) };
     // the events' callback (process-wide: NCCL passes the same one to every context)
     super::profiler::set_callback(prof);
     r
