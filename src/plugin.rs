@@ -211,7 +211,7 @@ impl Plugin {
                 Ok(Some(c))
             }
             Ok(false) => {
-                let token = tcp::connect::random_u64();
+                let token = crate::random::random_u64();
                 let mut g = CONNECTING.lock();
                 let m = g.get_or_insert_with(HashMap::new);
                 // NCCL calls connect again and again until it is done, and

@@ -2,6 +2,8 @@
 //! the socket layer both use ([`sock`]: TCP's data streams, and the verbs
 //! transport's out-of-band exchange).
 pub mod ib;
+pub mod netif;
+pub mod oob;
 pub mod sock;
 pub mod tcp;
 

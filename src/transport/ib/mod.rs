@@ -38,7 +38,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::handle::Handle;
-use crate::transport::tcp::device as tcpdev;
+use crate::transport::netif::{self, NetIf};
 use crate::transport::{DeviceProps, MemKind, RawBuf};
 
 /// Unload: free the process-wide verbs state (library tables, GID and
@@ -74,7 +74,7 @@ pub struct IbNet {
     slots: parking_lot::RwLock<Vec<vdev::Slot>>,
     /// NUMA node per physical device (control memory placement, [`topo`]).
     numa: Vec<Option<i32>>,
-    oob: tcpdev::NetIf,
+    oob: NetIf,
     cc: Arc<ConnCfg>,
     /// Per device: `cc` with `flush` on where that device flushes (GPUDirect
     /// on and NCCL_GDR_FLUSH_DISABLE=0, or forced): its receive comms get
@@ -89,7 +89,7 @@ impl IbNet {
         let lib = verbs::Lib::get().map_err(Error::Usage)?;
         p2p::set_stats_dump(cfg.stats.get() == 1);
         let devs = device::discover(lib, cfg, Path::new("/sys"))?;
-        let oob = tcpdev::discover(cfg)
+        let oob = netif::discover(cfg)
             .map_err(|e| Error::Usage(format!("RDMA ports found, but no IP interface for the out-of-band connection setup: {e}")))?
             .into_iter()
             .next()
@@ -127,7 +127,7 @@ impl IbNet {
     }
 
     /// The out-of-band interface.
-    pub fn oob(&self) -> &tcpdev::NetIf {
+    pub fn oob(&self) -> &NetIf {
         &self.oob
     }
 

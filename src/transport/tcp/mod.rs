@@ -8,10 +8,11 @@ use std::path::Path;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HandleKind};
+use crate::transport::netif::{self, NetIf};
+use crate::transport::oob::OobCfg;
 use crate::transport::DeviceProps;
 
 pub use connect::{TcpConnecting, TcpListen};
-pub use device::NetIf;
 pub use p2p::{RecvComm, SendComm};
 
 /// RUSTNET_SOCKET_HELPER=-1 starts helper threads when this process has at
@@ -88,6 +89,16 @@ pub struct StreamCfg {
 }
 
 impl StreamCfg {
+    /// The settings of its connection set-up ([`crate::transport::oob`]).
+    pub fn oob(&self) -> OobCfg {
+        OobCfg {
+            timeout_s: self.timeout_s,
+            bufsize: self.bufsize,
+            connect_timeout_s: self.connect_timeout_s,
+            max_strangers: self.max_strangers,
+        }
+    }
+
     /// From the knob table.
     pub fn from_config(cfg: &Config) -> StreamCfg {
         let threads = cfg.socket_nthreads.get().max(1) as usize;
@@ -114,7 +125,7 @@ pub struct TcpNet {
 impl TcpNet {
     /// Discover interfaces per the knobs.
     pub fn new(cfg: &Config) -> Result<TcpNet> {
-        let ifs = device::discover(cfg)?;
+        let ifs = netif::discover(cfg)?;
         let props = ifs.iter().enumerate().map(|(i, f)| device::properties(f, i, Path::new("/sys"))).collect();
         let helper_why = helper_choice(cfg).1;
         let cfg = StreamCfg::from_config(cfg);
@@ -155,7 +166,7 @@ impl TcpNet {
     /// Listen on `dev`; accepted sockets carry `tos` (IP TOS / IPv6 traffic class) when set.
     pub fn listen(&self, dev: usize, tos: Option<u8>) -> Result<(TcpListen, Handle)> {
         let ifc = self.ifs.get(dev).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))?;
-        let (l, h) = TcpListen::new(ifc.addr, HandleKind::Tcp, self.cfg)?;
+        let (l, h) = TcpListen::new(ifc.addr, self.cfg)?;
         Ok((l.with_tos(tos)?, h))
     }
 
@@ -167,7 +178,7 @@ impl TcpNet {
                 h.kind
             )));
         }
-        TcpConnecting::start_tos(h, self.cfg.nstreams, self.cfg, tos)
+        TcpConnecting::start(h, self.cfg, tos)
     }
 }
 
