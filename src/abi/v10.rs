@@ -25,10 +25,8 @@ unsafe extern "C" fn connect(
     sc: *mut VoidPtr,
     dc: *mut *mut ncclNetDeviceHandle_v10_t,
 ) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v10_t's connect).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE

@@ -52,10 +52,8 @@ pub(crate) unsafe extern "C" fn connect(
     sc: *mut VoidPtr,
     dc: *mut *mut ncclNetDeviceHandle_v11_t,
 ) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v11_t's connect).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: its
     // context handle; handle: the bytes the peer's listen filled; sendComm:
     // an out-pointer), which is all c::connect assumes; it checks NULLs and
@@ -100,14 +98,6 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
     })
 }
 
-unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v11_t) -> ncclResult_t {
-    guard("makeVDevice", || {
-        // SAFETY: pointers from NCCL; NULL rejected.
-        let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        v9::make_vdevice_from(out_d, p.ndevs, &p.devs)
-    })
-}
-
 /// The v11 vtable (NCCL 2.28, 2.29 load it first; 2.30 after v12).
 #[no_mangle]
 pub static ncclNetPlugin_v11: Vtable<ncclNet_v11_t> = Vtable(ncclNet_v11_t {
@@ -130,7 +120,7 @@ pub static ncclNetPlugin_v11: Vtable<ncclNet_v11_t> = Vtable(ncclNet_v11_t {
     closeListen: Some(v8::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: Some(make_vdevice),
+    makeVDevice: Some(v9::make_vdevice),
     finalize: Some(finalize),
     setNetAttr: Some(set_net_attr),
 });

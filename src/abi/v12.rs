@@ -29,14 +29,6 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
     })
 }
 
-unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v12_t) -> ncclResult_t {
-    guard("makeVDevice", || {
-        // SAFETY: pointers from NCCL; NULL rejected.
-        let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        v9::make_vdevice_from(out_d, p.ndevs, &p.devs)
-    })
-}
-
 /// The v12 vtable (NCCL 2.30 and later load it first).
 #[no_mangle]
 pub static ncclNetPlugin_v12: Vtable<ncclNet_v12_t> = Vtable(ncclNet_v12_t {
@@ -59,7 +51,7 @@ pub static ncclNetPlugin_v12: Vtable<ncclNet_v12_t> = Vtable(ncclNet_v12_t {
     closeListen: Some(v8::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: Some(make_vdevice),
+    makeVDevice: Some(v9::make_vdevice),
     finalize: Some(v11::finalize),
     setNetAttr: Some(v11::set_net_attr),
 });

@@ -39,10 +39,8 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v7
 }
 
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v7_t's connect).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
     // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
     // it checks NULLs and handles itself.
@@ -50,11 +48,8 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
 }
 
 unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
-        // for one device-handle pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v7_t's accept).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (listenComm: what listen returned;
     // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
     // itself.

@@ -69,22 +69,43 @@ fn vprops(dev: c_int) -> ncclNetVDeviceProps_v9_t {
     v
 }
 
-/// makeVDevice of any version: fuse `devs[..ndevs]` into a new device, index in `*d`.
-pub(crate) fn make_vdevice_from(out_d: &mut c_int, ndevs: c_int, devs: &[c_int]) -> crate::error::Result<()> {
-    let n = usize::try_from(ndevs)
-        .ok()
-        .filter(|&n| n <= devs.len())
-        .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {ndevs} (1..={} accepted)", devs.len())))?;
-    *out_d = crate::plugin::get()?.make_vdevice(&devs[..n])?;
-    Ok(())
+/// The vProps struct of a version (v9 and v10: 4 devices; v11: 4; v12: 8).
+pub(crate) trait VDeviceProps {
+    /// `ndevs` and the `devs` array.
+    fn members(&self) -> (c_int, &[c_int]);
 }
 
-/// makeVDevice: fuse `props->devs[..ndevs]` into a new device, index in `*d`.
-pub(crate) unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v9_t) -> ncclResult_t {
+impl VDeviceProps for ncclNetVDeviceProps_v9_t {
+    fn members(&self) -> (c_int, &[c_int]) {
+        (self.ndevs, &self.devs)
+    }
+}
+
+impl VDeviceProps for ncclNetVDeviceProps_v11_t {
+    fn members(&self) -> (c_int, &[c_int]) {
+        (self.ndevs, &self.devs)
+    }
+}
+
+impl VDeviceProps for ncclNetVDeviceProps_v12_t {
+    fn members(&self) -> (c_int, &[c_int]) {
+        (self.ndevs, &self.devs)
+    }
+}
+
+/// makeVDevice (v9+, any version's vProps): fuse `props->devs[..ndevs]`
+/// into a new device, index in `*d`.
+pub(crate) unsafe extern "C" fn make_vdevice<P: VDeviceProps>(d: *mut c_int, props: *mut P) -> ncclResult_t {
     guard("makeVDevice", || {
         // SAFETY: pointers from NCCL; NULL rejected.
         let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        make_vdevice_from(out_d, p.ndevs, &p.devs)
+        let (ndevs, devs) = p.members();
+        let n = usize::try_from(ndevs)
+            .ok()
+            .filter(|&n| n <= devs.len())
+            .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {ndevs} (1..={} accepted)", devs.len())))?;
+        *out_d = crate::plugin::get()?.make_vdevice(&devs[..n])?;
+        Ok(())
     })
 }
 
@@ -98,10 +119,8 @@ pub(crate) unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetPr
 }
 
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v9_t's connect).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
     // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
     // it checks NULLs and handles itself.
@@ -109,11 +128,8 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, 
 }
 
 pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
-        // for one device-handle pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v9_t's accept).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (listenComm: what listen returned;
     // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
     // itself.
