@@ -63,8 +63,8 @@ pub(crate) unsafe extern "C" fn irecv(
 ) -> ncclResult_t {
     // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (data, tags, mhandles: n entries
     // each, the buffers valid until test reports the request done; request: an out-pointer), which
-    // is all v9::irecv_p assumes (ph: NULL or n parent handles); it checks NULLs and handles itself.
-    unsafe { v9::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
+    // is all c::irecv_p assumes (ph: NULL or n parent handles); it checks n, NULLs and handles itself.
+    unsafe { c::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
 }
 
 /// The v10 vtable (NCCL 2.26 through 2.30 accept it).

@@ -123,15 +123,11 @@ pub(crate) unsafe extern "C" fn irecv(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: NCCL passes n sizes.
-    let s = match unsafe { c::recv_sizes(n, sizes) } {
-        Ok(s) => s,
-        Err(e) => return guard("irecv", || Err(e)),
-    };
-    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data, tags, mhandles: n entries
-    // each, the buffers valid until test reports the request done; request: an out-pointer), which
-    // is all c::irecv assumes; it checks NULLs and handles itself.
-    unsafe { c::irecv(rc, n, data, &s, tags, mh, req) }
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data, sizes, tags, mhandles: n
+    // entries each, the buffers valid until test reports the request done; request: an
+    // out-pointer), which is all c::irecv_p assumes (no parent handles before v10: NULL); it
+    // checks n, NULLs and handles itself.
+    unsafe { c::irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
 }
 
 pub(crate) unsafe extern "C" fn iflush(

@@ -159,34 +159,11 @@ pub(crate) unsafe extern "C" fn irecv(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, sizes,
-    // tags, mhandles: n entries each, the buffers valid until test reports
-    // the request done; request: an out-pointer), which is all irecv_p
-    // assumes; no parent handles in v9 (NULL).
-    unsafe { irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
-}
-
-/// irecv with NCCL's profiler parent handles (v10+; NULL: none).
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn irecv_p(
-    rc: *mut c_void,
-    n: c_int,
-    data: *mut VoidPtr,
-    sizes: *mut usize,
-    tags: *mut c_int,
-    mh: *mut VoidPtr,
-    ph: *mut VoidPtr,
-    req: *mut VoidPtr,
-) -> ncclResult_t {
-    // SAFETY: NCCL passes n sizes.
-    let s = match unsafe { c::recv_sizes(n, sizes) } {
-        Ok(s) => s,
-        Err(e) => return guard("irecv", || Err(e)),
-    };
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, tags, mhandles: n entries
-    // each, the buffers valid until test reports the request done; request: an out-pointer), which
-    // is all c::irecv_p assumes (ph: NULL or n profiler parent handles); it checks NULLs and handles itself.
-    unsafe { c::irecv_p(rc, n, data, &s, tags, mh, ph, req) }
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, sizes, tags, mhandles: n
+    // entries each, the buffers valid until test reports the request done; request: an
+    // out-pointer), which is all c::irecv_p assumes (no parent handles in v9: NULL); it checks n,
+    // NULLs and handles itself.
+    unsafe { c::irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
 }
 
 /// The v9 vtable (NCCL 2.24, 2.25). `makeVDevice` fuses devices (verbs; TCP refuses, which NCCL tolerates).
