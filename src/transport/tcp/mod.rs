@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HandleKind};
+use crate::proto::wire::MAX_STREAMS;
 use crate::transport::netif::{self, NetIf};
 use crate::transport::oob::OobCfg;
 use crate::transport::DeviceProps;
@@ -103,7 +104,7 @@ impl StreamCfg {
     pub fn from_config(cfg: &Config) -> StreamCfg {
         let threads = cfg.socket_nthreads.get().max(1) as usize;
         StreamCfg {
-            nstreams: (threads * cfg.nsocks_per_thread.get() as usize).clamp(1, 64),
+            nstreams: (threads * cfg.nsocks_per_thread.get() as usize).clamp(1, MAX_STREAMS),
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
