@@ -72,11 +72,11 @@ pub(crate) unsafe extern "C" fn irecv(
 pub static ncclNetPlugin_v10: Vtable<ncclNet_v10_t> = Vtable(ncclNet_v10_t {
     name: NET_NAME.as_ptr(),
     init: Some(init),
-    devices: Some(v9::devices),
+    devices: Some(v8::devices),
     getProperties: Some(v9::get_properties),
     listen: Some(v8::listen),
     connect: Some(connect),
-    accept: Some(v9::accept),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),

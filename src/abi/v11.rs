@@ -103,11 +103,11 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
 pub static ncclNetPlugin_v11: Vtable<ncclNet_v11_t> = Vtable(ncclNet_v11_t {
     name: NET_NAME.as_ptr(),
     init: Some(init),
-    devices: Some(v9::devices),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(listen),
     connect: Some(connect),
-    accept: Some(v9::accept),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),

@@ -34,11 +34,11 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
 pub static ncclNetPlugin_v12: Vtable<ncclNet_v12_t> = Vtable(ncclNet_v12_t {
     name: NET_NAME.as_ptr(),
     init: Some(v11::init),
-    devices: Some(v9::devices),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(v11::listen),
     connect: Some(v11::connect),
-    accept: Some(v9::accept),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),

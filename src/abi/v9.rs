@@ -14,12 +14,6 @@ unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
     c::init(v8::logger(log))
 }
 
-pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (ndev: an out-pointer for one int),
-    // which is all c::devices assumes; it checks NULLs and handles itself.
-    unsafe { c::devices(ndev) }
-}
-
 /// A properties struct of v9 or later (`$ty`) from the device's properties
 /// `$d` and its `vProps`, plus the fields that version adds: the fields v9
 /// defined are the same in every later version, only the type differs.
@@ -118,24 +112,6 @@ pub(crate) unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetPr
     })
 }
 
-unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
-    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v9_t's connect).
-    unsafe { super::no_dev_comm(dc) };
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
-    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
-    // it checks NULLs and handles itself.
-    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
-}
-
-pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
-    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v9_t's accept).
-    unsafe { super::no_dev_comm(dc) };
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (listenComm: what listen returned;
-    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
-    // itself.
-    unsafe { c::accept(lc, rc) }
-}
-
 pub(crate) unsafe extern "C" fn isend(
     sc: *mut c_void,
     data: *mut c_void,
@@ -171,11 +147,11 @@ pub(crate) unsafe extern "C" fn irecv(
 pub static ncclNetPlugin_v9: Vtable<ncclNet_v9_t> = Vtable(ncclNet_v9_t {
     name: NET_NAME.as_ptr(),
     init: Some(init),
-    devices: Some(devices),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(v8::listen),
-    connect: Some(connect),
-    accept: Some(accept),
+    connect: Some(v8::connect),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),
