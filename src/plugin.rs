@@ -126,7 +126,7 @@ impl Plugin {
         let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
         match &self.net {
             Net::Tcp(t) => {
-                let (l, h) = t.listen(dev, tos_of(ctx.traffic_class()))?;
+                let (l, h) = t.listen(dev, ctx.traffic_class())?;
                 h.encode(handle);
                 Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))), ctx: ctx.member(), dev })
             }
@@ -172,7 +172,7 @@ impl Plugin {
         let tc = traffic_class.or(ctx.traffic_class());
         let mut st = if h.stage == 0 {
             match &self.net {
-                Net::Tcp(t) => Connecting::Tcp(t.connect(&h, tos_of(tc))?),
+                Net::Tcp(t) => Connecting::Tcp(t.connect(&h, tc)?),
                 Net::Ib(n) => {
                     let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
                     Connecting::Ib(Box::new(n.connect_any(dev, handle, &h, tc)?))
@@ -390,12 +390,6 @@ pub(crate) fn drop_connecting_of(serial: u64) -> usize {
     let before = m.len();
     m.retain(|_, (_, _, owner)| *owner != serial);
     before - m.len()
-}
-
-/// The IP TOS byte for a traffic class (0..255 checked by the context; a
-/// v10 connect's class out of range is ignored, as over verbs).
-fn tos_of(tc: Option<i32>) -> Option<u8> {
-    tc.and_then(|t| u8::try_from(t).ok())
 }
 
 /// Connect attempts in progress (NCCL may still call connect for them).

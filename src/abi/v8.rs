@@ -54,7 +54,12 @@ pub(crate) unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, lc: *mut
 }
 
 /// connect of v7-v9 (one C signature: every devComm handle type is v7's).
-pub(crate) unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
+pub(crate) unsafe extern "C" fn connect(
+    dev: c_int,
+    handle: *mut c_void,
+    sc: *mut VoidPtr,
+    dc: *mut *mut ncclNetDeviceHandle_v7_t,
+) -> ncclResult_t {
     // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v7_t..v9_t's connect).
     unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v7_t..v9_t define it (handle: the NCCL_NET_HANDLE_MAXSIZE

@@ -227,23 +227,11 @@ impl IbSend {
         }
     }
 
-    /// Physical devices the comm's registrations go to (member order).
-    fn members(&self) -> Vec<usize> {
+    /// The member comms, rail order (the one comm of a plain device).
+    fn rails(&self) -> &[SendComm] {
         match self {
-            IbSend::One(c) => vec![c.dev()],
-            IbSend::Multi(c) => c.members(),
-        }
-    }
-
-    /// The peer (member 0's on a merged device) and each member's QP
-    /// counter table, by physical device.
-    fn stats_parts(&self) -> (String, Vec<(usize, Arc<QpTable>)>) {
-        match self {
-            IbSend::One(c) => (c.peer().to_string(), vec![(c.dev(), c.qp_table())]),
-            IbSend::Multi(c) => (
-                c.rails().first().map_or_else(String::new, |r| r.peer().to_string()),
-                c.rails().iter().map(|r| (r.dev(), r.qp_table())).collect(),
-            ),
+            IbSend::One(c) => std::slice::from_ref(&**c),
+            IbSend::Multi(c) => c.rails(),
         }
     }
 }
@@ -295,24 +283,54 @@ impl IbRecv {
         }
     }
 
-    /// Physical devices the comm's registrations go to (member order).
-    fn members(&self) -> Vec<usize> {
+    /// The member comms, rail order (the one comm of a plain device).
+    fn rails(&self) -> &[RecvComm] {
         match self {
-            IbRecv::One(c) => vec![c.dev()],
-            IbRecv::Multi(c) => c.members(),
+            IbRecv::One(c) => std::slice::from_ref(&**c),
+            IbRecv::Multi(c) => c.rails(),
         }
     }
+}
 
-    /// As [`IbSend::stats_parts`].
-    fn stats_parts(&self) -> (String, Vec<(usize, Arc<QpTable>)>) {
-        match self {
-            IbRecv::One(c) => (c.peer().to_string(), vec![(c.dev(), c.qp_table())]),
-            IbRecv::Multi(c) => (
-                c.rails().first().map_or_else(String::new, |r| r.peer().to_string()),
-                c.rails().iter().map(|r| (r.dev(), r.qp_table())).collect(),
-            ),
-        }
+/// What registration and the counters need of one member comm, either way.
+trait Rail {
+    fn dev(&self) -> usize;
+    fn peer(&self) -> std::net::SocketAddr;
+    fn qp_table(&self) -> Arc<QpTable>;
+}
+
+impl Rail for SendComm {
+    fn dev(&self) -> usize {
+        SendComm::dev(self)
     }
+    fn peer(&self) -> std::net::SocketAddr {
+        SendComm::peer(self)
+    }
+    fn qp_table(&self) -> Arc<QpTable> {
+        SendComm::qp_table(self)
+    }
+}
+
+impl Rail for RecvComm {
+    fn dev(&self) -> usize {
+        RecvComm::dev(self)
+    }
+    fn peer(&self) -> std::net::SocketAddr {
+        RecvComm::peer(self)
+    }
+    fn qp_table(&self) -> Arc<QpTable> {
+        RecvComm::qp_table(self)
+    }
+}
+
+/// Physical devices of `rails`, member order.
+fn members_of<R: Rail>(rails: &[R]) -> Vec<usize> {
+    rails.iter().map(R::dev).collect()
+}
+
+/// The peer (member 0's) and each member's QP counter table, by physical device.
+fn stats_parts_of<R: Rail>(rails: &[R]) -> (String, Vec<(usize, Arc<QpTable>)>) {
+    (rails.first().map_or_else(String::new, |r| r.peer().to_string()), rails.iter().map(|r| (r.dev(), r.qp_table())).collect())
 }
 
 /// One end of a verbs comm, for what both ends share (registration, counters).
@@ -341,9 +359,9 @@ impl IbNet {
     /// flush QP reads them (any member that flushes).
     pub fn reg_plan(&self, side: Side<'_>) -> RegPlan {
         match side {
-            Side::Send(c) => RegPlan { members: c.members(), merged: matches!(c, IbSend::Multi(_)), access: Access::LOCAL_READ },
+            Side::Send(c) => RegPlan { members: members_of(c.rails()), merged: matches!(c, IbSend::Multi(_)), access: Access::LOCAL_READ },
             Side::Recv(c) => {
-                let members = c.members();
+                let members = members_of(c.rails());
                 let access = if members.iter().any(|&d| self.recv_access_on(d).covers(Access::REMOTE_READ)) {
                     Access::REMOTE_WRITE.with(Access::REMOTE_READ)
                 } else {
@@ -395,8 +413,8 @@ impl IbNet {
     /// of its device and its QP counter table.
     pub fn stats_of(&self, side: Side<'_>) -> (String, Vec<(String, Arc<QpTable>)>) {
         let (peer, tables) = match side {
-            Side::Send(c) => c.stats_parts(),
-            Side::Recv(c) => c.stats_parts(),
+            Side::Send(c) => stats_parts_of(c.rails()),
+            Side::Recv(c) => stats_parts_of(c.rails()),
         };
         (peer, tables.into_iter().map(|(d, t)| (self.dev_name(d), t)).collect())
     }

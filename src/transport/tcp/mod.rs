@@ -115,6 +115,12 @@ impl StreamCfg {
     }
 }
 
+/// The IP TOS byte for a traffic class (0..255 checked by the context; a
+/// v10 connect's class out of range is ignored, as over verbs).
+fn tos_of(tc: Option<i32>) -> Option<u8> {
+    tc.and_then(|t| u8::try_from(t).ok())
+}
+
 /// The TCP transport's device table.
 pub struct TcpNet {
     ifs: Vec<NetIf>,
@@ -164,22 +170,24 @@ impl TcpNet {
         self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))
     }
 
-    /// Listen on `dev`; accepted sockets carry `tos` (IP TOS / IPv6 traffic class) when set.
-    pub fn listen(&self, dev: usize, tos: Option<u8>) -> Result<(TcpListen, Handle)> {
+    /// Listen on `dev`; accepted sockets carry the traffic class `tc` as
+    /// their IP TOS / IPv6 traffic class byte when set.
+    pub fn listen(&self, dev: usize, tc: Option<i32>) -> Result<(TcpListen, Handle)> {
         let ifc = self.ifs.get(dev).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))?;
         let (l, h) = TcpListen::new(ifc.addr, self.cfg)?;
-        Ok((l.with_tos(tos)?, h))
+        Ok((l.with_tos(tos_of(tc))?, h))
     }
 
-    /// Start connecting to the listener in `h`; the data sockets carry `tos` when set.
-    pub fn connect(&self, h: &Handle, tos: Option<u8>) -> Result<TcpConnecting> {
+    /// Start connecting to the listener in `h`; the data sockets carry the
+    /// traffic class `tc` when set.
+    pub fn connect(&self, h: &Handle, tc: Option<i32>) -> Result<TcpConnecting> {
         if h.kind != HandleKind::Tcp {
             return Err(Error::Usage(format!(
                 "the peer listens with the {:?} transport but this process uses TCP: set the same RUSTNET_TRANSPORT on every rank",
                 h.kind
             )));
         }
-        TcpConnecting::start(h, self.cfg, tos)
+        TcpConnecting::start(h, self.cfg, tos_of(tc))
     }
 }
 
