@@ -19,13 +19,15 @@ use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
-use crate::proto::eager::{self, CtsQueue, EagerRx, EagerTx, Header, HDR_BYTES, RING_SLOTS};
+use crate::proto::eager::{self, EagerTx, HDR_BYTES, RING_SLOTS};
 use crate::proto::fifo::{
-    self, Cts, FailCode, Group, Imm, ImmKind, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH,
-    MAX_LANE_WRS, SIZES_SLOT_BYTES,
+    self, Cts, FailCode, Group, ImmKind, PlannedWr, SendFifo, Slot, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS,
+    SIZES_SLOT_BYTES,
 };
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
+use crate::proto::mem::{Mem, MemMut};
 use crate::proto::pool::{Pool, ReqId};
+use crate::proto::{rx, ProtoError};
 use crate::transport::sock::{Io, Socket};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
@@ -54,8 +56,6 @@ const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
 const EAGER_SIGNAL: usize = 16;
 /// Eager-path WRs QP 0 may hold (part of its send queue, see handshake.rs).
 const EAGER_SQ: usize = 2 * RING_SLOTS;
-/// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
-const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
 
 // ---------------------------------------------------------------- per-QP counters
 
@@ -1059,38 +1059,10 @@ impl Drop for SendComm {
 
 // ---------------------------------------------------------------- receive side
 
-struct RecvReq {
-    /// A flush, not a receive.
-    flush: bool,
-    seq: u64,
-    n: usize,
-    caps: [usize; MAX_RECVS],
-    cts: [Cts; MAX_RECVS],
-    /// Rendezvous immediates still to come (one per lane), if any buffer
-    /// is filled that way.
-    lanes_left: usize,
-    imm: Option<ImmKind>,
-    sizes: [usize; MAX_RECVS],
-    /// Buffers filled (bit i = buffer i), by rendezvous or eager message.
-    filled: u8,
-    done: bool,
-}
-
-impl RecvReq {
-    fn all_filled(&self) -> bool {
-        self.filled as u32 == (1u32 << self.n) - 1
-    }
-}
-
-/// The receiver's half of the eager path.
-struct EagerRecv {
-    st: EagerRx,
+/// The receiver's eager ring (its bookkeeping is in the machine, [`rx::Receiver`]).
+struct EagerRing {
     /// Mailbox word, then the ring slots the sender writes.
     ring: HostRegion,
-    /// Posted buffers of the eager tag not filled yet, by `j % JWIN`: (j, request, buffer).
-    by_j: Box<[Option<(u64, ReqId, u8)>; JWIN]>,
-    /// Last mailbox value acted on.
-    mailbox: u64,
 }
 
 /// A loopback QP and a scratch word: `iflush` RDMA-reads one byte of the
@@ -1124,13 +1096,44 @@ impl Flush {
 
 impl Drop for RecvComm {
     fn drop(&mut self) {
+        self.link.eager_stats = self.rx.eager_stats();
         self.link.log_stats("recv");
     }
 }
 
-/// Request slots of a receive comm: receives are held to `RECV_POOL -
-/// MAX_REQUESTS`, leaving MAX_REQUESTS for flushes (at most one per receive).
-pub const RECV_POOL: usize = 3 * MAX_REQUESTS;
+/// Request slots of a receive comm (see [`rx::RECV_POOL`]).
+pub const RECV_POOL: usize = rx::RECV_POOL;
+
+/// Registered memory read through the protocol machines' eyes.
+impl Mem for HostRegion {
+    fn read_u64(&self, off: usize) -> u64 {
+        HostRegion::read_u64(self, off)
+    }
+    fn read(&self, off: usize, out: &mut [u8]) {
+        HostRegion::read(self, off, out)
+    }
+}
+
+/// Staging the protocol machines write into.
+impl MemMut for HostRegion {
+    fn write(&mut self, off: usize, data: &[u8]) {
+        HostRegion::write(self, off, data)
+    }
+}
+
+/// Copy an eager message the receiver machine handed out into its buffer.
+fn copy_delivery(ring: &HostRegion, d: &rx::Deliver) {
+    if d.len > 0 {
+        assert!(d.src + d.len <= ring.len());
+        // SAFETY: the ring bytes src..+len were written before the trailer
+        // the machine checked (acquire fence in read_u64) and lie inside the
+        // ring (asserted); the destination is the posted buffer's CTS
+        // address, whose capacity the machine checked against len, writable
+        // until its request is reported done (irecv's contract), host
+        // memory (eager is off with GPUDirect).
+        unsafe { std::ptr::copy_nonoverlapping(ring.addr().add(d.src), d.dst as *mut u8, d.len) };
+    }
+}
 
 /// The receiving end of a verbs connection.
 pub struct RecvComm {
@@ -1145,16 +1148,9 @@ pub struct RecvComm {
     stage: HostRegion,
     local: LocalAddr,
     remote_fifo: (u64, u32),
-    reqs: Pool<RecvReq>,
-    by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
-    /// The CTS elements of each slot's receive until they are written.
-    cts_store: Box<[[Cts; MAX_RECVS]; FIFO_DEPTH]>,
-    /// Buffers in each slot's receive.
-    slot_n: [u8; FIFO_DEPTH],
-    budgets: Vec<SqBudget>,
-    /// Which CTS slots go out when.
-    cts: CtsQueue,
-    eager: Option<EagerRecv>,
+    /// The protocol: requests, FIFO slots, CTS batching, eager bookkeeping.
+    rx: rx::Receiver,
+    eager: Option<EagerRing>,
 }
 
 impl RecvComm {
@@ -1176,15 +1172,11 @@ impl RecvComm {
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         let limit = offer.min(remote.eager) as usize;
         let eager = if limit > 0 {
-            Some(EagerRecv {
-                st: EagerRx::new(limit),
-                ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)?,
-                by_j: Box::new([None; JWIN]),
-                mailbox: 0,
-            })
+            Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
         } else {
             None
         };
+        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_SQ_DEPTH });
         Ok(RecvComm {
             link,
             flush,
@@ -1193,15 +1185,7 @@ impl RecvComm {
             stage,
             local,
             remote_fifo: (remote.addr, remote.rkey),
-            // receives may hold 2 x MAX_REQUESTS entries (posted plus
-            // completed-but-untested); the rest is kept for flushes, so a
-            // flush never finds the pool full (NULL would mean "flushed")
-            reqs: Pool::new(RECV_POOL),
-            by_slot: [None; FIFO_DEPTH],
-            cts_store: Box::new([[Cts::default(); MAX_RECVS]; FIFO_DEPTH]),
-            slot_n: [0; FIFO_DEPTH],
-            budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
-            cts: CtsQueue::new(),
+            rx,
             eager,
         })
     }
@@ -1224,7 +1208,7 @@ impl RecvComm {
             addr: self.sizes_mem.addr() as u64,
             rkey: self.sizes_mem.rkey(),
             name: self.link.dev.dev_name.clone(),
-            eager: self.eager.as_ref().map_or(0, |e| e.st.max as u32),
+            eager: self.rx.eager_limit() as u32,
             ring: self.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
         }
     }
@@ -1265,7 +1249,7 @@ impl RecvComm {
 
     /// Eager messages received and their payload bytes.
     pub fn eager_stats(&self) -> (u64, u64) {
-        self.link.eager_stats
+        self.rx.eager_stats()
     }
 
     fn progress_ready(&mut self) -> Result<()> {
@@ -1278,18 +1262,23 @@ impl RecvComm {
         }
         self.ready = None;
         self.link.handshake = false;
-        self.flush_cts()
+        self.rx.on_ready();
+        self.flush_ctl()
+    }
+
+    /// A protocol error of the peer's, as the comm reports it.
+    fn proto_err(&self, e: ProtoError) -> Error {
+        proto_error(&self.link, e)
     }
 
     /// Would `irecv` take a receive now? (A merged device asks every member
     /// before posting on any.) An error when this comm has failed.
     pub fn can_take_recv(&mut self) -> Result<bool> {
         self.link.check()?;
-        let slot = (self.cts.next() % FIFO_DEPTH as u64) as usize;
-        if self.by_slot[slot].is_some() || !self.cts.can_post() {
+        if !self.rx.slot_free() {
             self.poll();
         }
-        Ok(self.by_slot[slot].is_none() && self.cts.can_post() && self.reqs.len() < RECV_POOL - MAX_REQUESTS)
+        Ok(self.rx.can_take())
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
@@ -1315,179 +1304,81 @@ impl RecvComm {
             return Err(Error::InvalidArg(format!("irecv with n={n} (1..={MAX_RECVS} accepted)")));
         }
         let mut cts = [Cts::default(); MAX_RECVS];
-        let mut caps = [0usize; MAX_RECVS];
-        let mut tags = [0i32; MAX_RECVS];
         for (i, b) in bufs.iter().enumerate() {
             check_buf("irecv", b.buf, mrs.get(i).copied().flatten(), &self.link.dev, Access::REMOTE_WRITE)?;
             let rkey = mrs.get(i).copied().flatten().map_or(0, |m| m.rkey());
             cts[i] = Cts { addr: b.buf.ptr as u64, rkey, cap: b.buf.len as u32, tag: b.tag, n: n as u8, i: i as u8 };
-            caps[i] = b.buf.len;
-            tags[i] = b.tag;
         }
         if self.ready.is_some() {
             if let Err(e) = self.progress_ready() {
                 return Err(self.link.fail_with(e));
             }
         }
-        let seq = self.cts.next();
-        let slot = (seq % FIFO_DEPTH as u64) as usize;
-        let nqps = self.link.qps.len();
-        let (first, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
-        if self.by_slot[slot].is_some() || !self.cts.can_post() {
+        if !self.rx.slot_free() {
             self.poll();
-            if self.by_slot[slot].is_some() || !self.cts.can_post() {
+            if !self.rx.slot_free() {
                 // the slot's previous lap may still wait to be written
-                self.cts.force();
-                if let Err(e) = self.flush_cts() {
+                self.rx.force_cts();
+                if let Err(e) = self.flush_ctl() {
                     return Err(self.link.fail_with(e));
                 }
                 return Ok(None);
             }
         }
-        if self.reqs.len() >= RECV_POOL - MAX_REQUESTS {
-            return Ok(None);
-        }
-        let req = RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
-        let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
-        // keep the CTS (staged and written now or with a later batch)
-        self.cts_store[slot][..n].copy_from_slice(&cts[..n]);
-        self.slot_n[slot] = n as u8;
-        self.by_slot[slot] = Some((seq, id));
+        // messages that arrived before their buffer was posted are copied here
+        let ring = self.eager.as_ref().map(|e| &e.ring);
+        let taken = self.rx.take_recv(&cts[..n], &mut |d| copy_delivery(ring.expect("eager delivery without a ring"), d));
+        let t = match taken {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                let e = self.proto_err(e);
+                return Err(self.link.fail_with(e));
+            }
+        };
         if let Some(ev) = &mut self.link.ev {
-            ev.set_parents(id, parents);
+            ev.set_parents(t.id, parents);
             let device = self.link.dev.index as i32;
-            for lane in 0..nlanes.min(MAX_EVENTS_PER_PARENT) {
-                let qi = (first + lane) % nqps;
+            let nqps = self.link.qps.len();
+            for lane in 0..t.nlanes.min(MAX_EVENTS_PER_PARENT) {
+                let qi = (t.first + lane) % nqps;
                 let qpn = self.link.qps[qi].qpn();
-                for (i, &cap) in caps[..n].iter().enumerate() {
-                    let len = fifo::chunk(cap, lane, nlanes).1;
-                    ev.start(id, i * nqps + qi, i, &Fields::Qp { device, qpn, opcode: OP_RECV_RDMA_WITH_IMM, wr_id: seq, len });
+                for (i, b) in bufs.iter().enumerate() {
+                    let len = fifo::chunk(b.buf.len, lane, t.nlanes).1;
+                    ev.start(t.id, i * nqps + qi, i, &Fields::Qp { device, qpn, opcode: OP_RECV_RDMA_WITH_IMM, wr_id: t.seq, len });
                 }
             }
         }
-        let mut deferrable = false;
-        let mut js = [None; MAX_RECVS];
-        if let Some(e) = &mut self.eager {
-            e.st.assign(seq, &tags[..n], &mut js[..n]);
-            // only eager messages can fill it: its CTS may wait for a batch
-            deferrable = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
-            for (i, j) in js[..n].iter().enumerate() {
-                if let Some(j) = *j {
-                    e.by_j[(j % JWIN as u64) as usize] = Some((j, id, i as u8));
-                }
-            }
-        }
-        // messages that arrived before their buffer was posted
-        for j in js[..n].iter().flatten() {
-            let early = self.eager.as_mut().and_then(|e| e.st.take_early(*j));
-            if let Some(idx) = early {
-                if let Err(err) = self.deliver(idx, *j, None) {
-                    return Err(self.link.fail_with(err));
-                }
-            }
-        }
-        self.cts.push(deferrable);
         self.link.progressed();
-        if let Err(e) = self.flush_cts() {
+        if let Err(e) = self.flush_ctl() {
             return Err(self.link.fail_with(e));
         }
-        Ok(Some(id))
+        Ok(Some(t.id))
     }
 
-    /// Write the CTS slots that are due, in order, as few RDMA writes as
-    /// the ring allows (nothing before the sender said READY).
-    fn flush_cts(&mut self) -> Result<()> {
-        self.flush_ctl(None)
-    }
-
-    /// [`Self::flush_cts`], plus the credit counter `credit` in the same
-    /// post when one is due (one system call for both).
-    fn flush_ctl(&mut self, mut credit: Option<u64>) -> Result<()> {
-        if self.ready.is_some() || (credit.is_none() && self.cts.written() == self.cts.next()) {
-            return Ok(());
-        }
-        // the credit word sits after the FIFO, at the same offset in our staging
-        let credit_run = (FIFO_BYTES, 8usize);
-        if let Some(v) = credit {
-            self.stage.write(FIFO_BYTES, &v.to_le_bytes());
-        }
-        // Everything on QP 0, in order: a CTS always lands before the credit
-        // word posted after it (the sender reads credits first, CTS after).
-        while let Some((from, to)) = self.cts.due() {
-            // the slots of one lap that the send queue has room for: their
-            // first elements are one write, each further element of a
-            // grouped receive one more, the credit word one
-            let lap_end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
-            let Some(mut room) = self.budgets[0].room().checked_sub(1 + credit.is_some() as usize) else { break };
-            let mut end = from;
-            while end < lap_end {
-                let more = self.slot_n[(end % FIFO_DEPTH as u64) as usize] as usize - 1;
-                if more > room {
-                    break;
-                }
-                room -= more;
-                end += 1;
-            }
-            if end == from {
-                break; // retried once completions free the queue
-            }
-            let mut bytes = [0u8; ELEM_BYTES];
-            for q in from..end {
-                let slot = (q % FIFO_DEPTH as u64) as usize;
-                for i in 0..self.slot_n[slot] as usize {
-                    bytes.copy_from_slice(&self.cts_store[slot][i].encode(q));
-                    self.stage.write(fifo::elem_offset(q, i), &bytes);
-                }
-            }
-            let mut runs = [(0usize, 0usize); verbs::MAX_CHAIN];
-            let mut k = 0;
-            runs[k] = (fifo::slot_offset(from), (end - from) as usize * ELEM_BYTES);
-            k += 1;
-            for q in from..end {
-                for i in 1..self.slot_n[(q % FIFO_DEPTH as u64) as usize] as usize {
-                    if k == runs.len() {
-                        self.post_cts(0, &runs[..k])?;
-                        k = 0;
-                    }
-                    runs[k] = (fifo::elem_offset(q, i), ELEM_BYTES);
-                    k += 1;
-                }
-            }
-            if credit.is_some() && k < runs.len() {
-                runs[k] = credit_run;
-                k += 1;
-                self.credited(credit.take());
-            }
-            self.post_cts(0, &runs[..k])?;
-            self.cts.wrote(end);
-        }
-        if credit.is_some() && self.budgets[0].has_room() {
-            self.post_cts(0, &[credit_run])?;
-            self.credited(credit);
+    /// Post the control writes the machine plans now (CTS slots in order,
+    /// the credit word), each chain one post on its QP.
+    fn flush_ctl(&mut self) -> Result<()> {
+        let mut chain = rx::CtlChain::default();
+        while self.rx.poll_ctl(&mut self.stage, &mut chain) {
+            self.post_ctl(&chain)?;
         }
         Ok(())
     }
 
-    fn credited(&mut self, v: Option<u64>) {
-        if let (Some(e), Some(v)) = (&mut self.eager, v) {
-            e.st.reported(v);
-        }
-    }
-
-    /// Post writes of `(offset, len)` ranges of the staging to the same
-    /// place in the sender's FIFO region (CTS elements, the credit word), as
-    /// one chain on QP `qi`.
-    fn post_cts(&mut self, qi: usize, runs: &[(usize, usize)]) -> Result<()> {
-        let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; verbs::MAX_CHAIN];
-        for (w, &(off, len)) in wrs.iter_mut().zip(runs) {
-            let sig = self.budgets[qi].post();
+    /// Post a chain of `(offset, len)` ranges of the staging to the same
+    /// place in the sender's FIFO region (CTS elements, the credit word).
+    fn post_ctl(&mut self, chain: &rx::CtlChain) -> Result<()> {
+        let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; rx::CHAIN];
+        let qi = chain.qp;
+        for (w, c) in wrs.iter_mut().zip(chain.wrs()) {
             *w = SendWr {
-                wr_id: CTS_FLAG | (qi as u64) << 48 | sig.unwrap_or(0),
-                local: (self.stage.addr() as u64 + off as u64, len as u32, self.stage.lkey()),
-                remote: (self.remote_fifo.0 + off as u64, self.remote_fifo.1),
+                wr_id: CTS_FLAG | (qi as u64) << 48 | c.signal.unwrap_or(0),
+                local: (self.stage.addr() as u64 + c.off as u64, c.len as u32, self.stage.lkey()),
+                remote: (self.remote_fifo.0 + c.off as u64, self.remote_fifo.1),
                 imm: None,
-                signaled: sig.is_some(),
-                inline: len <= self.link.max_inline as usize,
+                signaled: c.signal.is_some(),
+                inline: c.len <= self.link.max_inline as usize,
             };
         }
         // SAFETY: the sources are this comm's staging (it outlives the QPs,
@@ -1495,119 +1386,21 @@ impl RecvComm {
         // FIFO_DEPTH, after this write landed and the sender moved past it
         // (CtsQueue::can_post); the credit word may be rewritten in flight,
         // which only shows the sender a larger, equally true count.
-        unsafe { self.link.qps[qi].post_writes(&wrs[..runs.len()])? };
+        unsafe { self.link.qps[qi].post_writes(&wrs[..chain.n])? };
         self.link.ctl_posts += 1;
         Ok(())
     }
 
-    /// Hand ring slots back to the sender when due (`force`: anything freed).
-    fn write_credits(&mut self, force: bool) -> Result<()> {
-        let Some(e) = &mut self.eager else { return Ok(()) };
-        let Some(v) = e.st.credits_due(force) else { return Ok(()) };
-        // deferred CTS go along (the same system call)
-        self.cts.force();
-        self.flush_ctl(Some(v))
-    }
-
-    /// Look at the eager ring and the mailbox.
+    /// Look at the eager ring and the mailbox; post the credit write (and
+    /// deferred CTS) when due.
     fn poll_eager(&mut self) -> Result<()> {
-        let Some(e) = &mut self.eager else { return Ok(()) };
-        let max = e.st.max;
-        let mut force = false;
-        let mb = e.ring.read_u64(0);
-        if mb != 0 && mb != e.mailbox {
-            e.mailbox = mb;
-            self.cts.sender_waiting(mb - 1);
-            force = true;
-        }
-        while let Some(e) = &mut self.eager {
-            let idx = e.st.next();
-            let off = eager::slot_offset(idx, max);
-            if e.ring.read_u64(off + HDR_BYTES - 8) != eager::marker(idx) {
-                break;
-            }
-            let mut hb = [0u8; HDR_BYTES];
-            e.ring.read(off, &mut hb);
-            let Some(h) = Header::decode(&hb, idx) else { break };
-            if h.size as usize > max {
-                return Err(Error::Protocol {
-                    peer: self.link.peer_name(),
-                    what: format!("eager message #{idx} claims {} bytes (limit {max})", h.size),
-                });
-            }
-            if e.ring.read_u64(off + eager::wire_len(h.size as usize) - 8) != eager::marker(idx) {
-                break; // the payload is still landing
-            }
-            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what: what.to_string() })?;
-            self.cts.sender_head(h.head);
+        let Some(e) = &self.eager else { return Ok(()) };
+        let ring = &e.ring;
+        let got = self.rx.poll_ring(ring, &mut |d| copy_delivery(ring, d)).map_err(|err| proto_error(&self.link, err))?;
+        if got > 0 {
             self.link.progressed();
-            if let eager::Arrival::Posted(j) = to {
-                self.deliver(idx, j, Some(h))?;
-            }
         }
-        self.write_credits(force)
-    }
-
-    /// Copy ring message `idx` into posted buffer `j` and free its slot.
-    /// `h`: its header when the caller just decoded it, else read again
-    /// from the ring (a message that waited for its buffer).
-    fn deliver(&mut self, idx: u64, j: u64, h: Option<Header>) -> Result<()> {
-        let Some(e) = &mut self.eager else { return Ok(()) };
-        let max = e.st.max;
-        let off = eager::slot_offset(idx, max);
-        let h = match h {
-            Some(h) => h,
-            None => {
-                let mut hb = [0u8; HDR_BYTES];
-                e.ring.read(off, &mut hb);
-                Header::decode(&hb, idx).ok_or_else(|| Error::Internal(format!("eager message #{idx} vanished")))?
-            }
-        };
-        let w = (j % JWIN as u64) as usize;
-        let Some((jj, id, i)) = e.by_j[w].filter(|x| x.0 == j) else {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("eager message #{idx} for buffer {j}, which is not posted"),
-            });
-        };
-        e.by_j[w] = None;
-        let i = i as usize;
-        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("eager buffer {jj}: {s}")))?;
-        if r.filled & (1 << i) != 0 {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("eager message #{idx} for buffer {i} of receive #{}, which the sender also wrote", r.seq),
-            });
-        }
-        let size = h.size as usize;
-        if size > r.caps[i] {
-            return Err(Error::Usage(format!(
-                "peer {}: sent {size} bytes (eager) for a {}-byte receive buffer (receive #{}, buffer {i})",
-                self.link.peer_name(),
-                r.caps[i],
-                r.seq
-            )));
-        }
-        if size > 0 {
-            // SAFETY: the ring bytes off+HDR..+size were written before the
-            // trailer we checked (acquire fence in read_u64); the destination
-            // is the posted buffer, writable until its request is reported
-            // done (irecv's contract), host memory (eager is off with GPUDirect).
-            unsafe { std::ptr::copy_nonoverlapping(e.ring.addr().add(off + HDR_BYTES), r.cts[i].addr as *mut u8, size) };
-        }
-        r.sizes[i] = size;
-        r.filled |= 1 << i;
-        e.st.release(idx);
-        self.link.eager_stats.0 += 1;
-        self.link.eager_stats.1 += size as u64;
-        if r.all_filled() {
-            r.done = true;
-            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
-            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
-                self.by_slot[slot] = None;
-            }
-        }
-        Ok(())
+        self.flush_ctl()
     }
 
     /// Drain the CQ, look at the eager ring, write what is due.
@@ -1639,17 +1432,12 @@ impl RecvComm {
                     continue;
                 }
                 if cts {
-                    let qi = ((wc.wr_id & !CTS_FLAG) >> 48) as usize;
-                    if let Some(b) = self.budgets.get_mut(qi) {
-                        b.retire(wc.wr_id & 0xffff_ffff_ffff);
-                    }
+                    // (control writes all go on QP 0, the one the budget counts)
+                    self.rx.on_ctl_done(wc.wr_id & 0xffff_ffff_ffff);
                     continue;
                 }
                 if wc.wr_id & FLUSH_FLAG != 0 {
-                    let id = ReqId { slot: wc.wr_id as u8, gen: (wc.wr_id >> 8) as u8 };
-                    if let Ok(r) = self.reqs.get_mut(id) {
-                        r.done = true;
-                    }
+                    self.rx.on_flush_done(ReqId { slot: wc.wr_id as u8, gen: (wc.wr_id >> 8) as u8 });
                     continue;
                 }
                 if let Err(e) = self.complete_recv(wc) {
@@ -1666,7 +1454,7 @@ impl RecvComm {
         if self.link.failed.is_some() {
             return;
         }
-        let r = if eager { self.poll_eager() } else { Ok(()) }.and_then(|_| self.flush_cts());
+        let r = if eager { self.poll_eager() } else { self.flush_ctl() };
         if let Err(e) = r {
             self.link.fail(e);
         }
@@ -1685,91 +1473,52 @@ impl RecvComm {
             });
         }
         // SAFETY: WITH_IMM is set, so the union holds imm_data.
-        let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w.to_string() })?;
-        let slot = imm.slot as usize;
-        let Some((seq, id)) = self.by_slot[slot] else {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("completion {imm:?} for FIFO slot {slot}, which has no receive waiting for a rendezvous"),
-            });
-        };
-        if let (Some(ev), Some(qi)) = (&mut self.link.ev, qi) {
-            // what this QP carries of every buffer of the receive has landed
-            let nq = self.link.qps.len();
-            for i in 0..MAX_RECVS {
-                ev.stop(id, i * nq + qi);
-            }
-        }
-        let link = &self.link;
+        let word = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+        self.on_word(qi, word)
+    }
+
+    /// A completion word (immediate) on our QP `qi`: hand it to the
+    /// machine, end the profiler events it answers, count the bytes.
+    fn on_word(&mut self, qi: Option<usize>, word: u32) -> Result<()> {
         let sizes_mem = &self.sizes_mem;
-        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive #{seq}: {s}")))?;
-        if r.lanes_left == 0 {
-            return Err(Error::Protocol { peer: link.peer_name(), what: format!("one completion too many for receive #{seq}") });
-        }
-        r.lanes_left -= 1;
-        if !matches!(r.imm, Some(ImmKind::Fail(_))) {
-            r.imm = Some(imm.kind);
-        }
-        if r.lanes_left > 0 {
-            return Ok(());
-        }
-        let read_sizes = || {
+        let read_sizes = |seq| {
             let mut b = [0u8; SIZES_SLOT_BYTES];
-            sizes_mem.read(fifo::sizes_offset(r.seq), &mut b);
+            sizes_mem.read(fifo::sizes_offset(seq), &mut b);
             fifo::decode_sizes(&b)
         };
         // (the peer's name is formatted only on the error path: no allocation per message)
-        let kind = r.imm.unwrap();
-        let sizes = fifo::sizes_from_imm(kind, &r.caps[..r.n], read_sizes).map_err(|what| match kind {
-            ImmKind::Fail(_) => Error::Usage(format!("peer {}: {what}", link.peer_name())),
-            _ => Error::Protocol { peer: link.peer_name(), what: what.to_string() },
-        })?;
-        for (i, s) in sizes[..r.n].iter().enumerate() {
-            if let Some(s) = *s {
-                if r.filled & (1 << i) != 0 {
-                    return Err(Error::Protocol {
-                        peer: link.peer_name(),
-                        what: format!("buffer {i} of receive #{seq} was written by an eager message and a rendezvous"),
-                    });
-                }
-                r.sizes[i] = s;
-                r.filled |= 1 << i;
+        let ev = self.rx.on_imm(word, read_sizes).map_err(|e| proto_error(&self.link, e))?;
+        if let (Some(evs), Some(qi)) = (&mut self.link.ev, qi) {
+            // what this QP carries of every buffer of the receive has landed
+            let nq = self.link.qps.len();
+            for i in 0..MAX_RECVS {
+                evs.stop(ev.id, i * nq + qi);
             }
         }
-        // counters: the sender cut each buffer with the same rule (fifo::chunk)
-        let nqps = link.qps.len();
-        let (first, nlanes) = fifo::lanes(r.seq, nqps, link.cc.split);
-        let n = r.n;
-        let rv_sizes: [usize; MAX_RECVS] = std::array::from_fn(|i| sizes[i].unwrap_or(0));
-        if r.all_filled() {
-            r.done = true;
-            self.by_slot[slot] = None;
-        }
-        // the sender moved past this slot
-        self.cts.sender_head(seq + 1);
-        for lane in 0..nlanes {
-            let bytes: usize = rv_sizes[..n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
-            self.link.stats.bump((first + lane) % nqps, bytes as u64);
+        if let Some(sizes) = ev.sizes {
+            // counters: the sender cut each buffer with the same rule (fifo::chunk)
+            let nqps = self.link.qps.len();
+            let (first, nlanes) = fifo::lanes(ev.seq, nqps, self.link.cc.split);
+            for lane in 0..nlanes {
+                let bytes: usize = sizes[..ev.n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
+                self.link.stats.bump((first + lane) % nqps, bytes as u64);
+            }
         }
         Ok(())
     }
 
     /// `Ok(Some(sizes))` once every buffer of the receive is filled.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        let mut done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
+        let mut done = self.rx.is_done(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
         // (and only while the send queue has room: the full poll retires it)
-        let fast = !done
-            && self.eager.is_some()
-            && self.ready.is_none()
-            && self.link.failed.is_none()
-            && self.budgets[0].room() >= RECV_SQ_DEPTH / 2;
+        let fast =
+            !done && self.eager.is_some() && self.ready.is_none() && self.link.failed.is_none() && self.rx.ctl_room() >= RECV_SQ_DEPTH / 2;
         if fast {
             // fast path: the eager ring first, the CQ only if still not done
             if let Err(e) = self.poll_eager() {
                 self.link.fail(e);
             }
-            done = self.reqs.get(id).is_ok_and(|r| r.done);
+            done = self.rx.is_done(id).unwrap_or(false);
         }
         if !done {
             if self.ready.is_some() {
@@ -1779,32 +1528,24 @@ impl RecvComm {
             }
             self.poll_with(!fast);
         }
-        let r = self.reqs.get(id).unwrap();
-        if r.done {
-            let mut c = Completion { n: if r.flush { 0 } else { r.n }, sizes: [0; MAX_RECVS] };
-            c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+        if let Ok(Some(f)) = self.rx.finish(id) {
             if let Some(ev) = &mut self.link.ev {
                 // buffers filled by eager messages had no completion of their own
                 ev.stop_req(id);
             }
-            self.reqs.release(id).unwrap();
-            return Ok(Some(c));
+            return Ok(Some(Completion { n: f.n, sizes: f.sizes }));
         }
         if self.link.failed.is_none() {
             self.link.check().ok();
         }
         if self.link.failed.is_none() {
-            self.link.idle_tick(self.reqs.len());
+            self.link.idle_tick(self.rx.live());
         }
         if let Some(e) = self.link.failed.clone() {
             if let Some(ev) = &mut self.link.ev {
                 ev.stop_req(id);
             }
-            let r = self.reqs.release(id).unwrap();
-            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
-            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
-                self.by_slot[slot] = None;
-            }
+            self.rx.abandon(id);
             return Err(e);
         }
         Ok(None)
@@ -1826,20 +1567,8 @@ impl RecvComm {
                 b.ptr
             ))
         })?;
-        let req = RecvReq {
-            flush: true,
-            seq: u64::MAX,
-            n: 0,
-            caps: [0; MAX_RECVS],
-            cts: [Cts::default(); MAX_RECVS],
-            lanes_left: 0,
-            imm: None,
-            sizes: [0; MAX_RECVS],
-            filled: 0,
-            done: false,
-        };
         // never Ok(None) here: to NCCL that would mean "nothing to flush"
-        let Some(id) = self.reqs.alloc(req) else {
+        let Some(id) = self.rx.add_flush() else {
             return Err(Error::Internal(format!("iflush: all {RECV_POOL} request slots of the receive comm are in use")));
         };
         let wr_id = FLUSH_FLAG | (id.gen as u64) << 8 | id.slot as u64;
@@ -1848,10 +1577,22 @@ impl RecvComm {
         // receive buffer under the rkey of its live registration.
         let r = unsafe { f.qp.post_read(wr_id, (f.scratch.addr() as u64, 1, f.scratch.lkey()), (b.ptr as u64, rkey)) };
         if let Err(e) = r {
-            let _ = self.reqs.release(id);
+            self.rx.abandon(id);
             self.link.fail(e.clone());
             return Err(e);
         }
         Ok(Some(id))
+    }
+}
+
+/// A protocol error of the peer's, as a comm reports it: a size or tag
+/// mismatch the sender reported (or an eager message too large for its
+/// buffer) is the application's mistake, a usage error naming the peer;
+/// anything else is the peer breaking the protocol.
+fn proto_error(link: &Link, e: ProtoError) -> Error {
+    if e.is_size_mismatch() {
+        Error::Usage(format!("peer {}: {e}", link.peer_name()))
+    } else {
+        Error::Protocol { peer: link.peer_name(), what: e.to_string() }
     }
 }
