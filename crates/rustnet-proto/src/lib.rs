@@ -15,6 +15,7 @@ pub mod mem;
 pub mod notice;
 pub mod pool;
 pub mod rx;
+pub mod tx;
 pub mod wire;
 
 pub use error::ProtoError;

@@ -19,17 +19,14 @@ use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
-use crate::proto::eager::{self, EagerTx, HDR_BYTES, RING_SLOTS};
-use crate::proto::fifo::{
-    self, Cts, FailCode, Group, ImmKind, PlannedWr, SendFifo, Slot, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS,
-    SIZES_SLOT_BYTES,
-};
+use crate::proto::eager;
+use crate::proto::fifo::{self, Cts, FailCode, Group, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES};
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
 use crate::proto::mem::{Mem, MemMut};
-use crate::proto::pool::{Pool, ReqId};
-use crate::proto::{rx, ProtoError};
+use crate::proto::pool::ReqId;
+use crate::proto::{rx, tx, ProtoError};
 use crate::transport::sock::{Io, Socket};
-use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
+use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS};
 
 /// Completions polled per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 16;
@@ -50,12 +47,6 @@ const RECV_WR: u64 = 1 << 60;
 /// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
 /// immediates are outstanding per QP).
 const RECV_WRS: usize = FIFO_DEPTH + 16;
-/// A sender stuck this long at one CTS slot tells the receiver (mailbox).
-const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
-/// The sender signals one eager write in this many.
-const EAGER_SIGNAL: usize = 16;
-/// Eager-path WRs QP 0 may hold (part of its send queue, see handshake.rs).
-const EAGER_SQ: usize = 2 * RING_SLOTS;
 
 // ---------------------------------------------------------------- per-QP counters
 
@@ -344,22 +335,6 @@ fn check_buf(what: &str, buf: RawBuf, mr: Option<&IbMr>, dev: &IbDev, access: Ac
 
 // ---------------------------------------------------------------- send side
 
-struct SendReq {
-    size: usize,
-    done: bool,
-}
-
-#[derive(Clone, Copy)]
-struct Inflight {
-    seq: u64,
-    n: usize,
-    reqs: [Option<ReqId>; MAX_RECVS],
-    lanes_left: usize,
-    active: bool,
-}
-
-const NO_INFLIGHT: Inflight = Inflight { seq: 0, n: 0, reqs: [None; MAX_RECVS], lanes_left: 0, active: false };
-
 enum SendHs {
     /// Waiting for the receiver's metadata (its acceptance) since `since`.
     ReadMeta {
@@ -373,8 +348,8 @@ enum SendHs {
     },
 }
 
-/// Sends still possible per comm: NCCL may post MAX_REQUESTS x maxRecvs.
-pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
+/// Sends still possible per comm (see [`tx::SEND_SLOTS`]).
+pub const SEND_SLOTS: usize = tx::SEND_SLOTS;
 
 /// The sending end of a verbs connection.
 pub struct SendComm {
@@ -387,9 +362,8 @@ pub struct SendComm {
     local: LocalAddr,
     tc: u8,
     sl: u8,
-    fifo: SendFifo,
-    reqs: Pool<SendReq>,
-    inflight: [Inflight; FIFO_DEPTH],
+    /// The protocol: requests, FIFO head, writes in flight, eager ring, mailbox timer.
+    tx: tx::Sender,
     remote_sizes: (u64, u32),
     /// The eager limit we offer (0 = off).
     eager_offer: u32,
@@ -397,23 +371,12 @@ pub struct SendComm {
     eager: Option<EagerSend>,
 }
 
-/// The sender's half of the eager path.
+/// The sender's half of the eager path (its bookkeeping is in the machine, [`tx::Sender`]).
 struct EagerSend {
-    st: EagerTx,
     /// Staging with the ring's layout: the mailbox word's source, then the slots.
     stage: HostRegion,
     /// The receiver's ring (address, rkey).
     ring: (u64, u32),
-    /// Eager-path WRs on QP 0 (eager, mailbox and closing writes) whose SQ
-    /// entries are not known free yet: an entry is free once a signaled WR
-    /// at or after it completed and we polled that completion.
-    pending: usize,
-    /// Unsignaled eager writes since the last signaled one (selective signalling).
-    quiet: usize,
-    /// Stuck at this FIFO head since then.
-    blocked: Option<(u64, std::time::Instant)>,
-    /// Last mailbox value written (head + 1).
-    mailbox: u64,
 }
 
 impl SendComm {
@@ -429,9 +392,7 @@ impl SendComm {
             local,
             tc,
             sl,
-            fifo: SendFifo::new(),
-            reqs: Pool::new(SEND_SLOTS),
-            inflight: [NO_INFLIGHT; FIFO_DEPTH],
+            tx: tx::Sender::new(),
             remote_sizes: (0, 0),
             eager_offer,
             eager: None,
@@ -465,7 +426,7 @@ impl SendComm {
 
     /// Eager messages sent and their payload bytes.
     pub fn eager_stats(&self) -> (u64, u64) {
-        self.link.eager_stats
+        self.tx.eager_stats()
     }
 
     /// True once the QPs are in RTS and READY was sent.
@@ -489,16 +450,12 @@ impl SendComm {
                     self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
                     self.link.set_peer(&remote);
                     self.remote_sizes = (remote.addr, remote.rkey);
+                    let mut limit = 0;
                     if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
-                        let max = remote.eager as usize;
+                        limit = remote.eager as usize;
                         self.eager = Some(EagerSend {
-                            st: EagerTx::new(max),
-                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
+                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(limit), Access::LOCAL_READ)?,
                             ring: remote.ring,
-                            pending: 0,
-                            quiet: 0,
-                            blocked: None,
-                            mailbox: 0,
                         });
                     } else if remote.eager > 0 {
                         return Err(Error::Protocol {
@@ -506,6 +463,12 @@ impl SendComm {
                             what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
                         });
                     }
+                    self.tx.connected(tx::Config {
+                        nqps: self.link.qps.len(),
+                        split: self.link.cc.split,
+                        eager: limit,
+                        mailbox_after: tx::MAILBOX_AFTER,
+                    });
                     self.hs = Some(SendHs::WriteReady { sent: 0 });
                 }
                 Some(SendHs::WriteReady { sent }) => {
@@ -527,50 +490,6 @@ impl SendComm {
         }
     }
 
-    /// Try to take the head FIFO slot; true when a group is loaded.
-    fn load_head(&mut self) -> Result<bool> {
-        if self.fifo.current().is_some() {
-            return Ok(true);
-        }
-        let seq = self.fifo.head();
-        if self.fifo_mem.read_u64(fifo::elem_offset(seq, 0) + fifo::MARKER_OFFSET) != fifo::marker(seq) {
-            return Ok(false);
-        }
-        let mut elems = [Cts::default(); MAX_RECVS];
-        let mut b = [0u8; ELEM_BYTES];
-        let mut n = 1;
-        let mut i = 0;
-        while i < n {
-            let off = fifo::elem_offset(seq, i);
-            if self.fifo_mem.read_u64(off + fifo::MARKER_OFFSET) != fifo::marker(seq) {
-                return Ok(false); // the rest of the slot is still landing
-            }
-            self.fifo_mem.read(off, &mut b);
-            match Cts::decode(&b, seq, i) {
-                Slot::Ready(c) => {
-                    n = c.n as usize;
-                    elems[i] = c;
-                }
-                Slot::NotYet => return Ok(false),
-                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why.to_string() }),
-            }
-            i += 1;
-        }
-        if elems[..n].iter().any(|e| e.n as usize != n) {
-            return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("CTS slot {seq} has inconsistent buffer counts") });
-        }
-        let mut filled = 0;
-        if let Some(e) = &mut self.eager {
-            let mut tags = [0i32; MAX_RECVS];
-            for (t, c) in tags.iter_mut().zip(&elems[..n]) {
-                *t = c.tag;
-            }
-            filled = e.st.on_load(seq, &tags[..n]);
-        }
-        self.fifo.load(&elems[..n], filled);
-        Ok(true)
-    }
-
     /// The capacity of the receive buffer a send of `tag` would fill next,
     /// once the receiver advertised it and an isend of that tag would be
     /// taken now (`Ok(None)`: not yet). A merged device (vdev.rs) cuts each
@@ -578,11 +497,11 @@ impl SendComm {
     /// answered.
     pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
         self.link.check()?;
-        if self.reqs.len() >= SEND_SLOTS || !self.head_ready()? {
+        if !self.tx.has_room() || !self.head_ready()? {
             return Ok(None);
         }
         // a tag the head receive has no free buffer for: not yet, as in isend
-        Ok(self.fifo.match_send(tag, 0).ok().map(|i| self.fifo.current().map_or(0, |g| g.elems[i].cap as usize)))
+        Ok(self.tx.peek_cap(tag))
     }
 
     /// Bring the head FIFO slot to where a send can match it: the connection
@@ -594,37 +513,35 @@ impl SendComm {
                 return Err(self.link.fail_with(e));
             }
             if self.hs.is_some() {
-                self.link.idle_tick(self.reqs.len());
+                self.link.idle_tick(self.tx.live());
                 return Ok(false);
             }
         }
         loop {
-            // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
-            // completion (the receiver saw the data before our ACK came back).
-            let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
-            if self.inflight[head_slot].active {
-                self.poll();
-                if self.inflight[head_slot].active {
-                    // a dead receiver shows here sooner than by the retry timeout
-                    self.link.idle_tick(self.reqs.len());
-                    self.link.check()?;
-                    return Ok(false);
+            match self.tx.head(&self.fifo_mem) {
+                // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
+                // completion (the receiver saw the data before our ACK came back).
+                Ok(tx::Head::Busy) => {
+                    self.poll();
+                    if self.tx.head_busy() {
+                        // a dead receiver shows here sooner than by the retry timeout
+                        self.link.idle_tick(self.tx.live());
+                        self.link.check()?;
+                        return Ok(false);
+                    }
                 }
-            }
-            match self.load_head() {
-                // every buffer of the slot already got an eager message: nothing to write
-                Ok(true) if self.fifo.current().is_some_and(|g| g.complete()) => {
-                    self.fifo.advance();
-                }
-                Ok(true) => return Ok(true),
-                Ok(false) => {
+                Ok(tx::Head::Ready) => return Ok(true),
+                Ok(tx::Head::NotYet) => {
                     // with the eager path, isend tries it first and polls after
-                    if self.eager.is_none() {
+                    if !self.tx.eager_on() {
                         self.idle_work()?;
                     }
                     return Ok(false);
                 }
-                Err(e) => return Err(self.link.fail_with(e)),
+                Err(e) => {
+                    let e = proto_error(&self.link, e);
+                    return Err(self.link.fail_with(e));
+                }
             }
         }
     }
@@ -654,21 +571,15 @@ impl SendComm {
         // before credits on the same QP, so every CTS that came before these
         // credits is loaded below and the head an eager message reports is
         // as fresh as the credits it spends.
-        let freed = if self.eager.is_some() { self.fifo_mem.read_u64(FIFO_BYTES) } else { 0 };
+        let freed = self.tx.read_credits(&self.fifo_mem);
         if self.head_ready()? {
-            match self.fifo.match_send(tag, buf.len) {
-                Ok(i) => {
-                    let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: false }) else { return Ok(None) };
+            match self.tx.send(tag, buf.len, buf.ptr as u64, lkey) {
+                tx::Sent::Taken { id, group } => {
                     if let Some(ev) = &mut self.link.ev {
                         ev.set_parents(id, &[parent]);
                     }
                     self.link.progressed();
-                    if let Some(e) = &mut self.eager {
-                        e.st.on_rendezvous(tag);
-                        e.blocked = None;
-                    }
-                    if self.fifo.record(i, buf.len, buf.ptr as u64, lkey, id) {
-                        let g = self.fifo.advance().unwrap();
+                    if let Some(g) = group {
                         if let Err(e) = self.post_group(&g, None) {
                             self.link.fail(e.clone());
                             return Err(e);
@@ -676,21 +587,17 @@ impl SendComm {
                     }
                     return Ok(Some(id));
                 }
-                // As NCCL's IB transport does: a tag the head receive has no free
-                // buffer for is "not yet", not an error (with shared comms the
-                // next step of one rank can arrive before another rank's send
-                // completes the current group).
-                Err(m) if m.code == FailCode::NoTag => {
-                    if self.eager.is_none() {
+                tx::Sent::Full => return Ok(None),
+                tx::Sent::NoTag => {
+                    if !self.tx.eager_on() {
                         self.idle_work()?;
                     }
                 }
-                Err(m) => {
+                tx::Sent::Mismatch { group, code, what } => {
                     // Tell the receiver (its request fails too), then fail here
                     // without stopping the QPs, so that message goes out.
-                    let g = self.fifo.advance().unwrap();
-                    let _ = self.post_group(&g, Some(m.code));
-                    let e = Error::Usage(format!("peer {}: {}", self.link.peer_name(), m.what));
+                    let _ = self.post_group(&group, Some(code));
+                    let e = Error::Usage(format!("peer {}: {what}", self.link.peer_name()));
                     self.link.fail_soft(e.clone());
                     return Err(e);
                 }
@@ -701,7 +608,7 @@ impl SendComm {
         if let Some(id) = unsafe { self.try_eager(buf, tag, freed, parent)? } {
             return Ok(Some(id));
         }
-        if self.eager.is_some() {
+        if self.tx.eager_on() {
             self.idle_work()?;
             self.note_blocked();
         }
@@ -711,7 +618,7 @@ impl SendComm {
     /// A call that could not proceed: reap completions, look at the peer now and then.
     fn idle_work(&mut self) -> Result<()> {
         self.poll();
-        self.link.idle_tick(self.reqs.len());
+        self.link.idle_tick(self.tx.live());
         self.link.check()
     }
 
@@ -720,47 +627,39 @@ impl SendComm {
     /// # Safety
     /// `buf` must be readable (it is copied before this returns).
     unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64, parent: Option<Parent>) -> Result<Option<ReqId>> {
-        let Some(e) = &self.eager else { return Ok(None) };
-        if let Err(what) = e.st.check_credits(freed) {
-            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what: what.to_string() }));
-        }
-        if e.st.refuse(tag, buf.len, freed).is_some() {
-            return Ok(None);
-        }
-        if e.pending + 1 >= EAGER_SQ {
-            self.poll();
-        }
-        let head = self.fifo.head();
         let Some(e) = &mut self.eager else { return Ok(None) };
-        if e.pending + 1 >= EAGER_SQ {
-            return Ok(None);
+        let mut plan = self.tx.plan_eager(tag, buf.len, freed, &mut e.stage);
+        if plan == Ok(tx::EagerPlan::Full) {
+            self.poll();
+            let Some(e) = &mut self.eager else { return Ok(None) };
+            plan = self.tx.plan_eager(tag, buf.len, freed, &mut e.stage);
         }
-        // the bytes are copied below: the send is complete once posted
-        let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: true }) else { return Ok(None) };
-        let (idx, h) = e.st.take(buf.len, head);
-        let off = eager::slot_offset(idx, e.st.max);
-        e.stage.write(off, &h.encode(idx));
+        let w = match plan {
+            Ok(tx::EagerPlan::Go(w)) => w,
+            Ok(_) => return Ok(None),
+            Err(err) => {
+                let err = proto_error(&self.link, err);
+                return Err(self.link.fail_with(err));
+            }
+        };
+        let Some(e) = &mut self.eager else { return Ok(None) };
         if buf.len > 0 {
             // SAFETY: the caller guarantees buf.ptr..+len is readable; it is
             // host memory (the eager path is off on GPUDirect devices).
-            e.stage.write(off + HDR_BYTES, unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, buf.len) });
+            e.stage.write(tx::Sender::payload_off(&w), unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, buf.len) });
         }
-        let len = eager::wire_len(buf.len);
-        e.stage.write(off + len - 8, &eager::marker(idx).to_le_bytes());
-        // a completion every EAGER_SIGNAL writes frees the SQ entries before it
-        let signaled = e.quiet + 1 >= EAGER_SIGNAL;
         let wr = SendWr {
             // a signaled WR says how many eager-path WRs its completion frees
-            wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
-            local: (e.stage.addr() as u64 + off as u64, len as u32, e.stage.lkey()),
-            remote: (e.ring.0 + off as u64, e.ring.1),
+            wr_id: EAGER_FLAG | w.count,
+            local: (e.stage.addr() as u64 + w.off as u64, w.len as u32, e.stage.lkey()),
+            remote: (e.ring.0 + w.off as u64, e.ring.1),
             imm: None,
-            signaled,
-            inline: len <= self.link.max_inline as usize,
+            signaled: w.signaled,
+            inline: w.len <= self.link.max_inline as usize,
         };
         if let Some(ev) = &mut self.link.ev {
             // one event for the one write on QP 0, until the send is reported done
-            ev.set_parents(id, &[parent]);
+            ev.set_parents(w.id, &[parent]);
             let f = Fields::Qp {
                 device: self.link.dev.index as i32,
                 qpn: self.link.qps[0].qpn(),
@@ -768,7 +667,7 @@ impl SendComm {
                 wr_id: wr.wr_id,
                 len: buf.len,
             };
-            ev.start(id, 0, 0, &f);
+            ev.start(w.id, 0, 0, &f);
         }
         // SAFETY: the source is this slot of our staging, which lives in this
         // comm after the QPs (field order) and is rewritten only for message
@@ -776,41 +675,23 @@ impl SendComm {
         // after this write landed.
         if let Err(err) = unsafe { self.link.qps[0].post_writes(&[wr]) } {
             if let Some(ev) = &mut self.link.ev {
-                ev.stop_req(id);
+                ev.stop_req(w.id);
             }
-            let _ = self.reqs.release(id);
+            self.tx.release(w.id);
             return Err(self.link.fail_with(err));
         }
-        e.pending += 1;
-        e.quiet = if signaled { 0 } else { e.quiet + 1 };
-        e.blocked = None;
-        self.link.eager_stats.0 += 1;
-        self.link.eager_stats.1 += buf.len as u64;
         self.link.progressed();
-        Ok(Some(id))
+        Ok(Some(w.id))
     }
 
     /// A send could not go: if we have been stuck at this FIFO head for a
     /// while, tell the receiver (it may be holding CTS writes back, or owe
     /// us credits).
     fn note_blocked(&mut self) {
-        let head = self.fifo.head();
         let Some(e) = &mut self.eager else { return };
-        match e.blocked {
-            Some((h, since)) if h == head => {
-                if e.mailbox == head + 1 || since.elapsed() < MAILBOX_AFTER {
-                    return;
-                }
-            }
-            _ => {
-                e.blocked = Some((head, std::time::Instant::now()));
-                return;
-            }
-        }
-        e.mailbox = head + 1;
-        e.stage.write(0, &(head + 1).to_le_bytes());
+        let Some(m) = self.tx.on_blocked(std::time::Instant::now(), &mut e.stage) else { return };
         let wr = SendWr {
-            wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
+            wr_id: EAGER_FLAG | m.count,
             local: (e.stage.addr() as u64, 8, e.stage.lkey()),
             remote: e.ring,
             imm: None,
@@ -821,18 +702,14 @@ impl SendComm {
         // the QPs); rewriting it while this write is in flight only lets the
         // receiver see a newer head, which is as true.
         match unsafe { self.link.qps[0].post_writes(&[wr]) } {
-            Ok(()) => {
-                e.pending += 1;
-                e.quiet = 0;
-                self.link.ctl_posts += 1;
-            }
+            Ok(()) => self.link.ctl_posts += 1,
             Err(err) => self.link.fail(err),
         }
     }
 
     fn post_group(&mut self, g: &Group, fail: Option<FailCode>) -> Result<()> {
         let nqps = self.link.qps.len();
-        let (first, nlanes) = fifo::lanes(g.seq, nqps, self.link.cc.split);
+        let (first, nlanes) = self.tx.lanes(g.seq);
         let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
         let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; MAX_LANE_WRS];
         let sizes_off = fifo::sizes_offset(g.seq);
@@ -883,15 +760,7 @@ impl SendComm {
             // rewritten only after the receiver completed `seq`.
             unsafe { qp.post_writes(&wrs[..k])? };
         }
-        let slot = (g.seq % FIFO_DEPTH as u64) as usize;
-        self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
-        if all_inline {
-            for r in g.reqs[..g.n].iter().flatten() {
-                if let Ok(q) = self.reqs.get_mut(*r) {
-                    q.done = true;
-                }
-            }
-        }
+        self.tx.on_posted(g, nlanes, all_inline);
         Ok(())
     }
 
@@ -915,7 +784,7 @@ impl SendComm {
 
     /// Writes posted whose completion has not been seen yet.
     fn outstanding(&self) -> usize {
-        self.inflight.iter().filter(|f| f.active).count() + self.eager.as_ref().map_or(0, |e| e.pending)
+        self.tx.outstanding()
     }
 
     /// Drain the CQ.
@@ -929,9 +798,7 @@ impl SendComm {
             let n = wcs.len();
             for wc in wcs {
                 if wc.wr_id & EAGER_FLAG != 0 {
-                    if let Some(e) = &mut self.eager {
-                        e.pending = e.pending.saturating_sub((wc.wr_id & 0xffff) as usize);
-                    }
+                    self.tx.on_eager_done(wc.wr_id & 0xffff);
                 }
                 if wc.status != ffi::IBV_WC_SUCCESS {
                     let what =
@@ -943,26 +810,12 @@ impl SendComm {
                 if wc.wr_id & EAGER_FLAG != 0 {
                     continue;
                 }
-                let f = &mut self.inflight[(wc.wr_id % FIFO_DEPTH as u64) as usize];
-                if !f.active || f.seq != wc.wr_id {
-                    continue;
-                }
-                f.lanes_left -= 1;
+                let Some(d) = self.tx.on_write_done(wc.wr_id) else { continue };
                 let qi = self.link.qp_index(wc.qp_num);
-                if let Some(ev) = &mut self.link.ev {
+                if let (Some(ev), Some(qi)) = (&mut self.link.ev, qi) {
                     // this QP's share of each send is on the wire and acknowledged
-                    if let Some(qi) = qi {
-                        for r in f.reqs[..f.n].iter().flatten() {
-                            ev.stop(*r, qi);
-                        }
-                    }
-                }
-                if f.lanes_left == 0 {
-                    f.active = false;
-                    for r in f.reqs[..f.n].iter().flatten() {
-                        if let Ok(q) = self.reqs.get_mut(*r) {
-                            q.done = true;
-                        }
+                    for r in d.reqs[..d.n].iter().flatten() {
+                        ev.stop(*r, qi);
                     }
                 }
             }
@@ -977,21 +830,22 @@ impl SendComm {
 
     /// `Ok(Some(size))` once the send is done.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        let done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?.done;
+        let done = self.tx.is_done(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
         if !done {
             self.poll();
         }
-        let r = self.reqs.get(id).unwrap();
-        if r.done {
-            let size = r.size;
-            self.release(id);
+        if self.tx.is_done(id) == Ok(true) {
+            if let Some(ev) = &mut self.link.ev {
+                ev.stop_req(id);
+            }
+            let size = self.tx.release(id).unwrap_or(0);
             return Ok(Some(Completion::one(size)));
         }
         if let Err(e) = self.link.check() {
             self.release(id);
             return Err(e);
         }
-        self.link.idle_tick(self.reqs.len());
+        self.link.idle_tick(self.tx.live());
         if let Err(e) = self.link.check() {
             self.release(id);
             return Err(e);
@@ -1004,7 +858,7 @@ impl SendComm {
         if let Some(ev) = &mut self.link.ev {
             ev.stop_req(id);
         }
-        let _ = self.reqs.release(id);
+        self.tx.release(id);
     }
 }
 
@@ -1014,6 +868,7 @@ impl Drop for SendComm {
     /// bounded by the retry timeout, a failure, or the peer going away.
     fn drop(&mut self) {
         if self.hs.is_none() {
+            self.link.eager_stats = self.tx.eager_stats();
             self.link.log_stats("send");
         }
         if self.hs.is_some() || self.link.failed.is_some() {
@@ -1021,19 +876,12 @@ impl Drop for SendComm {
         }
         // unsignaled eager writes at the tail: a signaled empty write behind
         // them completes only after they did (RC order)
-        if let Some(e) = self.eager.as_mut().filter(|e| e.quiet > 0) {
-            let wr = SendWr {
-                wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
-                local: (0, 0, 0),
-                remote: e.ring,
-                imm: None,
-                signaled: true,
-                inline: false,
-            };
+        if let (Some(e), Some(count)) = (&self.eager, self.tx.close_eager()) {
+            let wr = SendWr { wr_id: EAGER_FLAG | count, local: (0, 0, 0), remote: e.ring, imm: None, signaled: true, inline: false };
             // SAFETY: no local memory is read.
-            if unsafe { self.link.qps[0].post_writes(&[wr]) }.is_ok() {
-                e.pending += 1;
-                e.quiet = 0;
+            if unsafe { self.link.qps[0].post_writes(&[wr]) }.is_err() {
+                // not posted: nothing of it to wait for
+                self.tx.on_eager_done(1);
             }
         }
         if self.outstanding() == 0 {
