@@ -173,6 +173,12 @@ struct World {
     r2s: Vec<VecDeque<Write>>,
     scq: VecDeque<Tag>,
     rcq: VecDeque<Tag>,
+    /// Acknowledgements on their way back to the poster (its completions
+    /// come after the data was placed at the far end), per direction.
+    s_acks: VecDeque<Tag>,
+    r_acks: VecDeque<Tag>,
+    /// Receives NCCL keeps open at most (1..=MAX_REQUESTS).
+    window: usize,
     eager_posted: u64,
     // the machines
     tx: Sender,
@@ -196,6 +202,7 @@ impl World {
         let eager_max = if matches!(fault, Some(Fault::EagerTag | Fault::EagerSize)) && eager_max == 0 { 64 } else { eager_max };
         let tags: &[i32] = if rng.chance(3) { &[5] } else { &[5, 6, 7] };
         let nrecv = 60 + rng.below(60) as usize;
+        let window = if rng.chance(3) { 1 + rng.below(4) as usize } else { MAX_REQUESTS };
         let mut bufs = Vec::new();
         let mut recvs = Vec::new();
         let mut addr = 0usize;
@@ -220,12 +227,7 @@ impl World {
         let mut sends = Vec::new();
         let mut pending: Vec<(i32, VecDeque<usize>)> = tags.iter().map(|&t| (t, VecDeque::new())).collect();
         let mut src = 0usize;
-        let too_large = if fault == Some(Fault::TooLarge) {
-            let big: Vec<usize> = (0..bufs.len()).filter(|&b| bufs[b].cap >= eager_max).collect();
-            Some(big[rng.below(big.len() as u64) as usize])
-        } else {
-            None
-        };
+        let too_large = if fault == Some(Fault::TooLarge) { Some(rng.below(bufs.len() as u64) as usize) } else { None };
         for b in 0..bufs.len() {
             let cap = bufs[b].cap;
             let size = match rng.below(5) {
@@ -275,6 +277,9 @@ impl World {
             r2s: (0..nqps).map(|_| VecDeque::new()).collect(),
             scq: VecDeque::new(),
             rcq: VecDeque::new(),
+            s_acks: VecDeque::new(),
+            r_acks: VecDeque::new(),
+            window,
             eager_posted: 0,
             tx,
             rx,
@@ -355,9 +360,9 @@ impl World {
         }
         if w.signaled {
             if to_receiver {
-                self.scq.push_back(w.tag);
+                self.s_acks.push_back(w.tag);
             } else {
-                self.rcq.push_back(w.tag);
+                self.r_acks.push_back(w.tag);
             }
         }
     }
@@ -739,7 +744,7 @@ impl World {
                 // NCCL posts the next receive (at most MAX_REQUESTS unreported)
                 0 => {
                     let open = self.recvs.iter().filter(|r| r.id.is_some() && !r.done).count();
-                    if self.posted < self.recvs.len() && open < MAX_REQUESTS {
+                    if self.posted < self.recvs.len() && open < self.window {
                         let p = self.posted;
                         self.r_irecv(p).map(|taken| {
                             if taken {
@@ -803,6 +808,17 @@ impl World {
                     }
                     Ok(())
                 }
+                // an acknowledgement reaches the poster: its completion
+                4 => {
+                    if self.rng.chance(2) {
+                        if let Some(t) = self.s_acks.pop_front() {
+                            self.scq.push_back(t);
+                        }
+                    } else if let Some(t) = self.r_acks.pop_front() {
+                        self.rcq.push_back(t);
+                    }
+                    Ok(())
+                }
                 // the NIC places a write
                 _ => {
                     let to_receiver = self.rng.chance(2);
@@ -831,6 +847,7 @@ impl World {
                 self.land(true, qp);
             }
         }
+        self.scq.extend(self.s_acks.drain(..));
         self.s_poll();
         assert_eq!(self.tx.outstanding(), 0, "seed {seed}: writes unaccounted for at close");
         assert_eq!(self.tx.live(), 0);
