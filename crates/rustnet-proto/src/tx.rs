@@ -494,3 +494,146 @@ impl Sender {
         self.reqs.release(id).ok().map(|r| r.size)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fifo::{ImmKind, FIFO_DEPTH};
+
+    fn sender(eager: usize) -> Sender {
+        let mut s = Sender::new();
+        s.connected(Config { nqps: 1, split: false, eager, mailbox_after: MAILBOX_AFTER });
+        s
+    }
+
+    fn fifo_mem() -> Vec<u8> {
+        vec![0; FIFO_BYTES + 64]
+    }
+
+    /// The receiver's CTS for slot `seq`: `(tag, cap)` per buffer.
+    fn cts(mem: &mut [u8], seq: u64, bufs: &[(i32, u32)]) {
+        for (i, &(tag, cap)) in bufs.iter().enumerate() {
+            let c = Cts { addr: 0x1000 * (i as u64 + 1), rkey: 3, cap, tag, n: bufs.len() as u8, i: i as u8 };
+            mem.write(fifo::elem_offset(seq, i), &c.encode(seq));
+        }
+    }
+
+    #[test]
+    fn a_slot_is_taken_when_all_of_it_landed_and_sends_match_by_tag() {
+        let mut s = sender(0);
+        let mut m = fifo_mem();
+        assert_eq!(s.head(&m[..]), Ok(Head::NotYet));
+        cts(&mut m, 0, &[(1, 10), (2, 10)]);
+        m[fifo::elem_offset(0, 1) + fifo::MARKER_OFFSET] = 0; // element 1 still landing
+        assert_eq!(s.head(&m[..]), Ok(Head::NotYet));
+        cts(&mut m, 0, &[(1, 10), (2, 10)]);
+        assert_eq!(s.head(&m[..]), Ok(Head::Ready));
+        assert_eq!(s.peek_cap(2), Some(10));
+        assert!(matches!(s.send(3, 1, 0, 0), Sent::NoTag));
+        let Sent::Taken { id: a, group: None } = s.send(2, 4, 0x50, 7) else { panic!() };
+        let Sent::Taken { id: b, group: Some(g) } = s.send(1, 10, 0x60, 7) else { panic!() };
+        assert_eq!((g.seq, g.n, g.sizes[0], g.sizes[1], g.reqs[0], g.reqs[1]), (0, 2, 10, 4, Some(b), Some(a)));
+        assert_eq!(g.imm().kind, ImmKind::Sizes(2));
+        assert_eq!(s.head_seq(), 1);
+        s.on_posted(&g, 1, false);
+        assert_eq!((s.is_done(a), s.outstanding()), (Ok(false), 1));
+        assert_eq!(s.on_write_done(7), None, "not a write of ours");
+        assert!(s.on_write_done(0).unwrap().last);
+        assert_eq!(s.is_done(a), Ok(true));
+        assert_eq!(s.release(a), Some(4));
+        assert_eq!(s.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_send_larger_than_its_buffer_is_a_mismatch() {
+        let mut s = sender(0);
+        let mut m = fifo_mem();
+        cts(&mut m, 0, &[(1, 10)]);
+        assert_eq!(s.head(&m[..]), Ok(Head::Ready));
+        let Sent::Mismatch { group, code, .. } = s.send(1, 11, 0, 0) else { panic!() };
+        assert_eq!((group.seq, code), (0, FailCode::TooLarge));
+        assert_eq!(s.head_seq(), 1);
+    }
+
+    #[test]
+    fn corrupt_cts_is_typed() {
+        let mut s = sender(0);
+        let mut m = fifo_mem();
+        let c = Cts { addr: 1, rkey: 1, cap: 1, tag: 1, n: 1, i: 3 };
+        m.write(fifo::elem_offset(0, 0), &c.encode(0));
+        assert!(matches!(s.head(&m[..]), Err(ProtoError::CtsElement { claims_i: 3, .. })));
+        let mut s = sender(0);
+        let mut m = fifo_mem();
+        m.write(fifo::elem_offset(0, 0), &Cts { n: 3, i: 0, ..c }.encode(0));
+        m.write(fifo::elem_offset(0, 1), &Cts { n: 2, i: 1, ..c }.encode(0));
+        assert_eq!(s.head(&m[..]), Err(ProtoError::CtsCount { seq: 0 }));
+    }
+
+    #[test]
+    fn a_slot_is_reused_only_after_its_previous_writes_completed() {
+        let mut s = sender(0);
+        let mut m = fifo_mem();
+        for seq in 0..FIFO_DEPTH as u64 {
+            cts(&mut m, seq, &[(1, 8)]);
+            assert_eq!(s.head(&m[..]), Ok(Head::Ready));
+            let Sent::Taken { group: Some(g), .. } = s.send(1, 8, 0, 0) else { panic!() };
+            s.on_posted(&g, 1, true);
+        }
+        cts(&mut m, FIFO_DEPTH as u64, &[(1, 8)]);
+        assert_eq!(s.head(&m[..]), Ok(Head::Busy));
+        assert!(s.head_busy());
+        s.on_write_done(0);
+        assert_eq!(s.head(&m[..]), Ok(Head::Ready));
+    }
+
+    #[test]
+    fn eager_sends_spend_credits_and_skip_filled_buffers() {
+        let mut s = sender(64);
+        let mut m = fifo_mem();
+        let mut st = vec![0u8; eager::ring_bytes(64)];
+        // no eager tag before the first CTS
+        assert_eq!(s.plan_eager(5, 8, 0, &mut st[..]), Ok(EagerPlan::No));
+        cts(&mut m, 0, &[(5, 100)]);
+        assert_eq!(s.head(&m[..]), Ok(Head::Ready));
+        let Sent::Taken { group: Some(g), .. } = s.send(5, 100, 0, 0) else { panic!() };
+        s.on_posted(&g, 1, true);
+        let mut ids = Vec::new();
+        for k in 0..eager::RING_SLOTS as u64 {
+            let EagerPlan::Go(w) = s.plan_eager(5, 8, 0, &mut st[..]).unwrap() else { panic!("eager send {k}") };
+            assert_eq!((w.idx, w.off, w.len), (k, eager::slot_offset(k, 64), eager::wire_len(8)));
+            assert_eq!(w.signaled, (k + 1) % EAGER_SIGNAL as u64 == 0);
+            assert_eq!(st.as_slice().read_u64(w.off + w.len - 8), eager::marker(k));
+            ids.push(w.id);
+        }
+        assert_eq!(s.is_done(ids[0]), Ok(true), "copied: done at post");
+        assert_eq!(s.plan_eager(5, 8, 0, &mut st[..]), Ok(EagerPlan::No), "out of credits");
+        assert!(matches!(s.plan_eager(5, 8, 1, &mut st[..]), Ok(EagerPlan::Go(_))));
+        assert!(matches!(s.plan_eager(5, 8, 100, &mut st[..]), Err(ProtoError::EagerCredits { freed: 100, .. })));
+        // the CTS of slot 1 comes later; its buffer was filled eagerly: stepped over
+        cts(&mut m, 1, &[(5, 8)]);
+        assert_eq!(s.head(&m[..]), Ok(Head::NotYet));
+        assert_eq!(s.head_seq(), 2);
+        assert_eq!(s.eager_stats(), (33, 33 * 8));
+    }
+
+    #[test]
+    fn the_mailbox_is_written_once_per_head_after_the_timeout() {
+        let mut s = sender(64);
+        let mut st = vec![0u8; eager::ring_bytes(64)];
+        let t0 = Instant::now();
+        assert_eq!(s.poll_timeout(), None);
+        assert_eq!(s.on_blocked(t0, &mut st[..]), None, "the clock starts");
+        assert_eq!(s.poll_timeout(), Some(t0 + MAILBOX_AFTER));
+        assert_eq!(s.on_blocked(t0 + MAILBOX_AFTER / 2, &mut st[..]), None);
+        let m = s.on_blocked(t0 + MAILBOX_AFTER, &mut st[..]).unwrap();
+        assert_eq!((m.value, m.count), (1, 1));
+        assert_eq!(st.as_slice().read_u64(0), 1);
+        assert_eq!(s.on_blocked(t0 + 10 * MAILBOX_AFTER, &mut st[..]), None, "once per head");
+        assert_eq!(s.poll_timeout(), None);
+        assert_eq!(s.outstanding(), 1);
+        s.on_eager_done(m.count);
+        assert_eq!(s.outstanding(), 0);
+        // no eager path: no mailbox
+        assert_eq!(sender(0).on_blocked(t0, &mut st[..]), None);
+    }
+}

@@ -228,17 +228,17 @@ impl World {
         let mut pending: Vec<(i32, VecDeque<usize>)> = tags.iter().map(|&t| (t, VecDeque::new())).collect();
         let mut src = 0usize;
         let too_large = if fault == Some(Fault::TooLarge) { Some(rng.below(bufs.len() as u64) as usize) } else { None };
-        for b in 0..bufs.len() {
-            let cap = bufs[b].cap;
+        for (b, buf) in bufs.iter_mut().enumerate() {
+            let cap = buf.cap;
             let size = match rng.below(5) {
                 0 => cap,
                 1 => 0,
                 _ => rng.below(cap as u64 + 1) as usize,
             };
             let size = if too_large == Some(b) { cap + 1 } else { size };
-            bufs[b].send = sends.len();
-            pending.iter_mut().find(|p| p.0 == bufs[b].tag).unwrap().1.push_back(sends.len());
-            sends.push(Send { tag: bufs[b].tag, size, src, id: None, done: false });
+            buf.send = sends.len();
+            pending.iter_mut().find(|p| p.0 == buf.tag).unwrap().1.push_back(sends.len());
+            sends.push(Send { tag: buf.tag, size, src, id: None, done: false });
             src += size + 8;
         }
         let mut sheap = vec![0u8; src];
@@ -694,16 +694,16 @@ impl World {
     fn check_stop(&self, stop: Stop) {
         let seed = self.seed;
         let f = self.fault.unwrap_or_else(|| panic!("seed {seed}: no fault injected, yet the run stopped: {stop:?}"));
-        let ok = match (&f, &stop) {
-            (Fault::BogusImm, Stop::Rx(ProtoError::ImmNoReceive { .. })) => true,
-            (Fault::DupImm, Stop::Rx(ProtoError::ImmNoReceive { .. } | ProtoError::ImmExtra { .. })) => true,
-            (Fault::TooLarge, Stop::TxMismatch(FailCode::TooLarge)) => true,
-            (Fault::TooLarge, Stop::Rx(ProtoError::SenderTooLarge | ProtoError::EagerOverflow { .. })) => true,
-            (Fault::EagerTag, Stop::Rx(ProtoError::EagerTag { tag: 999, .. })) => true,
-            (Fault::EagerSize, Stop::Rx(ProtoError::EagerSize { .. })) => true,
-            (Fault::BadCts, Stop::Tx(ProtoError::CtsElement { claims_i: 5, .. })) => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (&f, &stop),
+            (Fault::BogusImm, Stop::Rx(ProtoError::ImmNoReceive { .. }))
+                | (Fault::DupImm, Stop::Rx(ProtoError::ImmNoReceive { .. } | ProtoError::ImmExtra { .. }))
+                | (Fault::TooLarge, Stop::TxMismatch(FailCode::TooLarge))
+                | (Fault::TooLarge, Stop::Rx(ProtoError::SenderTooLarge | ProtoError::EagerOverflow { .. }))
+                | (Fault::EagerTag, Stop::Rx(ProtoError::EagerTag { tag: 999, .. }))
+                | (Fault::EagerSize, Stop::Rx(ProtoError::EagerSize { .. }))
+                | (Fault::BadCts, Stop::Tx(ProtoError::CtsElement { claims_i: 5, .. }))
+        );
         assert!(ok, "seed {seed}: fault {f:?} surfaced as {stop:?}");
         if let Stop::Rx(e) | Stop::Tx(e) = &stop {
             assert!(!e.to_string().is_empty());

@@ -1,6 +1,9 @@
 //! The verbs data path (NCCL's net_ib p2p.cc): receiver-driven RDMA writes.
-//! The protocol rules live in [`crate::proto::fifo`]; this file moves them
-//! onto QPs and completions. Progress happens in the caller of
+//! The protocol is sans-IO in the core: [`crate::proto::rx::Receiver`] and
+//! [`crate::proto::tx::Sender`] own the requests, FIFO slots, CTS batching,
+//! eager ring and mailbox timer (wire rules in [`crate::proto::fifo`] and
+//! [`crate::proto::eager`]); this file reads registered memory and the CQ,
+//! feeds them, and builds and posts the WRs they plan. Progress happens in the caller of
 //! isend/irecv/test; no allocation after a comm is built, and nothing is
 //! shared with other comms on the data path except one relaxed atomic load
 //! of the device's async-event counters.
