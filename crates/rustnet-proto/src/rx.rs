@@ -259,6 +259,20 @@ impl Receiver {
         self.cts.written()
     }
 
+    /// The lanes the next receive's writes will use: `(seq, first QP, count)`
+    /// (a transport that must prepare for them before advertising, iWARP's
+    /// notice receives, asks before [`Receiver::take_recv`]).
+    pub fn next_lanes(&self) -> (u64, usize, usize) {
+        let seq = self.cts.next();
+        let (first, n) = fifo::lanes(seq, self.nqps, self.split);
+        (seq, first, n)
+    }
+
+    /// Receives waiting for a rendezvous completion (their FIFO slots busy).
+    pub fn in_flight(&self) -> usize {
+        self.by_slot.iter().filter(|s| s.is_some()).count()
+    }
+
     /// May the next receive take its FIFO slot (its previous receive
     /// completed, and that one's CTS went out)?
     pub fn slot_free(&self) -> bool {
@@ -685,7 +699,9 @@ mod tests {
         let mut rx = Receiver::new(cfg(1, false, 0));
         rx.on_ready();
         let mut st = stage();
+        assert_eq!(rx.next_lanes(), (0, 0, 1));
         take(&mut rx, &[1, 2, 3], 10);
+        assert_eq!(rx.in_flight(), 1);
         let c = chains(&mut rx, &mut st);
         let offs: Vec<usize> = c[0].iter().map(|w| w.off).collect();
         assert_eq!(offs, [fifo::elem_offset(0, 0), fifo::elem_offset(0, 1), fifo::elem_offset(0, 2)]);
