@@ -3,8 +3,8 @@
 //! [`crate::proto::tx::Sender`] own the requests, FIFO slots, CTS batching,
 //! eager ring and mailbox timer (wire rules in [`crate::proto::fifo`] and
 //! [`crate::proto::eager`]); this file reads registered memory and the CQ,
-//! feeds them, and builds and posts the WRs they plan. Progress happens in the caller of
-//! isend/irecv/test; no allocation after a comm is built, and nothing is
+//! feeds them, and builds and posts the WRs they plan. Progress happens in
+//! the caller of isend/irecv/test; no allocation after a comm is built, and nothing is
 //! shared with other comms on the data path except one relaxed atomic load
 //! of the device's async-event counters.
 //!
