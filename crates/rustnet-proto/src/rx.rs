@@ -470,6 +470,18 @@ impl Receiver {
         Ok(ImmEvent { id, seq, sizes: Some(std::array::from_fn(|i| sizes[i].unwrap_or(0))), n })
     }
 
+    /// Might [`Receiver::poll_ctl`] plan anything now? A cheap test for the
+    /// polling loop: false when every CTS posted is written and no credit
+    /// or chain is pending (or before READY).
+    pub fn has_ctl(&self) -> bool {
+        self.ready && (self.credit.is_some() || self.batch.is_some() || self.cts.written() != self.cts.next())
+    }
+
+    /// Is a credit write planned (the ring poll found credits due)?
+    pub fn credit_due(&self) -> bool {
+        self.credit.is_some()
+    }
+
     /// Plan the next chain of control writes due now (CTS slots in order,
     /// the credit word), writing their bytes into `stage` (same layout as
     /// the sender's FIFO region). Call until it returns false, posting each
@@ -682,7 +694,9 @@ mod tests {
         }
         assert!(chains(&mut rx, &mut st).is_empty(), "nothing before READY");
         rx.on_ready();
+        assert!(rx.has_ctl());
         let c = chains(&mut rx, &mut st);
+        assert!(!rx.has_ctl());
         assert_eq!(c.len(), 1);
         assert_eq!((c[0][0].off, c[0][0].len), (fifo::slot_offset(0), 3 * ELEM_BYTES));
         for q in 0..3 {
@@ -845,6 +859,7 @@ mod tests {
         ring_msg(&mut ring, max, 0, Header { j: 1, size: 1, tag: 5, head: 1 }, b"z");
         ring[0..8].copy_from_slice(&2u64.to_le_bytes());
         assert_eq!(rx.poll_ring(&ring[..], &mut |_| ()), Ok(1));
+        assert!(rx.credit_due());
         assert_eq!(rx.is_done(t1.id), Ok(true));
         let c = chains(&mut rx, &mut st);
         // CTS 1 and the credit word (1 slot freed) in one chain

@@ -1210,6 +1210,9 @@ impl RecvComm {
     /// Post the control writes the machine plans now (CTS slots in order,
     /// the credit word), each chain one post on its QP.
     fn flush_ctl(&mut self) -> Result<()> {
+        if !self.rx.has_ctl() {
+            return Ok(()); // (the polling loop's common case: nothing to build)
+        }
         let mut chain = rx::CtlChain::default();
         while self.rx.poll_ctl(&mut self.stage, &mut chain) {
             self.post_ctl(&chain)?;
@@ -1251,7 +1254,11 @@ impl RecvComm {
         if got > 0 {
             self.link.progressed();
         }
-        self.flush_ctl()
+        // credits due: they go now, deferred CTS with them (the same post)
+        if self.rx.credit_due() {
+            self.flush_ctl()?;
+        }
+        Ok(())
     }
 
     /// Drain the CQ, look at the eager ring, write what is due.
@@ -1305,7 +1312,7 @@ impl RecvComm {
         if self.link.failed.is_some() {
             return;
         }
-        let r = if eager { self.poll_eager() } else { self.flush_ctl() };
+        let r = if eager { self.poll_eager() } else { Ok(()) }.and_then(|_| self.flush_ctl());
         if let Err(e) = r {
             self.link.fail(e);
         }
