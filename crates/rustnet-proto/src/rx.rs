@@ -225,36 +225,43 @@ impl Receiver {
     }
 
     /// The eager limit (0: off).
+    #[inline]
     pub fn eager_limit(&self) -> usize {
         self.eager.as_ref().map_or(0, |e| e.st.max)
     }
 
     /// The sender said READY: control writes may go from now on.
+    #[inline]
     pub fn on_ready(&mut self) {
         self.ready = true;
     }
 
     /// Eager messages delivered and their payload bytes.
+    #[inline]
     pub fn eager_stats(&self) -> (u64, u64) {
         self.eager_stats
     }
 
     /// Live requests (receives and flushes).
+    #[inline]
     pub fn live(&self) -> usize {
         self.reqs.len()
     }
 
     /// Send-queue entries the control writes may still take.
+    #[inline]
     pub fn ctl_room(&self) -> usize {
         self.budget.room()
     }
 
     /// Sequence number the next receive gets.
+    #[inline]
     pub fn next_seq(&self) -> u64 {
         self.cts.next()
     }
 
     /// CTS slots written so far (all below this).
+    #[inline]
     pub fn cts_written(&self) -> u64 {
         self.cts.written()
     }
@@ -262,6 +269,7 @@ impl Receiver {
     /// The lanes the next receive's writes will use: `(seq, first QP, count)`
     /// (a transport that must prepare for them before advertising, iWARP's
     /// notice receives, asks before [`Receiver::take_recv`]).
+    #[inline]
     pub fn next_lanes(&self) -> (u64, usize, usize) {
         let seq = self.cts.next();
         let (first, n) = fifo::lanes(seq, self.nqps, self.split);
@@ -269,24 +277,28 @@ impl Receiver {
     }
 
     /// Receives waiting for a rendezvous completion (their FIFO slots busy).
+    #[inline]
     pub fn in_flight(&self) -> usize {
         self.by_slot.iter().filter(|s| s.is_some()).count()
     }
 
     /// May the next receive take its FIFO slot (its previous receive
     /// completed, and that one's CTS went out)?
+    #[inline]
     pub fn slot_free(&self) -> bool {
         let slot = (self.cts.next() % FIFO_DEPTH as u64) as usize;
         self.by_slot[slot].is_none() && self.cts.can_post()
     }
 
     /// Would [`Receiver::take_recv`] take a receive now?
+    #[inline]
     pub fn can_take(&self) -> bool {
         self.slot_free() && self.reqs.len() < RECV_POOL - MAX_REQUESTS
     }
 
     /// Write every CTS posted so far as soon as there is room (a receive
     /// waits for its slot, or the receiver is idle).
+    #[inline]
     pub fn force_cts(&mut self) {
         self.cts.force();
     }
@@ -473,11 +485,13 @@ impl Receiver {
     /// Might [`Receiver::poll_ctl`] plan anything now? A cheap test for the
     /// polling loop: false when every CTS posted is written and no credit
     /// or chain is pending (or before READY).
+    #[inline]
     pub fn has_ctl(&self) -> bool {
         self.ready && (self.credit.is_some() || self.batch.is_some() || self.cts.written() != self.cts.next())
     }
 
     /// Is a credit write planned (the ring poll found credits due)?
+    #[inline]
     pub fn credit_due(&self) -> bool {
         self.credit.is_some()
     }
@@ -590,16 +604,19 @@ impl Receiver {
     }
 
     /// A signaled control write planned with `signal: Some(count)` completed.
+    #[inline]
     pub fn on_ctl_done(&mut self, count: u64) {
         self.budget.retire(count);
     }
 
     /// Is request `id` done?
+    #[inline]
     pub fn is_done(&self, id: ReqId) -> Result<bool, Stale> {
         self.reqs.get(id).map(|r| r.done)
     }
 
     /// If `id` is done: free it and say what it got.
+    #[inline]
     pub fn finish(&mut self, id: ReqId) -> Result<Option<Finished>, Stale> {
         let r = self.reqs.get(id)?;
         if !r.done {
@@ -612,6 +629,7 @@ impl Receiver {
     }
 
     /// Free `id` unfinished (the comm failed; NCCL is told so).
+    #[inline]
     pub fn abandon(&mut self, id: ReqId) {
         if let Ok(r) = self.reqs.release(id) {
             let slot = (r.seq % FIFO_DEPTH as u64) as usize;
@@ -640,6 +658,7 @@ impl Receiver {
     }
 
     /// The flush read of `id` completed.
+    #[inline]
     pub fn on_flush_done(&mut self, id: ReqId) {
         if let Ok(r) = self.reqs.get_mut(id) {
             r.done = true;

@@ -208,26 +208,31 @@ impl Sender {
     }
 
     /// Is the eager path on?
+    #[inline]
     pub fn eager_on(&self) -> bool {
         self.eager.is_some()
     }
 
     /// Eager messages sent and their payload bytes.
+    #[inline]
     pub fn eager_stats(&self) -> (u64, u64) {
         self.eager_stats
     }
 
     /// Live requests.
+    #[inline]
     pub fn live(&self) -> usize {
         self.reqs.len()
     }
 
     /// Can another send be taken (a request slot is free)?
+    #[inline]
     pub fn has_room(&self) -> bool {
         self.reqs.len() < SEND_SLOTS
     }
 
     /// Sequence number of the head FIFO slot.
+    #[inline]
     pub fn head_seq(&self) -> u64 {
         self.fifo.head()
     }
@@ -267,6 +272,7 @@ impl Sender {
     }
 
     /// Does the head slot's previous lap still await its completions?
+    #[inline]
     pub fn head_busy(&self) -> bool {
         self.inflight[(self.fifo.head() % FIFO_DEPTH as u64) as usize].active
     }
@@ -318,6 +324,7 @@ impl Sender {
     /// The capacity of the buffer a send of `tag` would fill next (head
     /// loaded, [`Head::Ready`]); `None`: the head receive has no free buffer
     /// of that tag.
+    #[inline]
     pub fn peek_cap(&self, tag: i32) -> Option<usize> {
         let g = self.fifo.current()?;
         self.fifo.match_send(tag, 0).ok().map(|i| g.elems[i].cap as usize)
@@ -325,6 +332,7 @@ impl Sender {
 
     /// A send of `size` bytes from `src` (local key `lkey`) with `tag`,
     /// against the loaded head ([`Head::Ready`]).
+    #[inline]
     pub fn send(&mut self, tag: i32, size: usize, src: u64, lkey: u32) -> Sent {
         match self.fifo.match_send(tag, size) {
             Ok(i) => {
@@ -351,6 +359,7 @@ impl Sender {
     /// `g`'s writes were posted on its lanes (`nlanes` of them, each ending
     /// with a signaled write); `copied`: every data byte went inline, so its
     /// sends are done now (their completions still free the slot).
+    #[inline]
     pub fn on_posted(&mut self, g: &Group, nlanes: usize, copied: bool) {
         let slot = (g.seq % FIFO_DEPTH as u64) as usize;
         self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
@@ -364,12 +373,14 @@ impl Sender {
     }
 
     /// Which QPs slot `seq`'s writes use: `(first, count)`.
+    #[inline]
     pub fn lanes(&self, seq: u64) -> (usize, usize) {
         fifo::lanes(seq, self.nqps, self.split)
     }
 
     /// The signaled last write of a lane of slot `seq` completed. `None`:
     /// not a write this machine waits for.
+    #[inline]
     pub fn on_write_done(&mut self, seq: u64) -> Option<WriteDone> {
         let f = &mut self.inflight[(seq % FIFO_DEPTH as u64) as usize];
         if !f.active || f.seq != seq || f.lanes_left == 0 {
@@ -422,6 +433,7 @@ impl Sender {
     }
 
     /// Payload offset of an eager write in the staging.
+    #[inline]
     pub fn payload_off(w: &EagerWr) -> usize {
         w.off + HDR_BYTES
     }
@@ -462,6 +474,7 @@ impl Sender {
     }
 
     /// A signaled eager-path write planned with `count` completed (or failed).
+    #[inline]
     pub fn on_eager_done(&mut self, count: u64) {
         if let Some(e) = &mut self.eager {
             e.pending = e.pending.saturating_sub(count as usize);
@@ -480,16 +493,19 @@ impl Sender {
     }
 
     /// Writes posted whose completion has not been seen yet.
+    #[inline]
     pub fn outstanding(&self) -> usize {
         self.inflight.iter().filter(|f| f.active).count() + self.eager.as_ref().map_or(0, |e| e.pending)
     }
 
     /// Is send `id` done?
+    #[inline]
     pub fn is_done(&self, id: ReqId) -> Result<bool, Stale> {
         self.reqs.get(id).map(|r| r.done)
     }
 
     /// Free `id` (done or failed); its size.
+    #[inline]
     pub fn release(&mut self, id: ReqId) -> Option<usize> {
         self.reqs.release(id).ok().map(|r| r.size)
     }
