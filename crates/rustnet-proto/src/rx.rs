@@ -482,12 +482,12 @@ impl Receiver {
         Ok(ImmEvent { id, seq, sizes: Some(std::array::from_fn(|i| sizes[i].unwrap_or(0))), n })
     }
 
-    /// Might [`Receiver::poll_ctl`] plan anything now? A cheap test for the
-    /// polling loop: false when every CTS posted is written and no credit
-    /// or chain is pending (or before READY).
+    /// Will [`Receiver::poll_ctl`] plan anything now? A cheap test for the
+    /// polling loop: false when no CTS is due (deferred ones wait for their
+    /// batch), no credit and no chain is pending, or before READY.
     #[inline]
     pub fn has_ctl(&self) -> bool {
-        self.ready && (self.credit.is_some() || self.batch.is_some() || self.cts.written() != self.cts.next())
+        self.ready && (self.credit.is_some() || self.batch.is_some() || self.cts.due().is_some())
     }
 
     /// Is a credit write planned (the ring poll found credits due)?
