@@ -18,13 +18,17 @@
 #
 #   tests/rxe-vm/bench-verbs.sh            # builds, boots the VM, runs, prints
 #   REPS=5 tests/rxe-vm/bench-verbs.sh
+#   PLUGINS="old=out/old.so new=out/new.so" tests/rxe-vm/bench-verbs.sh
+#     # two (or more) plugin builds, interleaved within every rep (same VM,
+#     # same perftest reference), one column each; paths under the repo
+#     # (out/ is writable and ignored)
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
   cd "$ROOT" || exit 2
   cargo build --release --quiet || exit $?
   mkdir -p out
-  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
+  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT PLUGINS" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
@@ -62,25 +66,35 @@ for r in $(seq "$REPS"); do
   # the plugin: server end on rxe1/veth1, client on rxe0/veth0, through the
   # vtable; bandwidth left to the scheduler, latency pinned as perftest's
   export NCCL_IB_TIMEOUT=14
+  for plug in ${PLUGINS:-=}; do
+  label=${plug%%=*} so=${plug#*=}
   for run in bw lat; do
     # shellcheck disable=SC2054  # the commas are inside one argument
     pin0=() pin1=() args=(--sizes 64K,256K,1M --bytes 96M --lat-iters 0 --idle-nap-us 50)
     [ $run = lat ] && pin0=(taskset -c 0) pin1=(taskset -c 1) args=(--sizes 8 --bytes 8K --lat-iters 1000)
-    NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
+    penv=(); [ -n "$so" ] && penv=(RUSTNET_PLUGIN="$ROOT/${so#"$ROOT"/}")
+    env "${penv[@]}" NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
     sp=$!
     waitport 18600 || { echo "bench server did not start"; cat /tmp/bsrv.log; exit 1; }
-    NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
+    env "${penv[@]}" NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
       "${args[@]}" --reps 1 --inflight ${INFLIGHT:-8} --csv /tmp/b.csv > /tmp/bcli.log 2>&1
     wait $sp
     grep -q '^oneway' /tmp/b.csv || { echo "rustnet bench failed:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }
     while IFS=, read -r t size _ med _; do
+      tool=rustnet${label:+-$label}
       case $run,$t in
-        bw,oneway) v=$(awk -v g="$med" 'BEGIN{printf "%.2f", g*1000}'); R[bw_$size]+="$v "; echo "bw,$size,rustnet,$r,$v,MB/s" >> "$csv" ;;
-        lat,latency) R[lat_avg]+="$med "; echo "lat_average,8,rustnet,$r,$med,us" >> "$csv" ;;
-        lat,latency_typical) R[lat]+="$med "; echo "lat_typical,8,rustnet,$r,$med,us" >> "$csv" ;;
+        bw,oneway) v=$(awk -v g="$med" 'BEGIN{printf "%.2f", g*1000}'); R[${label}bw_$size]+="$v "; echo "bw,$size,$tool,$r,$v,MB/s" >> "$csv" ;;
+        lat,latency) R[${label}lat_avg]+="$med "; echo "lat_average,8,$tool,$r,$med,us" >> "$csv" ;;
+        lat,latency_typical) R[${label}lat]+="$med "; echo "lat_typical,8,$tool,$r,$med,us" >> "$csv" ;;
       esac
     done < <(tail -n +2 /tmp/b.csv)
   done
+  done
+  if [ -n "${PLUGINS:-}" ]; then
+    # the first plugin also fills the perftest comparison below
+    first=${PLUGINS%% *}; first=${first%%=*}
+    for k in bw_65536 bw_262144 bw_1048576 lat lat_avg; do R[$k]=${R[$first$k]}; done
+  fi
   [ -n "${R[lat]:-}" ] || { echo "rustnet bench reported no latency:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }
 done
 
@@ -101,4 +115,13 @@ for k in lat lat_avg; do
   printf '%-10s %-26s %-26s %s\n' "$name" "$(stats "${P[$k]}")" "$(stats "${R[$k]}")" "$(awk -v x="$(med "${R[$k]}")" -v y="$(med "${P[$k]}")" 'BEGIN{printf "%.2fx", x/y}')"
 done
 echo "(typical = median round trip / 2, perftest's t_typical; average = all round trips / count / 2)"
+if [ -n "${PLUGINS:-}" ]; then
+  echo
+  echo "plugin builds, interleaved in every run, median [min-max]"
+  printf '%-14s' "point"; for plug in $PLUGINS; do printf '%-26s' "${plug%%=*}"; done; echo
+  for k in bw_65536 bw_262144 bw_1048576 lat lat_avg; do
+    case $k in bw_*) name="$(( ${k#bw_} / 1024 ))K MB/s" ;; lat) name="lat typ us" ;; *) name="lat avg us" ;; esac
+    printf '%-14s' "$name"; for plug in $PLUGINS; do printf '%-26s' "$(stats "${R[${plug%%=*}$k]}")"; done; echo
+  done
+fi
 echo "CSV: out/bench-verbs.csv"

@@ -201,6 +201,67 @@ pub enum ProtoError {
         last: u64,
     },
 
+    // --- the verbs protocol machines (rx.rs, tx.rs)
+    /// A completion word for a FIFO slot where no receive waits.
+    #[error("completion {imm} for FIFO slot {slot}, which has no receive waiting for a rendezvous")]
+    ImmNoReceive {
+        /// The FIFO slot.
+        slot: usize,
+        /// The decoded word (the `Imm`, as Debug prints it).
+        imm: String,
+    },
+    /// More completion words than the receive has lanes.
+    #[error("one completion too many for receive #{seq}")]
+    ImmExtra {
+        /// The receive's sequence number.
+        seq: u64,
+    },
+    /// A buffer filled both by an eager message and by a rendezvous.
+    #[error("buffer {i} of receive #{seq} was written by an eager message and a rendezvous")]
+    BothWays {
+        /// Which buffer.
+        i: usize,
+        /// The receive's sequence number.
+        seq: u64,
+    },
+    /// An eager message for a buffer that is not posted (or already filled).
+    #[error("eager message #{idx} for buffer {j}, which is not posted")]
+    EagerUnposted {
+        /// The message's ring index.
+        idx: u64,
+        /// The buffer it names.
+        j: u64,
+    },
+    /// An eager message for a buffer the rendezvous already filled.
+    #[error("eager message #{idx} for buffer {i} of receive #{seq}, which the sender also wrote")]
+    EagerTwice {
+        /// The message's ring index.
+        idx: u64,
+        /// Buffer index in the receive.
+        i: usize,
+        /// The receive's sequence number.
+        seq: u64,
+    },
+    /// An eager message larger than the buffer it names (the sender's
+    /// mistake, reported like a rendezvous size mismatch).
+    #[error("sent {size} bytes (eager) for a {cap}-byte receive buffer (receive #{seq}, buffer {i})")]
+    EagerOverflow {
+        /// Bytes sent.
+        size: usize,
+        /// The buffer's capacity.
+        cap: usize,
+        /// The receive's sequence number.
+        seq: u64,
+        /// Buffer index in the receive.
+        i: usize,
+    },
+    /// A CTS slot whose elements disagree on the buffer count.
+    #[error("CTS slot {seq} has inconsistent buffer counts")]
+    CtsCount {
+        /// The slot's sequence number.
+        seq: u64,
+    },
+
     // --- iWARP completion notices (notice.rs)
     /// Fewer bytes than a notice header.
     #[error("a {len}-byte notice (at least {min} expected)")]
@@ -313,6 +374,13 @@ pub enum ProtoError {
 }
 
 impl ProtoError {
+    /// Errors that report the peer's application's mistake (a send that
+    /// did not fit the receive it matched), not a broken peer: the caller
+    /// reports them as usage errors, like the sender does.
+    pub fn is_size_mismatch(&self) -> bool {
+        matches!(self, ProtoError::SenderTooLarge | ProtoError::SenderNoTag | ProtoError::SenderFailed | ProtoError::EagerOverflow { .. })
+    }
+
     /// Errors in NCCL's handle bytes (the caller reports an invalid argument,
     /// not a peer's protocol error).
     pub fn is_handle(&self) -> bool {

@@ -11,8 +11,11 @@ pub mod fifo;
 pub mod fuzz;
 pub mod handle;
 pub mod ib_meta;
+pub mod mem;
 pub mod notice;
 pub mod pool;
+pub mod rx;
+pub mod tx;
 pub mod wire;
 
 pub use error::ProtoError;

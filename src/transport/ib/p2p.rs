@@ -1,7 +1,10 @@
 //! The verbs data path (NCCL's net_ib p2p.cc): receiver-driven RDMA writes.
-//! The protocol rules live in [`crate::proto::fifo`]; this file moves them
-//! onto QPs and completions. Progress happens in the caller of
-//! isend/irecv/test; no allocation after a comm is built, and nothing is
+//! The protocol is sans-IO in the core: [`crate::proto::rx::Receiver`] and
+//! [`crate::proto::tx::Sender`] own the requests, FIFO slots, CTS batching,
+//! eager ring and mailbox timer (wire rules in [`crate::proto::fifo`] and
+//! [`crate::proto::eager`]); this file reads registered memory and the CQ,
+//! feeds them, and builds and posts the WRs they plan. Progress happens in
+//! the caller of isend/irecv/test; no allocation after a comm is built, and nothing is
 //! shared with other comms on the data path except one relaxed atomic load
 //! of the device's async-event counters.
 //!
@@ -19,15 +22,14 @@ use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
-use crate::proto::eager::{self, CtsQueue, EagerRx, EagerTx, Header, HDR_BYTES, RING_SLOTS};
-use crate::proto::fifo::{
-    self, Cts, FailCode, Group, Imm, ImmKind, PlannedWr, SendFifo, Slot, SqBudget, WrKind, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH,
-    MAX_LANE_WRS, SIZES_SLOT_BYTES,
-};
+use crate::proto::eager;
+use crate::proto::fifo::{self, Cts, FailCode, Group, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES};
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
-use crate::proto::pool::{Pool, ReqId};
+use crate::proto::mem::{Mem, MemMut};
+use crate::proto::pool::ReqId;
+use crate::proto::{rx, tx, ProtoError};
 use crate::transport::sock::{Io, Socket};
-use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
+use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS};
 
 /// Completions polled per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 16;
@@ -48,14 +50,6 @@ const RECV_WR: u64 = 1 << 60;
 /// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
 /// immediates are outstanding per QP).
 const RECV_WRS: usize = FIFO_DEPTH + 16;
-/// A sender stuck this long at one CTS slot tells the receiver (mailbox).
-const MAILBOX_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
-/// The sender signals one eager write in this many.
-const EAGER_SIGNAL: usize = 16;
-/// Eager-path WRs QP 0 may hold (part of its send queue, see handshake.rs).
-const EAGER_SQ: usize = 2 * RING_SLOTS;
-/// Window of eager-tag buffers the receiver tracks (32 receives x 8 buffers).
-const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
 
 // ---------------------------------------------------------------- per-QP counters
 
@@ -344,22 +338,6 @@ fn check_buf(what: &str, buf: RawBuf, mr: Option<&IbMr>, dev: &IbDev, access: Ac
 
 // ---------------------------------------------------------------- send side
 
-struct SendReq {
-    size: usize,
-    done: bool,
-}
-
-#[derive(Clone, Copy)]
-struct Inflight {
-    seq: u64,
-    n: usize,
-    reqs: [Option<ReqId>; MAX_RECVS],
-    lanes_left: usize,
-    active: bool,
-}
-
-const NO_INFLIGHT: Inflight = Inflight { seq: 0, n: 0, reqs: [None; MAX_RECVS], lanes_left: 0, active: false };
-
 enum SendHs {
     /// Waiting for the receiver's metadata (its acceptance) since `since`.
     ReadMeta {
@@ -373,8 +351,8 @@ enum SendHs {
     },
 }
 
-/// Sends still possible per comm: NCCL may post MAX_REQUESTS x maxRecvs.
-pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
+/// Sends still possible per comm (see [`tx::SEND_SLOTS`]).
+pub const SEND_SLOTS: usize = tx::SEND_SLOTS;
 
 /// The sending end of a verbs connection.
 pub struct SendComm {
@@ -387,9 +365,8 @@ pub struct SendComm {
     local: LocalAddr,
     tc: u8,
     sl: u8,
-    fifo: SendFifo,
-    reqs: Pool<SendReq>,
-    inflight: [Inflight; FIFO_DEPTH],
+    /// The protocol: requests, FIFO head, writes in flight, eager ring, mailbox timer.
+    tx: tx::Sender,
     remote_sizes: (u64, u32),
     /// The eager limit we offer (0 = off).
     eager_offer: u32,
@@ -397,23 +374,12 @@ pub struct SendComm {
     eager: Option<EagerSend>,
 }
 
-/// The sender's half of the eager path.
+/// The sender's half of the eager path (its bookkeeping is in the machine, [`tx::Sender`]).
 struct EagerSend {
-    st: EagerTx,
     /// Staging with the ring's layout: the mailbox word's source, then the slots.
     stage: HostRegion,
     /// The receiver's ring (address, rkey).
     ring: (u64, u32),
-    /// Eager-path WRs on QP 0 (eager, mailbox and closing writes) whose SQ
-    /// entries are not known free yet: an entry is free once a signaled WR
-    /// at or after it completed and we polled that completion.
-    pending: usize,
-    /// Unsignaled eager writes since the last signaled one (selective signalling).
-    quiet: usize,
-    /// Stuck at this FIFO head since then.
-    blocked: Option<(u64, std::time::Instant)>,
-    /// Last mailbox value written (head + 1).
-    mailbox: u64,
 }
 
 impl SendComm {
@@ -429,9 +395,7 @@ impl SendComm {
             local,
             tc,
             sl,
-            fifo: SendFifo::new(),
-            reqs: Pool::new(SEND_SLOTS),
-            inflight: [NO_INFLIGHT; FIFO_DEPTH],
+            tx: tx::Sender::new(),
             remote_sizes: (0, 0),
             eager_offer,
             eager: None,
@@ -465,7 +429,7 @@ impl SendComm {
 
     /// Eager messages sent and their payload bytes.
     pub fn eager_stats(&self) -> (u64, u64) {
-        self.link.eager_stats
+        self.tx.eager_stats()
     }
 
     /// True once the QPs are in RTS and READY was sent.
@@ -489,16 +453,12 @@ impl SendComm {
                     self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
                     self.link.set_peer(&remote);
                     self.remote_sizes = (remote.addr, remote.rkey);
+                    let mut limit = 0;
                     if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
-                        let max = remote.eager as usize;
+                        limit = remote.eager as usize;
                         self.eager = Some(EagerSend {
-                            st: EagerTx::new(max),
-                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
+                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(limit), Access::LOCAL_READ)?,
                             ring: remote.ring,
-                            pending: 0,
-                            quiet: 0,
-                            blocked: None,
-                            mailbox: 0,
                         });
                     } else if remote.eager > 0 {
                         return Err(Error::Protocol {
@@ -506,6 +466,12 @@ impl SendComm {
                             what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
                         });
                     }
+                    self.tx.connected(tx::Config {
+                        nqps: self.link.qps.len(),
+                        split: self.link.cc.split,
+                        eager: limit,
+                        mailbox_after: tx::MAILBOX_AFTER,
+                    });
                     self.hs = Some(SendHs::WriteReady { sent: 0 });
                 }
                 Some(SendHs::WriteReady { sent }) => {
@@ -527,50 +493,6 @@ impl SendComm {
         }
     }
 
-    /// Try to take the head FIFO slot; true when a group is loaded.
-    fn load_head(&mut self) -> Result<bool> {
-        if self.fifo.current().is_some() {
-            return Ok(true);
-        }
-        let seq = self.fifo.head();
-        if self.fifo_mem.read_u64(fifo::elem_offset(seq, 0) + fifo::MARKER_OFFSET) != fifo::marker(seq) {
-            return Ok(false);
-        }
-        let mut elems = [Cts::default(); MAX_RECVS];
-        let mut b = [0u8; ELEM_BYTES];
-        let mut n = 1;
-        let mut i = 0;
-        while i < n {
-            let off = fifo::elem_offset(seq, i);
-            if self.fifo_mem.read_u64(off + fifo::MARKER_OFFSET) != fifo::marker(seq) {
-                return Ok(false); // the rest of the slot is still landing
-            }
-            self.fifo_mem.read(off, &mut b);
-            match Cts::decode(&b, seq, i) {
-                Slot::Ready(c) => {
-                    n = c.n as usize;
-                    elems[i] = c;
-                }
-                Slot::NotYet => return Ok(false),
-                Slot::Bad(why) => return Err(Error::Protocol { peer: self.link.peer_name(), what: why.to_string() }),
-            }
-            i += 1;
-        }
-        if elems[..n].iter().any(|e| e.n as usize != n) {
-            return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("CTS slot {seq} has inconsistent buffer counts") });
-        }
-        let mut filled = 0;
-        if let Some(e) = &mut self.eager {
-            let mut tags = [0i32; MAX_RECVS];
-            for (t, c) in tags.iter_mut().zip(&elems[..n]) {
-                *t = c.tag;
-            }
-            filled = e.st.on_load(seq, &tags[..n]);
-        }
-        self.fifo.load(&elems[..n], filled);
-        Ok(true)
-    }
-
     /// The capacity of the receive buffer a send of `tag` would fill next,
     /// once the receiver advertised it and an isend of that tag would be
     /// taken now (`Ok(None)`: not yet). A merged device (vdev.rs) cuts each
@@ -578,11 +500,11 @@ impl SendComm {
     /// answered.
     pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
         self.link.check()?;
-        if self.reqs.len() >= SEND_SLOTS || !self.head_ready()? {
+        if !self.tx.has_room() || !self.head_ready()? {
             return Ok(None);
         }
         // a tag the head receive has no free buffer for: not yet, as in isend
-        Ok(self.fifo.match_send(tag, 0).ok().map(|i| self.fifo.current().map_or(0, |g| g.elems[i].cap as usize)))
+        Ok(self.tx.peek_cap(tag))
     }
 
     /// Bring the head FIFO slot to where a send can match it: the connection
@@ -594,37 +516,35 @@ impl SendComm {
                 return Err(self.link.fail_with(e));
             }
             if self.hs.is_some() {
-                self.link.idle_tick(self.reqs.len());
+                self.link.idle_tick(self.tx.live());
                 return Ok(false);
             }
         }
         loop {
-            // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
-            // completion (the receiver saw the data before our ACK came back).
-            let head_slot = (self.fifo.head() % FIFO_DEPTH as u64) as usize;
-            if self.inflight[head_slot].active {
-                self.poll();
-                if self.inflight[head_slot].active {
-                    // a dead receiver shows here sooner than by the retry timeout
-                    self.link.idle_tick(self.reqs.len());
-                    self.link.check()?;
-                    return Ok(false);
+            match self.tx.head(&self.fifo_mem) {
+                // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
+                // completion (the receiver saw the data before our ACK came back).
+                Ok(tx::Head::Busy) => {
+                    self.poll();
+                    if self.tx.head_busy() {
+                        // a dead receiver shows here sooner than by the retry timeout
+                        self.link.idle_tick(self.tx.live());
+                        self.link.check()?;
+                        return Ok(false);
+                    }
                 }
-            }
-            match self.load_head() {
-                // every buffer of the slot already got an eager message: nothing to write
-                Ok(true) if self.fifo.current().is_some_and(|g| g.complete()) => {
-                    self.fifo.advance();
-                }
-                Ok(true) => return Ok(true),
-                Ok(false) => {
+                Ok(tx::Head::Ready) => return Ok(true),
+                Ok(tx::Head::NotYet) => {
                     // with the eager path, isend tries it first and polls after
-                    if self.eager.is_none() {
+                    if !self.tx.eager_on() {
                         self.idle_work()?;
                     }
                     return Ok(false);
                 }
-                Err(e) => return Err(self.link.fail_with(e)),
+                Err(e) => {
+                    let e = proto_error(&self.link, e);
+                    return Err(self.link.fail_with(e));
+                }
             }
         }
     }
@@ -654,21 +574,15 @@ impl SendComm {
         // before credits on the same QP, so every CTS that came before these
         // credits is loaded below and the head an eager message reports is
         // as fresh as the credits it spends.
-        let freed = if self.eager.is_some() { self.fifo_mem.read_u64(FIFO_BYTES) } else { 0 };
+        let freed = self.tx.read_credits(&self.fifo_mem);
         if self.head_ready()? {
-            match self.fifo.match_send(tag, buf.len) {
-                Ok(i) => {
-                    let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: false }) else { return Ok(None) };
+            match self.tx.send(tag, buf.len, buf.ptr as u64, lkey) {
+                tx::Sent::Taken { id, group } => {
                     if let Some(ev) = &mut self.link.ev {
                         ev.set_parents(id, &[parent]);
                     }
                     self.link.progressed();
-                    if let Some(e) = &mut self.eager {
-                        e.st.on_rendezvous(tag);
-                        e.blocked = None;
-                    }
-                    if self.fifo.record(i, buf.len, buf.ptr as u64, lkey, id) {
-                        let g = self.fifo.advance().unwrap();
+                    if let Some(g) = group {
                         if let Err(e) = self.post_group(&g, None) {
                             self.link.fail(e.clone());
                             return Err(e);
@@ -676,21 +590,17 @@ impl SendComm {
                     }
                     return Ok(Some(id));
                 }
-                // As NCCL's IB transport does: a tag the head receive has no free
-                // buffer for is "not yet", not an error (with shared comms the
-                // next step of one rank can arrive before another rank's send
-                // completes the current group).
-                Err(m) if m.code == FailCode::NoTag => {
-                    if self.eager.is_none() {
+                tx::Sent::Full => return Ok(None),
+                tx::Sent::NoTag => {
+                    if !self.tx.eager_on() {
                         self.idle_work()?;
                     }
                 }
-                Err(m) => {
+                tx::Sent::Mismatch { group, code, what } => {
                     // Tell the receiver (its request fails too), then fail here
                     // without stopping the QPs, so that message goes out.
-                    let g = self.fifo.advance().unwrap();
-                    let _ = self.post_group(&g, Some(m.code));
-                    let e = Error::Usage(format!("peer {}: {}", self.link.peer_name(), m.what));
+                    let _ = self.post_group(&group, Some(code));
+                    let e = Error::Usage(format!("peer {}: {what}", self.link.peer_name()));
                     self.link.fail_soft(e.clone());
                     return Err(e);
                 }
@@ -701,7 +611,7 @@ impl SendComm {
         if let Some(id) = unsafe { self.try_eager(buf, tag, freed, parent)? } {
             return Ok(Some(id));
         }
-        if self.eager.is_some() {
+        if self.tx.eager_on() {
             self.idle_work()?;
             self.note_blocked();
         }
@@ -711,7 +621,7 @@ impl SendComm {
     /// A call that could not proceed: reap completions, look at the peer now and then.
     fn idle_work(&mut self) -> Result<()> {
         self.poll();
-        self.link.idle_tick(self.reqs.len());
+        self.link.idle_tick(self.tx.live());
         self.link.check()
     }
 
@@ -720,47 +630,39 @@ impl SendComm {
     /// # Safety
     /// `buf` must be readable (it is copied before this returns).
     unsafe fn try_eager(&mut self, buf: RawBuf, tag: i32, freed: u64, parent: Option<Parent>) -> Result<Option<ReqId>> {
-        let Some(e) = &self.eager else { return Ok(None) };
-        if let Err(what) = e.st.check_credits(freed) {
-            return Err(self.link.fail_with(Error::Protocol { peer: self.link.peer_name(), what: what.to_string() }));
-        }
-        if e.st.refuse(tag, buf.len, freed).is_some() {
-            return Ok(None);
-        }
-        if e.pending + 1 >= EAGER_SQ {
-            self.poll();
-        }
-        let head = self.fifo.head();
         let Some(e) = &mut self.eager else { return Ok(None) };
-        if e.pending + 1 >= EAGER_SQ {
-            return Ok(None);
+        let mut plan = self.tx.plan_eager(tag, buf.len, freed, &mut e.stage);
+        if plan == Ok(tx::EagerPlan::Full) {
+            self.poll();
+            let Some(e) = &mut self.eager else { return Ok(None) };
+            plan = self.tx.plan_eager(tag, buf.len, freed, &mut e.stage);
         }
-        // the bytes are copied below: the send is complete once posted
-        let Some(id) = self.reqs.alloc(SendReq { size: buf.len, done: true }) else { return Ok(None) };
-        let (idx, h) = e.st.take(buf.len, head);
-        let off = eager::slot_offset(idx, e.st.max);
-        e.stage.write(off, &h.encode(idx));
+        let w = match plan {
+            Ok(tx::EagerPlan::Go(w)) => w,
+            Ok(_) => return Ok(None),
+            Err(err) => {
+                let err = proto_error(&self.link, err);
+                return Err(self.link.fail_with(err));
+            }
+        };
+        let Some(e) = &mut self.eager else { return Ok(None) };
         if buf.len > 0 {
             // SAFETY: the caller guarantees buf.ptr..+len is readable; it is
             // host memory (the eager path is off on GPUDirect devices).
-            e.stage.write(off + HDR_BYTES, unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, buf.len) });
+            e.stage.write(tx::Sender::payload_off(&w), unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, buf.len) });
         }
-        let len = eager::wire_len(buf.len);
-        e.stage.write(off + len - 8, &eager::marker(idx).to_le_bytes());
-        // a completion every EAGER_SIGNAL writes frees the SQ entries before it
-        let signaled = e.quiet + 1 >= EAGER_SIGNAL;
         let wr = SendWr {
             // a signaled WR says how many eager-path WRs its completion frees
-            wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
-            local: (e.stage.addr() as u64 + off as u64, len as u32, e.stage.lkey()),
-            remote: (e.ring.0 + off as u64, e.ring.1),
+            wr_id: EAGER_FLAG | w.count,
+            local: (e.stage.addr() as u64 + w.off as u64, w.len as u32, e.stage.lkey()),
+            remote: (e.ring.0 + w.off as u64, e.ring.1),
             imm: None,
-            signaled,
-            inline: len <= self.link.max_inline as usize,
+            signaled: w.signaled,
+            inline: w.len <= self.link.max_inline as usize,
         };
         if let Some(ev) = &mut self.link.ev {
             // one event for the one write on QP 0, until the send is reported done
-            ev.set_parents(id, &[parent]);
+            ev.set_parents(w.id, &[parent]);
             let f = Fields::Qp {
                 device: self.link.dev.index as i32,
                 qpn: self.link.qps[0].qpn(),
@@ -768,7 +670,7 @@ impl SendComm {
                 wr_id: wr.wr_id,
                 len: buf.len,
             };
-            ev.start(id, 0, 0, &f);
+            ev.start(w.id, 0, 0, &f);
         }
         // SAFETY: the source is this slot of our staging, which lives in this
         // comm after the QPs (field order) and is rewritten only for message
@@ -776,41 +678,23 @@ impl SendComm {
         // after this write landed.
         if let Err(err) = unsafe { self.link.qps[0].post_writes(&[wr]) } {
             if let Some(ev) = &mut self.link.ev {
-                ev.stop_req(id);
+                ev.stop_req(w.id);
             }
-            let _ = self.reqs.release(id);
+            self.tx.release(w.id);
             return Err(self.link.fail_with(err));
         }
-        e.pending += 1;
-        e.quiet = if signaled { 0 } else { e.quiet + 1 };
-        e.blocked = None;
-        self.link.eager_stats.0 += 1;
-        self.link.eager_stats.1 += buf.len as u64;
         self.link.progressed();
-        Ok(Some(id))
+        Ok(Some(w.id))
     }
 
     /// A send could not go: if we have been stuck at this FIFO head for a
     /// while, tell the receiver (it may be holding CTS writes back, or owe
     /// us credits).
     fn note_blocked(&mut self) {
-        let head = self.fifo.head();
         let Some(e) = &mut self.eager else { return };
-        match e.blocked {
-            Some((h, since)) if h == head => {
-                if e.mailbox == head + 1 || since.elapsed() < MAILBOX_AFTER {
-                    return;
-                }
-            }
-            _ => {
-                e.blocked = Some((head, std::time::Instant::now()));
-                return;
-            }
-        }
-        e.mailbox = head + 1;
-        e.stage.write(0, &(head + 1).to_le_bytes());
+        let Some(m) = self.tx.on_blocked(std::time::Instant::now(), &mut e.stage) else { return };
         let wr = SendWr {
-            wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
+            wr_id: EAGER_FLAG | m.count,
             local: (e.stage.addr() as u64, 8, e.stage.lkey()),
             remote: e.ring,
             imm: None,
@@ -821,18 +705,14 @@ impl SendComm {
         // the QPs); rewriting it while this write is in flight only lets the
         // receiver see a newer head, which is as true.
         match unsafe { self.link.qps[0].post_writes(&[wr]) } {
-            Ok(()) => {
-                e.pending += 1;
-                e.quiet = 0;
-                self.link.ctl_posts += 1;
-            }
+            Ok(()) => self.link.ctl_posts += 1,
             Err(err) => self.link.fail(err),
         }
     }
 
     fn post_group(&mut self, g: &Group, fail: Option<FailCode>) -> Result<()> {
         let nqps = self.link.qps.len();
-        let (first, nlanes) = fifo::lanes(g.seq, nqps, self.link.cc.split);
+        let (first, nlanes) = self.tx.lanes(g.seq);
         let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
         let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; MAX_LANE_WRS];
         let sizes_off = fifo::sizes_offset(g.seq);
@@ -883,15 +763,7 @@ impl SendComm {
             // rewritten only after the receiver completed `seq`.
             unsafe { qp.post_writes(&wrs[..k])? };
         }
-        let slot = (g.seq % FIFO_DEPTH as u64) as usize;
-        self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
-        if all_inline {
-            for r in g.reqs[..g.n].iter().flatten() {
-                if let Ok(q) = self.reqs.get_mut(*r) {
-                    q.done = true;
-                }
-            }
-        }
+        self.tx.on_posted(g, nlanes, all_inline);
         Ok(())
     }
 
@@ -915,7 +787,7 @@ impl SendComm {
 
     /// Writes posted whose completion has not been seen yet.
     fn outstanding(&self) -> usize {
-        self.inflight.iter().filter(|f| f.active).count() + self.eager.as_ref().map_or(0, |e| e.pending)
+        self.tx.outstanding()
     }
 
     /// Drain the CQ.
@@ -929,9 +801,7 @@ impl SendComm {
             let n = wcs.len();
             for wc in wcs {
                 if wc.wr_id & EAGER_FLAG != 0 {
-                    if let Some(e) = &mut self.eager {
-                        e.pending = e.pending.saturating_sub((wc.wr_id & 0xffff) as usize);
-                    }
+                    self.tx.on_eager_done(wc.wr_id & 0xffff);
                 }
                 if wc.status != ffi::IBV_WC_SUCCESS {
                     let what =
@@ -943,26 +813,12 @@ impl SendComm {
                 if wc.wr_id & EAGER_FLAG != 0 {
                     continue;
                 }
-                let f = &mut self.inflight[(wc.wr_id % FIFO_DEPTH as u64) as usize];
-                if !f.active || f.seq != wc.wr_id {
-                    continue;
-                }
-                f.lanes_left -= 1;
+                let Some(d) = self.tx.on_write_done(wc.wr_id) else { continue };
                 let qi = self.link.qp_index(wc.qp_num);
-                if let Some(ev) = &mut self.link.ev {
+                if let (Some(ev), Some(qi)) = (&mut self.link.ev, qi) {
                     // this QP's share of each send is on the wire and acknowledged
-                    if let Some(qi) = qi {
-                        for r in f.reqs[..f.n].iter().flatten() {
-                            ev.stop(*r, qi);
-                        }
-                    }
-                }
-                if f.lanes_left == 0 {
-                    f.active = false;
-                    for r in f.reqs[..f.n].iter().flatten() {
-                        if let Ok(q) = self.reqs.get_mut(*r) {
-                            q.done = true;
-                        }
+                    for r in d.reqs[..d.n].iter().flatten() {
+                        ev.stop(*r, qi);
                     }
                 }
             }
@@ -977,21 +833,22 @@ impl SendComm {
 
     /// `Ok(Some(size))` once the send is done.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        let done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?.done;
+        let done = self.tx.is_done(id).map_err(|s| Error::Usage(format!("test on send request: {s}")))?;
         if !done {
             self.poll();
         }
-        let r = self.reqs.get(id).unwrap();
-        if r.done {
-            let size = r.size;
-            self.release(id);
+        if self.tx.is_done(id) == Ok(true) {
+            if let Some(ev) = &mut self.link.ev {
+                ev.stop_req(id);
+            }
+            let size = self.tx.release(id).unwrap_or(0);
             return Ok(Some(Completion::one(size)));
         }
         if let Err(e) = self.link.check() {
             self.release(id);
             return Err(e);
         }
-        self.link.idle_tick(self.reqs.len());
+        self.link.idle_tick(self.tx.live());
         if let Err(e) = self.link.check() {
             self.release(id);
             return Err(e);
@@ -1004,7 +861,7 @@ impl SendComm {
         if let Some(ev) = &mut self.link.ev {
             ev.stop_req(id);
         }
-        let _ = self.reqs.release(id);
+        self.tx.release(id);
     }
 }
 
@@ -1014,6 +871,7 @@ impl Drop for SendComm {
     /// bounded by the retry timeout, a failure, or the peer going away.
     fn drop(&mut self) {
         if self.hs.is_none() {
+            self.link.eager_stats = self.tx.eager_stats();
             self.link.log_stats("send");
         }
         if self.hs.is_some() || self.link.failed.is_some() {
@@ -1021,19 +879,12 @@ impl Drop for SendComm {
         }
         // unsignaled eager writes at the tail: a signaled empty write behind
         // them completes only after they did (RC order)
-        if let Some(e) = self.eager.as_mut().filter(|e| e.quiet > 0) {
-            let wr = SendWr {
-                wr_id: EAGER_FLAG | (e.quiet as u64 + 1),
-                local: (0, 0, 0),
-                remote: e.ring,
-                imm: None,
-                signaled: true,
-                inline: false,
-            };
+        if let (Some(e), Some(count)) = (&self.eager, self.tx.close_eager()) {
+            let wr = SendWr { wr_id: EAGER_FLAG | count, local: (0, 0, 0), remote: e.ring, imm: None, signaled: true, inline: false };
             // SAFETY: no local memory is read.
-            if unsafe { self.link.qps[0].post_writes(&[wr]) }.is_ok() {
-                e.pending += 1;
-                e.quiet = 0;
+            if unsafe { self.link.qps[0].post_writes(&[wr]) }.is_err() {
+                // not posted: nothing of it to wait for
+                self.tx.on_eager_done(1);
             }
         }
         if self.outstanding() == 0 {
@@ -1059,38 +910,10 @@ impl Drop for SendComm {
 
 // ---------------------------------------------------------------- receive side
 
-struct RecvReq {
-    /// A flush, not a receive.
-    flush: bool,
-    seq: u64,
-    n: usize,
-    caps: [usize; MAX_RECVS],
-    cts: [Cts; MAX_RECVS],
-    /// Rendezvous immediates still to come (one per lane), if any buffer
-    /// is filled that way.
-    lanes_left: usize,
-    imm: Option<ImmKind>,
-    sizes: [usize; MAX_RECVS],
-    /// Buffers filled (bit i = buffer i), by rendezvous or eager message.
-    filled: u8,
-    done: bool,
-}
-
-impl RecvReq {
-    fn all_filled(&self) -> bool {
-        self.filled as u32 == (1u32 << self.n) - 1
-    }
-}
-
-/// The receiver's half of the eager path.
-struct EagerRecv {
-    st: EagerRx,
+/// The receiver's eager ring (its bookkeeping is in the machine, [`rx::Receiver`]).
+struct EagerRing {
     /// Mailbox word, then the ring slots the sender writes.
     ring: HostRegion,
-    /// Posted buffers of the eager tag not filled yet, by `j % JWIN`: (j, request, buffer).
-    by_j: Box<[Option<(u64, ReqId, u8)>; JWIN]>,
-    /// Last mailbox value acted on.
-    mailbox: u64,
 }
 
 /// A loopback QP and a scratch word: `iflush` RDMA-reads one byte of the
@@ -1124,13 +947,44 @@ impl Flush {
 
 impl Drop for RecvComm {
     fn drop(&mut self) {
+        self.link.eager_stats = self.rx.eager_stats();
         self.link.log_stats("recv");
     }
 }
 
-/// Request slots of a receive comm: receives are held to `RECV_POOL -
-/// MAX_REQUESTS`, leaving MAX_REQUESTS for flushes (at most one per receive).
-pub const RECV_POOL: usize = 3 * MAX_REQUESTS;
+/// Request slots of a receive comm (see [`rx::RECV_POOL`]).
+pub const RECV_POOL: usize = rx::RECV_POOL;
+
+/// Registered memory read through the protocol machines' eyes.
+impl Mem for HostRegion {
+    fn read_u64(&self, off: usize) -> u64 {
+        HostRegion::read_u64(self, off)
+    }
+    fn read(&self, off: usize, out: &mut [u8]) {
+        HostRegion::read(self, off, out)
+    }
+}
+
+/// Staging the protocol machines write into.
+impl MemMut for HostRegion {
+    fn write(&mut self, off: usize, data: &[u8]) {
+        HostRegion::write(self, off, data)
+    }
+}
+
+/// Copy an eager message the receiver machine handed out into its buffer.
+fn copy_delivery(ring: &HostRegion, d: &rx::Deliver) {
+    if d.len > 0 {
+        assert!(d.src + d.len <= ring.len());
+        // SAFETY: the ring bytes src..+len were written before the trailer
+        // the machine checked (acquire fence in read_u64) and lie inside the
+        // ring (asserted); the destination is the posted buffer's CTS
+        // address, whose capacity the machine checked against len, writable
+        // until its request is reported done (irecv's contract), host
+        // memory (eager is off with GPUDirect).
+        unsafe { std::ptr::copy_nonoverlapping(ring.addr().add(d.src), d.dst as *mut u8, d.len) };
+    }
+}
 
 /// The receiving end of a verbs connection.
 pub struct RecvComm {
@@ -1145,16 +999,9 @@ pub struct RecvComm {
     stage: HostRegion,
     local: LocalAddr,
     remote_fifo: (u64, u32),
-    reqs: Pool<RecvReq>,
-    by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
-    /// The CTS elements of each slot's receive until they are written.
-    cts_store: Box<[[Cts; MAX_RECVS]; FIFO_DEPTH]>,
-    /// Buffers in each slot's receive.
-    slot_n: [u8; FIFO_DEPTH],
-    budgets: Vec<SqBudget>,
-    /// Which CTS slots go out when.
-    cts: CtsQueue,
-    eager: Option<EagerRecv>,
+    /// The protocol: requests, FIFO slots, CTS batching, eager bookkeeping.
+    rx: rx::Receiver,
+    eager: Option<EagerRing>,
 }
 
 impl RecvComm {
@@ -1176,15 +1023,11 @@ impl RecvComm {
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         let limit = offer.min(remote.eager) as usize;
         let eager = if limit > 0 {
-            Some(EagerRecv {
-                st: EagerRx::new(limit),
-                ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)?,
-                by_j: Box::new([None; JWIN]),
-                mailbox: 0,
-            })
+            Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
         } else {
             None
         };
+        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_SQ_DEPTH });
         Ok(RecvComm {
             link,
             flush,
@@ -1193,15 +1036,7 @@ impl RecvComm {
             stage,
             local,
             remote_fifo: (remote.addr, remote.rkey),
-            // receives may hold 2 x MAX_REQUESTS entries (posted plus
-            // completed-but-untested); the rest is kept for flushes, so a
-            // flush never finds the pool full (NULL would mean "flushed")
-            reqs: Pool::new(RECV_POOL),
-            by_slot: [None; FIFO_DEPTH],
-            cts_store: Box::new([[Cts::default(); MAX_RECVS]; FIFO_DEPTH]),
-            slot_n: [0; FIFO_DEPTH],
-            budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
-            cts: CtsQueue::new(),
+            rx,
             eager,
         })
     }
@@ -1224,7 +1059,7 @@ impl RecvComm {
             addr: self.sizes_mem.addr() as u64,
             rkey: self.sizes_mem.rkey(),
             name: self.link.dev.dev_name.clone(),
-            eager: self.eager.as_ref().map_or(0, |e| e.st.max as u32),
+            eager: self.rx.eager_limit() as u32,
             ring: self.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
         }
     }
@@ -1265,7 +1100,7 @@ impl RecvComm {
 
     /// Eager messages received and their payload bytes.
     pub fn eager_stats(&self) -> (u64, u64) {
-        self.link.eager_stats
+        self.rx.eager_stats()
     }
 
     fn progress_ready(&mut self) -> Result<()> {
@@ -1278,18 +1113,23 @@ impl RecvComm {
         }
         self.ready = None;
         self.link.handshake = false;
-        self.flush_cts()
+        self.rx.on_ready();
+        self.flush_ctl()
+    }
+
+    /// A protocol error of the peer's, as the comm reports it.
+    fn proto_err(&self, e: ProtoError) -> Error {
+        proto_error(&self.link, e)
     }
 
     /// Would `irecv` take a receive now? (A merged device asks every member
     /// before posting on any.) An error when this comm has failed.
     pub fn can_take_recv(&mut self) -> Result<bool> {
         self.link.check()?;
-        let slot = (self.cts.next() % FIFO_DEPTH as u64) as usize;
-        if self.by_slot[slot].is_some() || !self.cts.can_post() {
+        if !self.rx.slot_free() {
             self.poll();
         }
-        Ok(self.by_slot[slot].is_none() && self.cts.can_post() && self.reqs.len() < RECV_POOL - MAX_REQUESTS)
+        Ok(self.rx.can_take())
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
@@ -1315,179 +1155,84 @@ impl RecvComm {
             return Err(Error::InvalidArg(format!("irecv with n={n} (1..={MAX_RECVS} accepted)")));
         }
         let mut cts = [Cts::default(); MAX_RECVS];
-        let mut caps = [0usize; MAX_RECVS];
-        let mut tags = [0i32; MAX_RECVS];
         for (i, b) in bufs.iter().enumerate() {
             check_buf("irecv", b.buf, mrs.get(i).copied().flatten(), &self.link.dev, Access::REMOTE_WRITE)?;
             let rkey = mrs.get(i).copied().flatten().map_or(0, |m| m.rkey());
             cts[i] = Cts { addr: b.buf.ptr as u64, rkey, cap: b.buf.len as u32, tag: b.tag, n: n as u8, i: i as u8 };
-            caps[i] = b.buf.len;
-            tags[i] = b.tag;
         }
         if self.ready.is_some() {
             if let Err(e) = self.progress_ready() {
                 return Err(self.link.fail_with(e));
             }
         }
-        let seq = self.cts.next();
-        let slot = (seq % FIFO_DEPTH as u64) as usize;
-        let nqps = self.link.qps.len();
-        let (first, nlanes) = fifo::lanes(seq, nqps, self.link.cc.split);
-        if self.by_slot[slot].is_some() || !self.cts.can_post() {
+        if !self.rx.slot_free() {
             self.poll();
-            if self.by_slot[slot].is_some() || !self.cts.can_post() {
+            if !self.rx.slot_free() {
                 // the slot's previous lap may still wait to be written
-                self.cts.force();
-                if let Err(e) = self.flush_cts() {
+                self.rx.force_cts();
+                if let Err(e) = self.flush_ctl() {
                     return Err(self.link.fail_with(e));
                 }
                 return Ok(None);
             }
         }
-        if self.reqs.len() >= RECV_POOL - MAX_REQUESTS {
-            return Ok(None);
-        }
-        let req = RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
-        let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
-        // keep the CTS (staged and written now or with a later batch)
-        self.cts_store[slot][..n].copy_from_slice(&cts[..n]);
-        self.slot_n[slot] = n as u8;
-        self.by_slot[slot] = Some((seq, id));
+        // messages that arrived before their buffer was posted are copied here
+        let ring = self.eager.as_ref().map(|e| &e.ring);
+        let taken = self.rx.take_recv(&cts[..n], &mut |d| copy_delivery(ring.expect("eager delivery without a ring"), d));
+        let t = match taken {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                let e = self.proto_err(e);
+                return Err(self.link.fail_with(e));
+            }
+        };
         if let Some(ev) = &mut self.link.ev {
-            ev.set_parents(id, parents);
+            ev.set_parents(t.id, parents);
             let device = self.link.dev.index as i32;
-            for lane in 0..nlanes.min(MAX_EVENTS_PER_PARENT) {
-                let qi = (first + lane) % nqps;
+            let nqps = self.link.qps.len();
+            for lane in 0..t.nlanes.min(MAX_EVENTS_PER_PARENT) {
+                let qi = (t.first + lane) % nqps;
                 let qpn = self.link.qps[qi].qpn();
-                for (i, &cap) in caps[..n].iter().enumerate() {
-                    let len = fifo::chunk(cap, lane, nlanes).1;
-                    ev.start(id, i * nqps + qi, i, &Fields::Qp { device, qpn, opcode: OP_RECV_RDMA_WITH_IMM, wr_id: seq, len });
+                for (i, b) in bufs.iter().enumerate() {
+                    let len = fifo::chunk(b.buf.len, lane, t.nlanes).1;
+                    ev.start(t.id, i * nqps + qi, i, &Fields::Qp { device, qpn, opcode: OP_RECV_RDMA_WITH_IMM, wr_id: t.seq, len });
                 }
             }
         }
-        let mut deferrable = false;
-        let mut js = [None; MAX_RECVS];
-        if let Some(e) = &mut self.eager {
-            e.st.assign(seq, &tags[..n], &mut js[..n]);
-            // only eager messages can fill it: its CTS may wait for a batch
-            deferrable = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
-            for (i, j) in js[..n].iter().enumerate() {
-                if let Some(j) = *j {
-                    e.by_j[(j % JWIN as u64) as usize] = Some((j, id, i as u8));
-                }
-            }
-        }
-        // messages that arrived before their buffer was posted
-        for j in js[..n].iter().flatten() {
-            let early = self.eager.as_mut().and_then(|e| e.st.take_early(*j));
-            if let Some(idx) = early {
-                if let Err(err) = self.deliver(idx, *j, None) {
-                    return Err(self.link.fail_with(err));
-                }
-            }
-        }
-        self.cts.push(deferrable);
         self.link.progressed();
-        if let Err(e) = self.flush_cts() {
+        if let Err(e) = self.flush_ctl() {
             return Err(self.link.fail_with(e));
         }
-        Ok(Some(id))
+        Ok(Some(t.id))
     }
 
-    /// Write the CTS slots that are due, in order, as few RDMA writes as
-    /// the ring allows (nothing before the sender said READY).
-    fn flush_cts(&mut self) -> Result<()> {
-        self.flush_ctl(None)
-    }
-
-    /// [`Self::flush_cts`], plus the credit counter `credit` in the same
-    /// post when one is due (one system call for both).
-    fn flush_ctl(&mut self, mut credit: Option<u64>) -> Result<()> {
-        if self.ready.is_some() || (credit.is_none() && self.cts.written() == self.cts.next()) {
-            return Ok(());
+    /// Post the control writes the machine plans now (CTS slots in order,
+    /// the credit word), each chain one post on its QP.
+    fn flush_ctl(&mut self) -> Result<()> {
+        if !self.rx.has_ctl() {
+            return Ok(()); // (the polling loop's common case: nothing to build)
         }
-        // the credit word sits after the FIFO, at the same offset in our staging
-        let credit_run = (FIFO_BYTES, 8usize);
-        if let Some(v) = credit {
-            self.stage.write(FIFO_BYTES, &v.to_le_bytes());
-        }
-        // Everything on QP 0, in order: a CTS always lands before the credit
-        // word posted after it (the sender reads credits first, CTS after).
-        while let Some((from, to)) = self.cts.due() {
-            // the slots of one lap that the send queue has room for: their
-            // first elements are one write, each further element of a
-            // grouped receive one more, the credit word one
-            let lap_end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
-            let Some(mut room) = self.budgets[0].room().checked_sub(1 + credit.is_some() as usize) else { break };
-            let mut end = from;
-            while end < lap_end {
-                let more = self.slot_n[(end % FIFO_DEPTH as u64) as usize] as usize - 1;
-                if more > room {
-                    break;
-                }
-                room -= more;
-                end += 1;
-            }
-            if end == from {
-                break; // retried once completions free the queue
-            }
-            let mut bytes = [0u8; ELEM_BYTES];
-            for q in from..end {
-                let slot = (q % FIFO_DEPTH as u64) as usize;
-                for i in 0..self.slot_n[slot] as usize {
-                    bytes.copy_from_slice(&self.cts_store[slot][i].encode(q));
-                    self.stage.write(fifo::elem_offset(q, i), &bytes);
-                }
-            }
-            let mut runs = [(0usize, 0usize); verbs::MAX_CHAIN];
-            let mut k = 0;
-            runs[k] = (fifo::slot_offset(from), (end - from) as usize * ELEM_BYTES);
-            k += 1;
-            for q in from..end {
-                for i in 1..self.slot_n[(q % FIFO_DEPTH as u64) as usize] as usize {
-                    if k == runs.len() {
-                        self.post_cts(0, &runs[..k])?;
-                        k = 0;
-                    }
-                    runs[k] = (fifo::elem_offset(q, i), ELEM_BYTES);
-                    k += 1;
-                }
-            }
-            if credit.is_some() && k < runs.len() {
-                runs[k] = credit_run;
-                k += 1;
-                self.credited(credit.take());
-            }
-            self.post_cts(0, &runs[..k])?;
-            self.cts.wrote(end);
-        }
-        if credit.is_some() && self.budgets[0].has_room() {
-            self.post_cts(0, &[credit_run])?;
-            self.credited(credit);
+        let mut chain = rx::CtlChain::default();
+        while self.rx.poll_ctl(&mut self.stage, &mut chain) {
+            self.post_ctl(&chain)?;
         }
         Ok(())
     }
 
-    fn credited(&mut self, v: Option<u64>) {
-        if let (Some(e), Some(v)) = (&mut self.eager, v) {
-            e.st.reported(v);
-        }
-    }
-
-    /// Post writes of `(offset, len)` ranges of the staging to the same
-    /// place in the sender's FIFO region (CTS elements, the credit word), as
-    /// one chain on QP `qi`.
-    fn post_cts(&mut self, qi: usize, runs: &[(usize, usize)]) -> Result<()> {
-        let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; verbs::MAX_CHAIN];
-        for (w, &(off, len)) in wrs.iter_mut().zip(runs) {
-            let sig = self.budgets[qi].post();
+    /// Post a chain of `(offset, len)` ranges of the staging to the same
+    /// place in the sender's FIFO region (CTS elements, the credit word).
+    fn post_ctl(&mut self, chain: &rx::CtlChain) -> Result<()> {
+        let mut wrs = [SendWr { wr_id: 0, local: (0, 0, 0), remote: (0, 0), imm: None, signaled: false, inline: false }; rx::CHAIN];
+        let qi = chain.qp;
+        for (w, c) in wrs.iter_mut().zip(chain.wrs()) {
             *w = SendWr {
-                wr_id: CTS_FLAG | (qi as u64) << 48 | sig.unwrap_or(0),
-                local: (self.stage.addr() as u64 + off as u64, len as u32, self.stage.lkey()),
-                remote: (self.remote_fifo.0 + off as u64, self.remote_fifo.1),
+                wr_id: CTS_FLAG | (qi as u64) << 48 | c.signal.unwrap_or(0),
+                local: (self.stage.addr() as u64 + c.off as u64, c.len as u32, self.stage.lkey()),
+                remote: (self.remote_fifo.0 + c.off as u64, self.remote_fifo.1),
                 imm: None,
-                signaled: sig.is_some(),
-                inline: len <= self.link.max_inline as usize,
+                signaled: c.signal.is_some(),
+                inline: c.len <= self.link.max_inline as usize,
             };
         }
         // SAFETY: the sources are this comm's staging (it outlives the QPs,
@@ -1495,117 +1240,23 @@ impl RecvComm {
         // FIFO_DEPTH, after this write landed and the sender moved past it
         // (CtsQueue::can_post); the credit word may be rewritten in flight,
         // which only shows the sender a larger, equally true count.
-        unsafe { self.link.qps[qi].post_writes(&wrs[..runs.len()])? };
+        unsafe { self.link.qps[qi].post_writes(&wrs[..chain.n])? };
         self.link.ctl_posts += 1;
         Ok(())
     }
 
-    /// Hand ring slots back to the sender when due (`force`: anything freed).
-    fn write_credits(&mut self, force: bool) -> Result<()> {
-        let Some(e) = &mut self.eager else { return Ok(()) };
-        let Some(v) = e.st.credits_due(force) else { return Ok(()) };
-        // deferred CTS go along (the same system call)
-        self.cts.force();
-        self.flush_ctl(Some(v))
-    }
-
-    /// Look at the eager ring and the mailbox.
+    /// Look at the eager ring and the mailbox; post the credit write (and
+    /// deferred CTS) when due.
     fn poll_eager(&mut self) -> Result<()> {
-        let Some(e) = &mut self.eager else { return Ok(()) };
-        let max = e.st.max;
-        let mut force = false;
-        let mb = e.ring.read_u64(0);
-        if mb != 0 && mb != e.mailbox {
-            e.mailbox = mb;
-            self.cts.sender_waiting(mb - 1);
-            force = true;
-        }
-        while let Some(e) = &mut self.eager {
-            let idx = e.st.next();
-            let off = eager::slot_offset(idx, max);
-            if e.ring.read_u64(off + HDR_BYTES - 8) != eager::marker(idx) {
-                break;
-            }
-            let mut hb = [0u8; HDR_BYTES];
-            e.ring.read(off, &mut hb);
-            let Some(h) = Header::decode(&hb, idx) else { break };
-            if h.size as usize > max {
-                return Err(Error::Protocol {
-                    peer: self.link.peer_name(),
-                    what: format!("eager message #{idx} claims {} bytes (limit {max})", h.size),
-                });
-            }
-            if e.ring.read_u64(off + eager::wire_len(h.size as usize) - 8) != eager::marker(idx) {
-                break; // the payload is still landing
-            }
-            let to = e.st.arrived(&h).map_err(|what| Error::Protocol { peer: self.link.peer_name(), what: what.to_string() })?;
-            self.cts.sender_head(h.head);
+        let Some(e) = &self.eager else { return Ok(()) };
+        let ring = &e.ring;
+        let got = self.rx.poll_ring(ring, &mut |d| copy_delivery(ring, d)).map_err(|err| proto_error(&self.link, err))?;
+        if got > 0 {
             self.link.progressed();
-            if let eager::Arrival::Posted(j) = to {
-                self.deliver(idx, j, Some(h))?;
-            }
         }
-        self.write_credits(force)
-    }
-
-    /// Copy ring message `idx` into posted buffer `j` and free its slot.
-    /// `h`: its header when the caller just decoded it, else read again
-    /// from the ring (a message that waited for its buffer).
-    fn deliver(&mut self, idx: u64, j: u64, h: Option<Header>) -> Result<()> {
-        let Some(e) = &mut self.eager else { return Ok(()) };
-        let max = e.st.max;
-        let off = eager::slot_offset(idx, max);
-        let h = match h {
-            Some(h) => h,
-            None => {
-                let mut hb = [0u8; HDR_BYTES];
-                e.ring.read(off, &mut hb);
-                Header::decode(&hb, idx).ok_or_else(|| Error::Internal(format!("eager message #{idx} vanished")))?
-            }
-        };
-        let w = (j % JWIN as u64) as usize;
-        let Some((jj, id, i)) = e.by_j[w].filter(|x| x.0 == j) else {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("eager message #{idx} for buffer {j}, which is not posted"),
-            });
-        };
-        e.by_j[w] = None;
-        let i = i as usize;
-        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("eager buffer {jj}: {s}")))?;
-        if r.filled & (1 << i) != 0 {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("eager message #{idx} for buffer {i} of receive #{}, which the sender also wrote", r.seq),
-            });
-        }
-        let size = h.size as usize;
-        if size > r.caps[i] {
-            return Err(Error::Usage(format!(
-                "peer {}: sent {size} bytes (eager) for a {}-byte receive buffer (receive #{}, buffer {i})",
-                self.link.peer_name(),
-                r.caps[i],
-                r.seq
-            )));
-        }
-        if size > 0 {
-            // SAFETY: the ring bytes off+HDR..+size were written before the
-            // trailer we checked (acquire fence in read_u64); the destination
-            // is the posted buffer, writable until its request is reported
-            // done (irecv's contract), host memory (eager is off with GPUDirect).
-            unsafe { std::ptr::copy_nonoverlapping(e.ring.addr().add(off + HDR_BYTES), r.cts[i].addr as *mut u8, size) };
-        }
-        r.sizes[i] = size;
-        r.filled |= 1 << i;
-        e.st.release(idx);
-        self.link.eager_stats.0 += 1;
-        self.link.eager_stats.1 += size as u64;
-        if r.all_filled() {
-            r.done = true;
-            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
-            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
-                self.by_slot[slot] = None;
-            }
+        // credits due: they go now, deferred CTS with them (the same post)
+        if self.rx.credit_due() {
+            self.flush_ctl()?;
         }
         Ok(())
     }
@@ -1639,17 +1290,12 @@ impl RecvComm {
                     continue;
                 }
                 if cts {
-                    let qi = ((wc.wr_id & !CTS_FLAG) >> 48) as usize;
-                    if let Some(b) = self.budgets.get_mut(qi) {
-                        b.retire(wc.wr_id & 0xffff_ffff_ffff);
-                    }
+                    // (control writes all go on QP 0, the one the budget counts)
+                    self.rx.on_ctl_done(wc.wr_id & 0xffff_ffff_ffff);
                     continue;
                 }
                 if wc.wr_id & FLUSH_FLAG != 0 {
-                    let id = ReqId { slot: wc.wr_id as u8, gen: (wc.wr_id >> 8) as u8 };
-                    if let Ok(r) = self.reqs.get_mut(id) {
-                        r.done = true;
-                    }
+                    self.rx.on_flush_done(ReqId { slot: wc.wr_id as u8, gen: (wc.wr_id >> 8) as u8 });
                     continue;
                 }
                 if let Err(e) = self.complete_recv(wc) {
@@ -1666,7 +1312,7 @@ impl RecvComm {
         if self.link.failed.is_some() {
             return;
         }
-        let r = if eager { self.poll_eager() } else { Ok(()) }.and_then(|_| self.flush_cts());
+        let r = if eager { self.poll_eager() } else { Ok(()) }.and_then(|_| self.flush_ctl());
         if let Err(e) = r {
             self.link.fail(e);
         }
@@ -1685,91 +1331,52 @@ impl RecvComm {
             });
         }
         // SAFETY: WITH_IMM is set, so the union holds imm_data.
-        let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-        let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w.to_string() })?;
-        let slot = imm.slot as usize;
-        let Some((seq, id)) = self.by_slot[slot] else {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("completion {imm:?} for FIFO slot {slot}, which has no receive waiting for a rendezvous"),
-            });
-        };
-        if let (Some(ev), Some(qi)) = (&mut self.link.ev, qi) {
-            // what this QP carries of every buffer of the receive has landed
-            let nq = self.link.qps.len();
-            for i in 0..MAX_RECVS {
-                ev.stop(id, i * nq + qi);
-            }
-        }
-        let link = &self.link;
+        let word = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+        self.on_word(qi, word)
+    }
+
+    /// A completion word (immediate) on our QP `qi`: hand it to the
+    /// machine, end the profiler events it answers, count the bytes.
+    fn on_word(&mut self, qi: Option<usize>, word: u32) -> Result<()> {
         let sizes_mem = &self.sizes_mem;
-        let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive #{seq}: {s}")))?;
-        if r.lanes_left == 0 {
-            return Err(Error::Protocol { peer: link.peer_name(), what: format!("one completion too many for receive #{seq}") });
-        }
-        r.lanes_left -= 1;
-        if !matches!(r.imm, Some(ImmKind::Fail(_))) {
-            r.imm = Some(imm.kind);
-        }
-        if r.lanes_left > 0 {
-            return Ok(());
-        }
-        let read_sizes = || {
+        let read_sizes = |seq| {
             let mut b = [0u8; SIZES_SLOT_BYTES];
-            sizes_mem.read(fifo::sizes_offset(r.seq), &mut b);
+            sizes_mem.read(fifo::sizes_offset(seq), &mut b);
             fifo::decode_sizes(&b)
         };
         // (the peer's name is formatted only on the error path: no allocation per message)
-        let kind = r.imm.unwrap();
-        let sizes = fifo::sizes_from_imm(kind, &r.caps[..r.n], read_sizes).map_err(|what| match kind {
-            ImmKind::Fail(_) => Error::Usage(format!("peer {}: {what}", link.peer_name())),
-            _ => Error::Protocol { peer: link.peer_name(), what: what.to_string() },
-        })?;
-        for (i, s) in sizes[..r.n].iter().enumerate() {
-            if let Some(s) = *s {
-                if r.filled & (1 << i) != 0 {
-                    return Err(Error::Protocol {
-                        peer: link.peer_name(),
-                        what: format!("buffer {i} of receive #{seq} was written by an eager message and a rendezvous"),
-                    });
-                }
-                r.sizes[i] = s;
-                r.filled |= 1 << i;
+        let ev = self.rx.on_imm(word, read_sizes).map_err(|e| proto_error(&self.link, e))?;
+        if let (Some(evs), Some(qi)) = (&mut self.link.ev, qi) {
+            // what this QP carries of every buffer of the receive has landed
+            let nq = self.link.qps.len();
+            for i in 0..MAX_RECVS {
+                evs.stop(ev.id, i * nq + qi);
             }
         }
-        // counters: the sender cut each buffer with the same rule (fifo::chunk)
-        let nqps = link.qps.len();
-        let (first, nlanes) = fifo::lanes(r.seq, nqps, link.cc.split);
-        let n = r.n;
-        let rv_sizes: [usize; MAX_RECVS] = std::array::from_fn(|i| sizes[i].unwrap_or(0));
-        if r.all_filled() {
-            r.done = true;
-            self.by_slot[slot] = None;
-        }
-        // the sender moved past this slot
-        self.cts.sender_head(seq + 1);
-        for lane in 0..nlanes {
-            let bytes: usize = rv_sizes[..n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
-            self.link.stats.bump((first + lane) % nqps, bytes as u64);
+        if let Some(sizes) = ev.sizes {
+            // counters: the sender cut each buffer with the same rule (fifo::chunk)
+            let nqps = self.link.qps.len();
+            let (first, nlanes) = fifo::lanes(ev.seq, nqps, self.link.cc.split);
+            for lane in 0..nlanes {
+                let bytes: usize = sizes[..ev.n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
+                self.link.stats.bump((first + lane) % nqps, bytes as u64);
+            }
         }
         Ok(())
     }
 
     /// `Ok(Some(sizes))` once every buffer of the receive is filled.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
-        let mut done = self.reqs.get(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?.done;
+        let mut done = self.rx.is_done(id).map_err(|s| Error::Usage(format!("test on receive request: {s}")))?;
         // (and only while the send queue has room: the full poll retires it)
-        let fast = !done
-            && self.eager.is_some()
-            && self.ready.is_none()
-            && self.link.failed.is_none()
-            && self.budgets[0].room() >= RECV_SQ_DEPTH / 2;
+        let fast =
+            !done && self.eager.is_some() && self.ready.is_none() && self.link.failed.is_none() && self.rx.ctl_room() >= RECV_SQ_DEPTH / 2;
         if fast {
             // fast path: the eager ring first, the CQ only if still not done
             if let Err(e) = self.poll_eager() {
                 self.link.fail(e);
             }
-            done = self.reqs.get(id).is_ok_and(|r| r.done);
+            done = self.rx.is_done(id).unwrap_or(false);
         }
         if !done {
             if self.ready.is_some() {
@@ -1779,32 +1386,24 @@ impl RecvComm {
             }
             self.poll_with(!fast);
         }
-        let r = self.reqs.get(id).unwrap();
-        if r.done {
-            let mut c = Completion { n: if r.flush { 0 } else { r.n }, sizes: [0; MAX_RECVS] };
-            c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+        if let Ok(Some(f)) = self.rx.finish(id) {
             if let Some(ev) = &mut self.link.ev {
                 // buffers filled by eager messages had no completion of their own
                 ev.stop_req(id);
             }
-            self.reqs.release(id).unwrap();
-            return Ok(Some(c));
+            return Ok(Some(Completion { n: f.n, sizes: f.sizes }));
         }
         if self.link.failed.is_none() {
             self.link.check().ok();
         }
         if self.link.failed.is_none() {
-            self.link.idle_tick(self.reqs.len());
+            self.link.idle_tick(self.rx.live());
         }
         if let Some(e) = self.link.failed.clone() {
             if let Some(ev) = &mut self.link.ev {
                 ev.stop_req(id);
             }
-            let r = self.reqs.release(id).unwrap();
-            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
-            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
-                self.by_slot[slot] = None;
-            }
+            self.rx.abandon(id);
             return Err(e);
         }
         Ok(None)
@@ -1826,20 +1425,8 @@ impl RecvComm {
                 b.ptr
             ))
         })?;
-        let req = RecvReq {
-            flush: true,
-            seq: u64::MAX,
-            n: 0,
-            caps: [0; MAX_RECVS],
-            cts: [Cts::default(); MAX_RECVS],
-            lanes_left: 0,
-            imm: None,
-            sizes: [0; MAX_RECVS],
-            filled: 0,
-            done: false,
-        };
         // never Ok(None) here: to NCCL that would mean "nothing to flush"
-        let Some(id) = self.reqs.alloc(req) else {
+        let Some(id) = self.rx.add_flush() else {
             return Err(Error::Internal(format!("iflush: all {RECV_POOL} request slots of the receive comm are in use")));
         };
         let wr_id = FLUSH_FLAG | (id.gen as u64) << 8 | id.slot as u64;
@@ -1848,10 +1435,22 @@ impl RecvComm {
         // receive buffer under the rkey of its live registration.
         let r = unsafe { f.qp.post_read(wr_id, (f.scratch.addr() as u64, 1, f.scratch.lkey()), (b.ptr as u64, rkey)) };
         if let Err(e) = r {
-            let _ = self.reqs.release(id);
+            self.rx.abandon(id);
             self.link.fail(e.clone());
             return Err(e);
         }
         Ok(Some(id))
+    }
+}
+
+/// A protocol error of the peer's, as a comm reports it: a size or tag
+/// mismatch the sender reported (or an eager message too large for its
+/// buffer) is the application's mistake, a usage error naming the peer;
+/// anything else is the peer breaking the protocol.
+fn proto_error(link: &Link, e: ProtoError) -> Error {
+    if e.is_size_mismatch() {
+        Error::Usage(format!("peer {}: {e}", link.peer_name()))
+    } else {
+        Error::Protocol { peer: link.peer_name(), what: e.to_string() }
     }
 }

@@ -1,0 +1,933 @@
+//! The verbs receiver as a state machine (quinn-proto style): it owns the
+//! receive requests, the FIFO slots they advertise, the CTS batching, the
+//! eager ring's bookkeeping and the send-queue budget of the control
+//! writes. The transport (`transport::ib::p2p`) feeds it what happened (a
+//! receive posted, an immediate or notice word, the ring memory, a control
+//! write completed) and posts what it plans ([`Receiver::poll_ctl`]: CTS
+//! and credit writes, as runs of the staging area, in chains). No I/O, no
+//! clock, no allocation after [`Receiver::new`].
+//!
+//! Rules kept here (see [`crate::fifo`] and [`crate::eager`] for the wire):
+//! - a receive takes FIFO slot `seq % FIFO_DEPTH` only once the slot's
+//!   previous receive completed and its CTS went out ([`CtsQueue::can_post`]);
+//! - CTS slots are written in order, never over a slot the sender has not
+//!   moved past, in as few writes as the send queue allows; eager-only
+//!   receives wait for a batch, a waiting sender (mailbox) flushes them;
+//! - every completion word names a receive waiting for a rendezvous, each
+//!   lane's word comes once, the sizes fit the buffers, no buffer is filled
+//!   both eagerly and by a rendezvous;
+//! - an eager message fills the buffer its `j` names, once, if it fits.
+//!
+//! Every violation comes out as a typed [`ProtoError`].
+use crate::eager::{self, Arrival, CtsQueue, EagerRx, Header, HDR_BYTES, RING_SLOTS};
+use crate::error::ProtoError;
+use crate::fifo::{self, Cts, Imm, ImmKind, SqBudget, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH};
+use crate::mem::{Mem, MemMut};
+use crate::pool::{Pool, ReqId, Stale};
+use crate::{MAX_RECVS, MAX_REQUESTS};
+
+/// Request slots: receives are held to `RECV_POOL - MAX_REQUESTS` (posted
+/// plus completed-but-untested), leaving MAX_REQUESTS for flushes (at most
+/// one per receive), so a flush never finds the pool full.
+pub const RECV_POOL: usize = 3 * MAX_REQUESTS;
+/// Window of eager-tag buffers tracked (32 receives x 8 buffers).
+pub const JWIN: usize = FIFO_DEPTH * MAX_RECVS;
+/// Most writes in one planned chain (one `ibv_post_send`).
+pub const CHAIN: usize = 16;
+/// Offset of the credit word, in our staging and in the sender's FIFO region.
+pub const CREDIT_OFF: usize = FIFO_BYTES;
+/// Signal at least one control write in this many.
+pub const CTL_SIGNAL: usize = 16;
+
+/// How the connection was set up.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// QPs (lanes) of the connection.
+    pub nqps: usize,
+    /// Messages split over all QPs (else rotated, one QP each).
+    pub split: bool,
+    /// Eager limit both ends agreed on (0: no eager path).
+    pub eager: usize,
+    /// Send-queue entries the control writes may hold on QP 0.
+    pub sq_depth: usize,
+}
+
+/// One control write: `len` bytes at `off` of our staging go to the same
+/// offset of the sender's FIFO region.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtlWr {
+    /// Offset (staging and remote).
+    pub off: usize,
+    /// Bytes.
+    pub len: usize,
+    /// `Some(count)`: signal it, and hand `count` to
+    /// [`Receiver::on_ctl_done`] when its completion comes.
+    pub signal: Option<u64>,
+}
+
+/// Control writes to post as one chain, in order, on QP `qp`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CtlChain {
+    /// Our QP index.
+    pub qp: usize,
+    /// Writes in `wrs`.
+    pub n: usize,
+    /// The writes.
+    pub wrs: [CtlWr; CHAIN],
+}
+
+impl CtlChain {
+    /// The planned writes.
+    pub fn wrs(&self) -> &[CtlWr] {
+        &self.wrs[..self.n]
+    }
+}
+
+/// Copy an eager message out of the ring: `len` bytes at ring offset `src`
+/// into the posted buffer at address `dst`. The machine counts the buffer
+/// filled and the ring slot free when it hands this out: copy at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deliver {
+    /// Ring index of the message.
+    pub idx: u64,
+    /// Payload offset in the ring region.
+    pub src: usize,
+    /// Destination (the CTS address of the buffer).
+    pub dst: u64,
+    /// Bytes (may be 0: nothing to copy).
+    pub len: usize,
+    /// The receive it fills, and which buffer.
+    pub id: ReqId,
+    /// Buffer index.
+    pub i: usize,
+}
+
+/// A receive was taken ([`Receiver::take_recv`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// Its request.
+    pub id: ReqId,
+    /// Its sequence number (FIFO slot `seq % FIFO_DEPTH`).
+    pub seq: u64,
+    /// First QP its rendezvous writes use.
+    pub first: usize,
+    /// How many QPs (lanes).
+    pub nlanes: usize,
+}
+
+/// What a completion word did ([`Receiver::on_imm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImmEvent {
+    /// The receive it belongs to.
+    pub id: ReqId,
+    /// Its sequence number.
+    pub seq: u64,
+    /// `Some` on its last lane: the rendezvous bytes per buffer (0 for
+    /// buffers filled eagerly), `n` of them.
+    pub sizes: Option<[usize; MAX_RECVS]>,
+    /// Buffers in the receive.
+    pub n: usize,
+}
+
+/// A finished request ([`Receiver::finish`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    /// Sizes reported (0 for a flush).
+    pub n: usize,
+    /// Bytes per buffer.
+    pub sizes: [usize; MAX_RECVS],
+}
+
+#[derive(Debug)]
+struct Req {
+    flush: bool,
+    seq: u64,
+    n: usize,
+    caps: [usize; MAX_RECVS],
+    dst: [u64; MAX_RECVS],
+    /// Rendezvous words still to come (one per lane).
+    lanes_left: usize,
+    imm: Option<ImmKind>,
+    sizes: [usize; MAX_RECVS],
+    /// Buffers filled (bit i), by rendezvous or eager message.
+    filled: u8,
+    done: bool,
+}
+
+impl Req {
+    fn all_filled(&self) -> bool {
+        self.filled as u32 == (1u32 << self.n) - 1
+    }
+}
+
+struct EagerState {
+    st: EagerRx,
+    /// Posted buffers of the eager tag not filled yet, by `j % JWIN`: (j, request, buffer).
+    by_j: Box<[Option<(u64, ReqId, u8)>; JWIN]>,
+    /// Payload sizes of messages kept in the ring until their buffer is posted.
+    early_size: [u32; RING_SLOTS],
+    /// Last mailbox value acted on.
+    mailbox: u64,
+}
+
+/// A range of CTS slots being planned into chains.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    end: u64,
+    /// Next slot whose further elements go out, and the element.
+    q: u64,
+    i: usize,
+}
+
+/// The receiving end's protocol state.
+pub struct Receiver {
+    nqps: usize,
+    split: bool,
+    ready: bool,
+    reqs: Pool<Req>,
+    by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
+    /// The CTS elements of each slot's receive until they are written.
+    cts_store: Box<[[Cts; MAX_RECVS]; FIFO_DEPTH]>,
+    slot_n: [u8; FIFO_DEPTH],
+    budget: SqBudget,
+    cts: CtsQueue,
+    eager: Option<EagerState>,
+    batch: Option<Batch>,
+    /// Credit counter to send with the next control writes.
+    credit: Option<u64>,
+    eager_stats: (u64, u64),
+}
+
+impl Receiver {
+    /// A connection's receiver (`sq_depth` at least 2 x CTL_SIGNAL).
+    pub fn new(cfg: Config) -> Receiver {
+        assert!(cfg.nqps >= 1);
+        Receiver {
+            nqps: cfg.nqps,
+            split: cfg.split,
+            ready: false,
+            reqs: Pool::new(RECV_POOL),
+            by_slot: [None; FIFO_DEPTH],
+            cts_store: Box::new([[Cts::default(); MAX_RECVS]; FIFO_DEPTH]),
+            slot_n: [0; FIFO_DEPTH],
+            budget: SqBudget::new(cfg.sq_depth, CTL_SIGNAL),
+            cts: CtsQueue::new(),
+            eager: (cfg.eager > 0).then(|| EagerState {
+                st: EagerRx::new(cfg.eager),
+                by_j: Box::new([None; JWIN]),
+                early_size: [0; RING_SLOTS],
+                mailbox: 0,
+            }),
+            batch: None,
+            credit: None,
+            eager_stats: (0, 0),
+        }
+    }
+
+    /// The eager limit (0: off).
+    #[inline]
+    pub fn eager_limit(&self) -> usize {
+        self.eager.as_ref().map_or(0, |e| e.st.max)
+    }
+
+    /// The sender said READY: control writes may go from now on.
+    #[inline]
+    pub fn on_ready(&mut self) {
+        self.ready = true;
+    }
+
+    /// Eager messages delivered and their payload bytes.
+    #[inline]
+    pub fn eager_stats(&self) -> (u64, u64) {
+        self.eager_stats
+    }
+
+    /// Live requests (receives and flushes).
+    #[inline]
+    pub fn live(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Send-queue entries the control writes may still take.
+    #[inline]
+    pub fn ctl_room(&self) -> usize {
+        self.budget.room()
+    }
+
+    /// Sequence number the next receive gets.
+    #[inline]
+    pub fn next_seq(&self) -> u64 {
+        self.cts.next()
+    }
+
+    /// CTS slots written so far (all below this).
+    #[inline]
+    pub fn cts_written(&self) -> u64 {
+        self.cts.written()
+    }
+
+    /// The lanes the next receive's writes will use: `(seq, first QP, count)`
+    /// (a transport that must prepare for them before advertising, iWARP's
+    /// notice receives, asks before [`Receiver::take_recv`]).
+    #[inline]
+    pub fn next_lanes(&self) -> (u64, usize, usize) {
+        let seq = self.cts.next();
+        let (first, n) = fifo::lanes(seq, self.nqps, self.split);
+        (seq, first, n)
+    }
+
+    /// Receives waiting for a rendezvous completion (their FIFO slots busy).
+    #[inline]
+    pub fn in_flight(&self) -> usize {
+        self.by_slot.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// May the next receive take its FIFO slot (its previous receive
+    /// completed, and that one's CTS went out)?
+    #[inline]
+    pub fn slot_free(&self) -> bool {
+        let slot = (self.cts.next() % FIFO_DEPTH as u64) as usize;
+        self.by_slot[slot].is_none() && self.cts.can_post()
+    }
+
+    /// Would [`Receiver::take_recv`] take a receive now?
+    #[inline]
+    pub fn can_take(&self) -> bool {
+        self.slot_free() && self.reqs.len() < RECV_POOL - MAX_REQUESTS
+    }
+
+    /// Write every CTS posted so far as soon as there is room (a receive
+    /// waits for its slot, or the receiver is idle).
+    #[inline]
+    pub fn force_cts(&mut self) {
+        self.cts.force();
+    }
+
+    /// Post a (grouped) receive of `elems` (one CTS element per buffer, 1..=
+    /// MAX_RECVS, `n`/`i` filled in). `Ok(None)`: not now (its slot is busy,
+    /// see [`Receiver::slot_free`], or the request slots are). Messages that
+    /// arrived before their buffer are handed to `deliver` before this returns.
+    pub fn take_recv(&mut self, elems: &[Cts], deliver: &mut impl FnMut(&Deliver)) -> Result<Option<Taken>, ProtoError> {
+        let n = elems.len();
+        assert!((1..=MAX_RECVS).contains(&n));
+        if !self.can_take() {
+            return Ok(None);
+        }
+        let seq = self.cts.next();
+        let slot = (seq % FIFO_DEPTH as u64) as usize;
+        let (first, nlanes) = fifo::lanes(seq, self.nqps, self.split);
+        let mut caps = [0usize; MAX_RECVS];
+        let mut dst = [0u64; MAX_RECVS];
+        let mut tags = [0i32; MAX_RECVS];
+        for (i, c) in elems.iter().enumerate() {
+            caps[i] = c.cap as usize;
+            dst[i] = c.addr;
+            tags[i] = c.tag;
+        }
+        let req = Req { flush: false, seq, n, caps, dst, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
+        let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
+        self.cts_store[slot][..n].copy_from_slice(elems);
+        self.slot_n[slot] = n as u8;
+        self.by_slot[slot] = Some((seq, id));
+        let mut deferrable = false;
+        let mut js = [None; MAX_RECVS];
+        if let Some(e) = &mut self.eager {
+            e.st.assign(seq, &tags[..n], &mut js[..n]);
+            // only eager messages can fill it: its CTS may wait for a batch
+            deferrable = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
+            for (i, j) in js[..n].iter().enumerate() {
+                if let Some(j) = *j {
+                    e.by_j[(j % JWIN as u64) as usize] = Some((j, id, i as u8));
+                }
+            }
+        }
+        // messages that arrived before their buffer was posted
+        for j in js[..n].iter().flatten() {
+            let early = self.eager.as_mut().and_then(|e| e.st.take_early(*j));
+            if let Some(idx) = early {
+                let size = self.eager.as_ref().map_or(0, |e| e.early_size[(idx % RING_SLOTS as u64) as usize]);
+                self.deliver(idx, *j, size, deliver)?;
+            }
+        }
+        self.cts.push(deferrable);
+        Ok(Some(Taken { id, seq, first, nlanes }))
+    }
+
+    /// Count eager message `idx` (`size` bytes) into buffer `j` and hand its copy out.
+    fn deliver(&mut self, idx: u64, j: u64, size: u32, deliver: &mut impl FnMut(&Deliver)) -> Result<(), ProtoError> {
+        let Some(e) = &mut self.eager else { return Ok(()) };
+        let w = (j % JWIN as u64) as usize;
+        let Some((_, id, i)) = e.by_j[w].filter(|x| x.0 == j) else {
+            return Err(ProtoError::EagerUnposted { idx, j });
+        };
+        e.by_j[w] = None;
+        let i = i as usize;
+        let Ok(r) = self.reqs.get_mut(id) else { return Err(ProtoError::EagerUnposted { idx, j }) };
+        if r.filled & (1 << i) != 0 {
+            return Err(ProtoError::EagerTwice { idx, i, seq: r.seq });
+        }
+        let size = size as usize;
+        if size > r.caps[i] {
+            return Err(ProtoError::EagerOverflow { size, cap: r.caps[i], seq: r.seq, i });
+        }
+        deliver(&Deliver { idx, src: eager::slot_offset(idx, e.st.max) + HDR_BYTES, dst: r.dst[i], len: size, id, i });
+        r.sizes[i] = size;
+        r.filled |= 1 << i;
+        e.st.release(idx);
+        self.eager_stats.0 += 1;
+        self.eager_stats.1 += size as u64;
+        if r.all_filled() {
+            r.done = true;
+            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
+            if self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
+                self.by_slot[slot] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Look at the eager ring (`ring`: the region the sender writes, mailbox
+    /// word first): act on the mailbox, take every message that fully
+    /// landed, hand the copies of those whose buffer is posted to
+    /// `deliver`, and plan the credit write when one is due. Returns how
+    /// many messages were taken. Nothing to do without the eager path.
+    pub fn poll_ring(&mut self, ring: &(impl Mem + ?Sized), deliver: &mut impl FnMut(&Deliver)) -> Result<usize, ProtoError> {
+        let Some(e) = &mut self.eager else { return Ok(0) };
+        let max = e.st.max;
+        let mut force = false;
+        let mb = ring.read_u64(0);
+        if mb != 0 && mb != e.mailbox {
+            e.mailbox = mb;
+            self.cts.sender_waiting(mb - 1);
+            force = true;
+        }
+        let mut taken = 0;
+        while let Some(e) = &mut self.eager {
+            let idx = e.st.next();
+            let off = eager::slot_offset(idx, max);
+            if ring.read_u64(off + HDR_BYTES - 8) != eager::marker(idx) {
+                break;
+            }
+            let mut hb = [0u8; HDR_BYTES];
+            ring.read(off, &mut hb);
+            let Some(h) = Header::decode(&hb, idx) else { break };
+            if h.size as usize > max {
+                return Err(ProtoError::EagerSize { idx, size: h.size, max });
+            }
+            if ring.read_u64(off + eager::wire_len(h.size as usize) - 8) != eager::marker(idx) {
+                break; // the payload is still landing
+            }
+            let to = e.st.arrived(&h)?;
+            taken += 1;
+            self.cts.sender_head(h.head);
+            match to {
+                Arrival::Posted(j) => self.deliver(idx, j, h.size, deliver)?,
+                Arrival::Early => {
+                    if let Some(e) = &mut self.eager {
+                        e.early_size[(idx % RING_SLOTS as u64) as usize] = h.size;
+                    }
+                }
+            }
+        }
+        // hand ring slots back when due (anything freed, when the sender waits)
+        if let Some(v) = self.eager.as_ref().and_then(|e| e.st.credits_due(force)) {
+            // deferred CTS go along (the same post)
+            self.cts.force();
+            self.credit = Some(v);
+        }
+        Ok(taken)
+    }
+
+    /// A completion word arrived (a WRITE_WITH_IMM's immediate, or an iWARP
+    /// notice's word): which receive, and on its last lane the sizes.
+    /// `sizes_slot` reads the sizes the sender wrote for a grouped receive
+    /// (the sizes area on IB/RoCE, the notice on iWARP); it is called only
+    /// when the word says so.
+    pub fn on_imm(&mut self, word: u32, sizes_slot: impl FnOnce(u64) -> [u32; MAX_RECVS]) -> Result<ImmEvent, ProtoError> {
+        let imm = Imm::decode(word)?;
+        let slot = imm.slot as usize;
+        let Some((seq, id)) = self.by_slot[slot] else {
+            return Err(ProtoError::ImmNoReceive { slot, imm: format!("{imm:?}") });
+        };
+        let Ok(r) = self.reqs.get_mut(id) else { return Err(ProtoError::ImmNoReceive { slot, imm: format!("{imm:?}") }) };
+        if r.lanes_left == 0 {
+            return Err(ProtoError::ImmExtra { seq });
+        }
+        r.lanes_left -= 1;
+        if !matches!(r.imm, Some(ImmKind::Fail(_))) {
+            r.imm = Some(imm.kind);
+        }
+        let n = r.n;
+        if r.lanes_left > 0 {
+            return Ok(ImmEvent { id, seq, sizes: None, n });
+        }
+        let kind = r.imm.unwrap_or(imm.kind);
+        let rseq = r.seq;
+        let sizes = fifo::sizes_from_imm(kind, &r.caps[..n], || sizes_slot(rseq))?;
+        for (i, s) in sizes[..n].iter().enumerate() {
+            if let Some(s) = *s {
+                if r.filled & (1 << i) != 0 {
+                    return Err(ProtoError::BothWays { i, seq });
+                }
+                r.sizes[i] = s;
+                r.filled |= 1 << i;
+            }
+        }
+        if r.all_filled() {
+            r.done = true;
+            self.by_slot[slot] = None;
+        }
+        // the sender moved past this slot
+        self.cts.sender_head(seq + 1);
+        Ok(ImmEvent { id, seq, sizes: Some(std::array::from_fn(|i| sizes[i].unwrap_or(0))), n })
+    }
+
+    /// Will [`Receiver::poll_ctl`] plan anything now? A cheap test for the
+    /// polling loop: false when no CTS is due (deferred ones wait for their
+    /// batch), no credit and no chain is pending, or before READY.
+    #[inline]
+    pub fn has_ctl(&self) -> bool {
+        self.ready && (self.credit.is_some() || self.batch.is_some() || self.cts.due().is_some())
+    }
+
+    /// Is a credit write planned (the ring poll found credits due)?
+    #[inline]
+    pub fn credit_due(&self) -> bool {
+        self.credit.is_some()
+    }
+
+    /// Plan the next chain of control writes due now (CTS slots in order,
+    /// the credit word), writing their bytes into `stage` (same layout as
+    /// the sender's FIFO region). Call until it returns false, posting each
+    /// chain before the next call. Nothing before [`Receiver::on_ready`].
+    pub fn poll_ctl(&mut self, stage: &mut (impl MemMut + ?Sized), out: &mut CtlChain) -> bool {
+        self.poll_ctl_gated(stage, &mut |_| true, out)
+    }
+
+    /// [`Receiver::poll_ctl`] with a gate: the CTS of receive `seq` is
+    /// written only when `may_advertise(seq)` (iWARP: only while enough
+    /// receives are posted for the notices it may bring); a batch stops at
+    /// the first receive the gate holds back.
+    pub fn poll_ctl_gated(
+        &mut self,
+        stage: &mut (impl MemMut + ?Sized),
+        may_advertise: &mut impl FnMut(u64) -> bool,
+        out: &mut CtlChain,
+    ) -> bool {
+        out.qp = 0;
+        out.n = 0;
+        if !self.ready {
+            self.credit = None;
+            return false;
+        }
+        if self.batch.is_none() {
+            self.batch = self.start_batch(stage, may_advertise);
+            if let Some(b) = self.batch {
+                // the first elements of the range are contiguous: one write
+                let from = self.cts.written();
+                self.push(out, fifo::slot_offset(from), (b.end - from) as usize * ELEM_BYTES);
+            }
+        }
+        if let Some(mut b) = self.batch {
+            // each further element of a grouped receive: one write more
+            while b.q < b.end {
+                let n = self.slot_n[(b.q % FIFO_DEPTH as u64) as usize] as usize;
+                while b.i < n {
+                    if out.n == CHAIN {
+                        self.batch = Some(b);
+                        return true;
+                    }
+                    self.push(out, fifo::elem_offset(b.q, b.i), ELEM_BYTES);
+                    b.i += 1;
+                }
+                b.q += 1;
+                b.i = 1;
+            }
+            if out.n < CHAIN {
+                if let Some(v) = self.credit.take() {
+                    self.push_credit(stage, out, v);
+                }
+            }
+            self.cts.wrote(b.end);
+            self.batch = None;
+            return true;
+        }
+        // nothing (more) to write now: the credit word alone, if it fits
+        if let Some(v) = self.credit.take() {
+            if self.budget.has_room() {
+                self.push_credit(stage, out, v);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The next range of CTS slots to write, staged: those of one lap that
+    /// the send queue has room for (first elements one write, each further
+    /// element one more, the credit word one).
+    fn start_batch(&mut self, stage: &mut (impl MemMut + ?Sized), may_advertise: &mut impl FnMut(u64) -> bool) -> Option<Batch> {
+        let (from, to) = self.cts.due()?;
+        let lap_end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
+        let mut room = self.budget.room().checked_sub(1 + self.credit.is_some() as usize)?;
+        let mut end = from;
+        while end < lap_end {
+            let more = self.slot_n[(end % FIFO_DEPTH as u64) as usize] as usize - 1;
+            if more > room || !may_advertise(end) {
+                break;
+            }
+            room -= more;
+            end += 1;
+        }
+        if end == from {
+            return None; // retried once completions free the queue
+        }
+        for q in from..end {
+            let slot = (q % FIFO_DEPTH as u64) as usize;
+            for i in 0..self.slot_n[slot] as usize {
+                stage.write(fifo::elem_offset(q, i), &self.cts_store[slot][i].encode(q));
+            }
+        }
+        Some(Batch { end, q: from, i: 1 })
+    }
+
+    fn push(&mut self, out: &mut CtlChain, off: usize, len: usize) {
+        out.wrs[out.n] = CtlWr { off, len, signal: self.budget.post() };
+        out.n += 1;
+    }
+
+    fn push_credit(&mut self, stage: &mut (impl MemMut + ?Sized), out: &mut CtlChain, v: u64) {
+        stage.write(CREDIT_OFF, &v.to_le_bytes());
+        self.push(out, CREDIT_OFF, 8);
+        if let Some(e) = &mut self.eager {
+            e.st.reported(v);
+        }
+    }
+
+    /// A signaled control write planned with `signal: Some(count)` completed.
+    #[inline]
+    pub fn on_ctl_done(&mut self, count: u64) {
+        self.budget.retire(count);
+    }
+
+    /// Is request `id` done?
+    #[inline]
+    pub fn is_done(&self, id: ReqId) -> Result<bool, Stale> {
+        self.reqs.get(id).map(|r| r.done)
+    }
+
+    /// If `id` is done: free it and say what it got.
+    #[inline]
+    pub fn finish(&mut self, id: ReqId) -> Result<Option<Finished>, Stale> {
+        let r = self.reqs.get(id)?;
+        if !r.done {
+            return Ok(None);
+        }
+        let mut f = Finished { n: if r.flush { 0 } else { r.n }, sizes: [0; MAX_RECVS] };
+        f.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+        self.reqs.release(id)?;
+        Ok(Some(f))
+    }
+
+    /// Free `id` unfinished (the comm failed; NCCL is told so).
+    #[inline]
+    pub fn abandon(&mut self, id: ReqId) {
+        if let Ok(r) = self.reqs.release(id) {
+            let slot = (r.seq % FIFO_DEPTH as u64) as usize;
+            if !r.flush && self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
+                self.by_slot[slot] = None;
+            }
+        }
+    }
+
+    /// A flush request (completed by [`Receiver::on_flush_done`]); `None`
+    /// only if the pool is full, which the receive limit rules out.
+    pub fn add_flush(&mut self) -> Option<ReqId> {
+        let req = Req {
+            flush: true,
+            seq: u64::MAX,
+            n: 0,
+            caps: [0; MAX_RECVS],
+            dst: [0; MAX_RECVS],
+            lanes_left: 0,
+            imm: None,
+            sizes: [0; MAX_RECVS],
+            filled: 0,
+            done: false,
+        };
+        self.reqs.alloc(req)
+    }
+
+    /// The flush read of `id` completed.
+    #[inline]
+    pub fn on_flush_done(&mut self, id: ReqId) {
+        if let Ok(r) = self.reqs.get_mut(id) {
+            r.done = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eager::{Header, MAILBOX_BYTES};
+    use crate::fifo::{FailCode, SIZES_SLOT_BYTES};
+
+    fn cfg(nqps: usize, split: bool, eager: usize) -> Config {
+        Config { nqps, split, eager, sq_depth: 128 }
+    }
+
+    fn elems(tags: &[i32], cap: u32, addr: u64) -> Vec<Cts> {
+        let n = tags.len() as u8;
+        tags.iter().enumerate().map(|(i, &tag)| Cts { addr: addr + 0x1000 * i as u64, rkey: 9, cap, tag, n, i: i as u8 }).collect()
+    }
+
+    fn take(rx: &mut Receiver, tags: &[i32], cap: u32) -> Taken {
+        rx.take_recv(&elems(tags, cap, 0x10_0000), &mut |d| panic!("unexpected delivery {d:?}")).unwrap().unwrap()
+    }
+
+    /// Every chain planned now: (qp, writes).
+    fn chains(rx: &mut Receiver, stage: &mut [u8]) -> Vec<Vec<CtlWr>> {
+        let mut out = Vec::new();
+        let mut c = CtlChain::default();
+        while rx.poll_ctl(stage, &mut c) {
+            assert_eq!(c.qp, 0);
+            out.push(c.wrs().to_vec());
+        }
+        out
+    }
+
+    fn stage() -> Vec<u8> {
+        vec![0; FIFO_BYTES + 64]
+    }
+
+    fn no_sizes(_: u64) -> [u32; MAX_RECVS] {
+        panic!("sizes slot read for a single receive")
+    }
+
+    #[test]
+    fn cts_waits_for_ready_then_consecutive_receives_are_one_write() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        let mut st = stage();
+        for seq in 0..3 {
+            assert_eq!(take(&mut rx, &[7], 100).seq, seq);
+        }
+        assert!(chains(&mut rx, &mut st).is_empty(), "nothing before READY");
+        rx.on_ready();
+        assert!(rx.has_ctl());
+        let c = chains(&mut rx, &mut st);
+        assert!(!rx.has_ctl());
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0][0].off, c[0][0].len), (fifo::slot_offset(0), 3 * ELEM_BYTES));
+        for q in 0..3 {
+            let mut b = [0u8; ELEM_BYTES];
+            st.as_slice().read(fifo::elem_offset(q, 0), &mut b);
+            assert!(matches!(Cts::decode(&b, q, 0), fifo::Slot::Ready(c) if c.tag == 7 && c.cap == 100));
+        }
+        assert_eq!(rx.cts_written(), 3);
+        assert!(chains(&mut rx, &mut st).is_empty());
+    }
+
+    #[test]
+    fn grouped_receives_write_further_elements_and_chains_are_cut() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        rx.on_ready();
+        let mut st = stage();
+        assert_eq!(rx.next_lanes(), (0, 0, 1));
+        take(&mut rx, &[1, 2, 3], 10);
+        assert_eq!(rx.in_flight(), 1);
+        let c = chains(&mut rx, &mut st);
+        let offs: Vec<usize> = c[0].iter().map(|w| w.off).collect();
+        assert_eq!(offs, [fifo::elem_offset(0, 0), fifo::elem_offset(0, 1), fifo::elem_offset(0, 2)]);
+        // three receives of 8 buffers together: 1 + 3 x 7 writes, cut at CHAIN
+        rx.force_cts();
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        for _ in 0..3 {
+            take(&mut rx, &[1; 8], 10);
+        }
+        rx.on_ready();
+        let c = chains(&mut rx, &mut st);
+        assert_eq!(c.iter().map(Vec::len).collect::<Vec<_>>(), [CHAIN, 22 - CHAIN]);
+        assert_eq!(rx.cts_written(), 3);
+    }
+
+    #[test]
+    fn the_gate_holds_a_cts_back() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        rx.on_ready();
+        let mut st = stage();
+        take(&mut rx, &[1], 10);
+        take(&mut rx, &[1], 10);
+        let mut c = CtlChain::default();
+        assert!(rx.poll_ctl_gated(&mut st[..], &mut |seq| seq < 1, &mut c));
+        assert_eq!((c.n, c.wrs[0].len), (1, ELEM_BYTES));
+        assert!(!rx.poll_ctl_gated(&mut st[..], &mut |seq| seq < 1, &mut c));
+        assert!(rx.poll_ctl(&mut st[..], &mut c));
+        assert_eq!(c.wrs[0].off, fifo::slot_offset(1));
+    }
+
+    #[test]
+    fn an_immediate_completes_its_receive_with_the_exact_size() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        rx.on_ready();
+        let t = take(&mut rx, &[1], 100);
+        let ev = rx.on_imm(Imm::new(0, ImmKind::Size(37)).encode(), no_sizes).unwrap();
+        assert_eq!((ev.id, ev.seq, ev.n), (t.id, 0, 1));
+        assert_eq!(ev.sizes.unwrap()[0], 37);
+        assert_eq!(rx.is_done(t.id), Ok(true));
+        assert_eq!(rx.finish(t.id).unwrap().unwrap().sizes[0], 37);
+        assert_eq!(rx.live(), 0);
+        // the slot holds no receive any more
+        assert!(matches!(rx.on_imm(Imm::new(0, ImmKind::Size(1)).encode(), no_sizes), Err(ProtoError::ImmNoReceive { slot: 0, .. })));
+    }
+
+    #[test]
+    fn split_lanes_and_grouped_sizes() {
+        let mut rx = Receiver::new(cfg(2, true, 0));
+        rx.on_ready();
+        let t = take(&mut rx, &[1, 2], 100);
+        assert_eq!(t.nlanes, 2);
+        let w = Imm::new(0, ImmKind::Sizes(2)).encode();
+        assert_eq!(rx.on_imm(w, no_sizes).unwrap().sizes, None, "one lane of two");
+        let sizes = |seq: u64| {
+            assert_eq!(seq, 0);
+            let mut s = [0; MAX_RECVS];
+            s[..2].copy_from_slice(&[100, 0]);
+            s
+        };
+        assert_eq!(&rx.on_imm(w, sizes).unwrap().sizes.unwrap()[..2], &[100, 0]);
+        assert_eq!(rx.is_done(t.id), Ok(true));
+        let _ = SIZES_SLOT_BYTES;
+    }
+
+    #[test]
+    fn bad_words_are_typed() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        rx.on_ready();
+        take(&mut rx, &[1], 10);
+        assert!(matches!(rx.on_imm(Imm::new(0, ImmKind::Size(11)).encode(), no_sizes), Err(ProtoError::ImmOverflow { size: 11, cap: 10 })));
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        take(&mut rx, &[1], 10);
+        let e = rx.on_imm(Imm::new(0, ImmKind::Fail(FailCode::TooLarge)).encode(), no_sizes).unwrap_err();
+        assert_eq!(e, ProtoError::SenderTooLarge);
+        assert!(e.is_size_mismatch());
+        assert!(matches!(rx.on_imm(0x8000_0000, no_sizes), Err(ProtoError::Imm(_))));
+    }
+
+    #[test]
+    fn a_slot_is_reused_only_after_its_receive_completed() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        rx.on_ready();
+        let mut st = stage();
+        for _ in 0..FIFO_DEPTH {
+            take(&mut rx, &[1], 10);
+        }
+        chains(&mut rx, &mut st);
+        assert!(!rx.slot_free() && !rx.can_take());
+        assert_eq!(rx.take_recv(&elems(&[1], 10, 0), &mut |_| ()).unwrap(), None);
+        rx.on_imm(Imm::new(0, ImmKind::Size(1)).encode(), no_sizes).unwrap();
+        assert!(rx.can_take());
+        // its CTS waits until the sender moved past slot 0 (the completion said so)
+        assert_eq!(take(&mut rx, &[1], 10).seq, FIFO_DEPTH as u64);
+        assert_eq!(chains(&mut rx, &mut st).len(), 1);
+    }
+
+    /// Write ring message `idx` as the sender would.
+    fn ring_msg(ring: &mut [u8], max: usize, idx: u64, h: Header, payload: &[u8]) {
+        let off = eager::slot_offset(idx, max);
+        ring[off..off + HDR_BYTES].copy_from_slice(&h.encode(idx));
+        ring[off + HDR_BYTES..off + HDR_BYTES + payload.len()].copy_from_slice(payload);
+        let end = off + eager::wire_len(payload.len()) - 8;
+        ring[end..end + 8].copy_from_slice(&eager::marker(idx).to_le_bytes());
+    }
+
+    #[test]
+    fn eager_messages_are_delivered_posted_or_early() {
+        let max = 64;
+        let mut rx = Receiver::new(cfg(1, false, max));
+        rx.on_ready();
+        let mut ring = vec![0u8; eager::ring_bytes(max)];
+        let t = take(&mut rx, &[5], 64);
+        ring_msg(&mut ring, max, 0, Header { j: 0, size: 3, tag: 5, head: 0 }, b"abc");
+        let mut got = Vec::new();
+        assert_eq!(rx.poll_ring(&ring[..], &mut |d| got.push(*d)), Ok(1));
+        assert_eq!(got, [Deliver { idx: 0, src: MAILBOX_BYTES + HDR_BYTES, dst: 0x10_0000, len: 3, id: t.id, i: 0 }]);
+        assert_eq!(rx.finish(t.id).unwrap().unwrap().sizes[0], 3);
+        // a message before its buffer: kept in the ring, copied when the buffer is posted
+        ring_msg(&mut ring, max, 1, Header { j: 1, size: 2, tag: 5, head: 1 }, b"xy");
+        assert_eq!(rx.poll_ring(&ring[..], &mut |d| panic!("{d:?}")), Ok(1));
+        let mut got = Vec::new();
+        let t = rx.take_recv(&elems(&[5], 8, 0x20_0000), &mut |d| got.push(*d)).unwrap().unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].len, got[0].dst), (2, 0x20_0000));
+        assert_eq!(rx.is_done(t.id), Ok(true));
+        assert_eq!(rx.eager_stats(), (2, 5));
+    }
+
+    #[test]
+    fn the_mailbox_flushes_deferred_cts_and_credits_go_with_them() {
+        let max = 64;
+        let mut rx = Receiver::new(cfg(1, false, max));
+        rx.on_ready();
+        let mut st = stage();
+        let mut ring = vec![0u8; eager::ring_bytes(max)];
+        take(&mut rx, &[5], 100); // may need a rendezvous: written at once
+        assert_eq!(chains(&mut rx, &mut st).len(), 1);
+        let t1 = take(&mut rx, &[5], 64); // eager-only: deferred
+        assert!(chains(&mut rx, &mut st).is_empty());
+        // an eager message for it, and the sender says it waits at slot 1
+        ring_msg(&mut ring, max, 0, Header { j: 1, size: 1, tag: 5, head: 1 }, b"z");
+        ring[0..8].copy_from_slice(&2u64.to_le_bytes());
+        assert_eq!(rx.poll_ring(&ring[..], &mut |_| ()), Ok(1));
+        assert!(rx.credit_due());
+        assert_eq!(rx.is_done(t1.id), Ok(true));
+        let c = chains(&mut rx, &mut st);
+        // CTS 1 and the credit word (1 slot freed) in one chain
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].iter().map(|w| (w.off, w.len)).collect::<Vec<_>>(), [(fifo::slot_offset(1), ELEM_BYTES), (CREDIT_OFF, 8)]);
+        assert_eq!(st.as_slice().read_u64(CREDIT_OFF), 1);
+        // the same mailbox value again is not news
+        assert_eq!(rx.poll_ring(&ring[..], &mut |_| ()), Ok(0));
+        assert!(chains(&mut rx, &mut st).is_empty());
+    }
+
+    #[test]
+    fn eager_violations_are_typed() {
+        let max = 64;
+        let mk = || {
+            let mut rx = Receiver::new(cfg(1, false, max));
+            rx.on_ready();
+            take(&mut rx, &[5], 4);
+            rx
+        };
+        let mut ring = vec![0u8; eager::ring_bytes(max)];
+        ring_msg(&mut ring, max, 0, Header { j: 0, size: 1, tag: 6, head: 0 }, b"a");
+        assert!(matches!(mk().poll_ring(&ring[..], &mut |_| ()), Err(ProtoError::EagerTag { tag: 6, .. })));
+        let mut ring = vec![0u8; eager::ring_bytes(max)];
+        let off = eager::slot_offset(0, max);
+        ring[off..off + HDR_BYTES].copy_from_slice(&Header { j: 0, size: 65, tag: 5, head: 0 }.encode(0));
+        assert!(matches!(mk().poll_ring(&ring[..], &mut |_| ()), Err(ProtoError::EagerSize { size: 65, .. })));
+        let mut ring = vec![0u8; eager::ring_bytes(max)];
+        ring_msg(&mut ring, max, 0, Header { j: 0, size: 5, tag: 5, head: 0 }, b"abcde");
+        let e = mk().poll_ring(&ring[..], &mut |_| ()).unwrap_err();
+        assert!(matches!(e, ProtoError::EagerOverflow { size: 5, cap: 4, .. }) && e.is_size_mismatch());
+        // a message whose payload has not fully landed waits
+        let mut ring = vec![0u8; eager::ring_bytes(max)];
+        ring_msg(&mut ring, max, 0, Header { j: 0, size: 3, tag: 5, head: 0 }, b"abc");
+        let end = off + eager::wire_len(3) - 8;
+        ring[end..end + 8].fill(0);
+        assert_eq!(mk().poll_ring(&ring[..], &mut |_| ()), Ok(0));
+    }
+
+    #[test]
+    fn flushes_and_abandoned_requests() {
+        let mut rx = Receiver::new(cfg(1, false, 0));
+        let f = rx.add_flush().unwrap();
+        assert_eq!(rx.is_done(f), Ok(false));
+        rx.on_flush_done(f);
+        assert_eq!(rx.finish(f).unwrap().unwrap().n, 0);
+        let t = take(&mut rx, &[1], 1);
+        rx.abandon(t.id);
+        assert!(rx.is_done(t.id).is_err());
+        assert!(rx.slot_free() || rx.next_seq() == 1);
+    }
+}
