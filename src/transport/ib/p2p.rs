@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
 use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::notice_path::{CmConnect, NoticeTx, RecvSide};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
@@ -258,6 +259,9 @@ impl Link {
                 " (no acknowledgement within NCCL_IB_TIMEOUT={} x NCCL_IB_RETRY_CNT={}: the peer died or is unreachable)",
                 self.cc.timeout, self.cc.retry_cnt
             ),
+            ffi::IBV_WC_WR_FLUSH_ERR if self.cc.notices && self.failed.is_none() => {
+                " (the iWARP connection was closed: the peer process exited or closed its comm)".into()
+            }
             ffi::IBV_WC_WR_FLUSH_ERR => " (the QP had already failed)".into(),
             ffi::IBV_WC_REM_ACCESS_ERR => " (the peer refused the write: buffer deregistered or comm closed)".into(),
             _ => String::new(),
@@ -269,7 +273,11 @@ impl Link {
             self.dev.describe(),
             wc.qp_num
         );
-        if is_remote_status(wc.status) {
+        // iWARP: the peer's TCP stream going away flushes our queues (no
+        // retry-exceeded status as on IB); a flush that is the first error
+        // means the connection ended there
+        let flushed_by_peer = self.cc.notices && wc.status == ffi::IBV_WC_WR_FLUSH_ERR && self.failed.is_none();
+        if is_remote_status(wc.status) || flushed_by_peer {
             Error::Remote { peer: self.peer_name(), what: msg }
         } else {
             Error::sys(format!("peer {}: {msg}", self.peer_name()), Errno(libc::EIO))
@@ -368,6 +376,11 @@ enum SendHs {
         got: usize,
         since: std::time::Instant,
     },
+    /// iWARP: the rdma_cm connections of our QPs ([`super::notice_path`]).
+    Cm {
+        cm: Box<CmConnect>,
+        remote: Box<Meta>,
+    },
     WriteReady {
         sent: usize,
     },
@@ -395,6 +408,8 @@ pub struct SendComm {
     eager_offer: u32,
     /// The eager path, when both ends agreed on it.
     eager: Option<EagerSend>,
+    /// iWARP: lanes end with notice SENDs (after `link`: dropped after the QPs).
+    notices: Option<NoticeTx>,
 }
 
 /// The sender's half of the eager path.
@@ -435,6 +450,7 @@ impl SendComm {
             remote_sizes: (0, 0),
             eager_offer,
             eager: None,
+            notices: None,
         }
     }
 
@@ -483,30 +499,20 @@ impl SendComm {
                     }
                     let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w.to_string() })?;
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
-                    let qps = handshake::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
-                    self.link.qps = qps;
-                    self.link.init_stats();
-                    self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
-                    self.link.set_peer(&remote);
-                    self.remote_sizes = (remote.addr, remote.rkey);
-                    if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
-                        let max = remote.eager as usize;
-                        self.eager = Some(EagerSend {
-                            st: EagerTx::new(max),
-                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
-                            ring: remote.ring,
-                            pending: 0,
-                            quiet: 0,
-                            blocked: None,
-                            mailbox: 0,
-                        });
-                    } else if remote.eager > 0 {
-                        return Err(Error::Protocol {
-                            peer: self.link.peer_name(),
-                            what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
-                        });
+                    if self.link.cc.notices {
+                        let cm = CmConnect::start(&self.link.dev, &self.link.cc, qps, &remote, &self.link.peer)?;
+                        self.hs = Some(SendHs::Cm { cm: Box::new(cm), remote: Box::new(remote) });
+                        continue;
                     }
-                    self.hs = Some(SendHs::WriteReady { sent: 0 });
+                    let qps = handshake::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
+                    self.connected(qps, &remote)?;
+                }
+                Some(SendHs::Cm { cm, .. }) => {
+                    let Some((qps, conns)) = cm.progress()? else { return Ok(()) };
+                    let Some(SendHs::Cm { remote, .. }) = self.hs.take() else { unreachable!() };
+                    let max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+                    self.notices = Some(NoticeTx::new(&self.link.dev.pd, qps.len(), max_inline, conns)?);
+                    self.connected(qps, &remote)?;
                 }
                 Some(SendHs::WriteReady { sent }) => {
                     if !handshake::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
@@ -525,6 +531,35 @@ impl SendComm {
                 }
             }
         }
+    }
+
+    /// Our QPs are connected (by hand, or by rdma_cm on iWARP): the comm
+    /// takes them and the receiver's parameters; READY goes out next.
+    fn connected(&mut self, qps: Vec<Qp<Rts>>, remote: &Meta) -> Result<()> {
+        self.link.qps = qps;
+        self.link.init_stats();
+        self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
+        self.link.set_peer(remote);
+        self.remote_sizes = (remote.addr, remote.rkey);
+        if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
+            let max = remote.eager as usize;
+            self.eager = Some(EagerSend {
+                st: EagerTx::new(max),
+                stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?,
+                ring: remote.ring,
+                pending: 0,
+                quiet: 0,
+                blocked: None,
+                mailbox: 0,
+            });
+        } else if remote.eager > 0 {
+            return Err(Error::Protocol {
+                peer: self.link.peer_name(),
+                what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
+            });
+        }
+        self.hs = Some(SendHs::WriteReady { sent: 0 });
+        Ok(())
     }
 
     /// Try to take the head FIFO slot; true when a group is loaded.
@@ -873,15 +908,27 @@ impl SendComm {
             if fail.is_none() && self.link.ev.is_some() && lane < MAX_EVENTS_PER_PARENT {
                 self.lane_events(g, qi, lane, nlanes, &plan[..k]);
             }
+            // iWARP: the same data writes, then a notice SEND instead of the immediate
+            let k = match &self.notices {
+                Some(nt) => nt.lane(g, lane, nlanes, qi, &plan[..k], &mut wrs)?,
+                None => k,
+            };
             let qp = &self.link.qps[qi];
             self.link.stats.bump(qi, lane_bytes);
             // SAFETY: data sources lie in NCCL buffers whose registrations
             // were checked in isend and which NCCL keeps valid and registered
             // until the request completes, i.e. until this lane's signaled
-            // last WR completes; the sizes staging lives in this comm, which
-            // outlives its QPs (field order), and slot `seq % FIFO_DEPTH` is
-            // rewritten only after the receiver completed `seq`.
-            unsafe { qp.post_writes(&wrs[..k])? };
+            // last WR completes; the sizes staging and the notice staging
+            // live in this comm, which outlives its QPs (field order), and
+            // slot `seq % FIFO_DEPTH` of either is rewritten only after the
+            // receiver completed `seq`.
+            unsafe {
+                if self.notices.is_some() {
+                    qp.post_writes_send(&wrs[..k])?
+                } else {
+                    qp.post_writes(&wrs[..k])?
+                }
+            };
         }
         let slot = (g.seq % FIFO_DEPTH as u64) as usize;
         self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
@@ -1155,15 +1202,27 @@ pub struct RecvComm {
     /// Which CTS slots go out when.
     cts: CtsQueue,
     eager: Option<EagerRecv>,
+    /// iWARP: rdma_cm and notices (after `link`: dropped after the QPs).
+    notices: Option<Box<RecvSide>>,
 }
 
 impl RecvComm {
-    pub(super) fn new(setup: Setup, qps: Vec<Qp<Rts>>, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, remote: &Meta) -> Result<RecvComm> {
+    /// `notices`: iWARP (its QPs are connected by rdma_cm later, and post
+    /// their notice receives then).
+    pub(super) fn new(
+        setup: Setup,
+        qps: Vec<Qp<Rts>>,
+        oob: Socket,
+        peer: SocketAddr,
+        cc: Arc<ConnCfg>,
+        remote: &Meta,
+        notices: Option<Box<RecvSide>>,
+    ) -> Result<RecvComm> {
         let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         let nq = qps.len();
-        for q in &qps {
+        for q in qps.iter().filter(|_| notices.is_none()) {
             for _ in 0..RECV_WRS {
                 q.post_recv_empty(RECV_WR)?;
             }
@@ -1203,12 +1262,13 @@ impl RecvComm {
             budgets: (0..nq).map(|_| SqBudget::new(RECV_SQ_DEPTH, 16)).collect(),
             cts: CtsQueue::new(),
             eager,
+            notices,
         })
     }
 
     /// What we tell the sender.
     pub(super) fn local_meta(&self) -> Meta {
-        Meta {
+        let mut m = Meta {
             qpns: self.link.qps.iter().map(|q| q.qpn()).collect(),
             mtu: self.local.mtu,
             link: self.link.dev.link_layer,
@@ -1226,7 +1286,11 @@ impl RecvComm {
             name: self.link.dev.dev_name.clone(),
             eager: self.eager.as_ref().map_or(0, |e| e.st.max as u32),
             ring: self.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
+        };
+        if let Some(n) = &self.notices {
+            n.fill_meta(&mut m);
         }
+        m
     }
 
     pub(super) fn oob(&self) -> &Socket {
@@ -1269,12 +1333,23 @@ impl RecvComm {
     }
 
     fn progress_ready(&mut self) -> Result<()> {
+        if self.ready.is_none() {
+            return Ok(());
+        }
+        // iWARP: our side of the rdma_cm connections up, notice receives posted
+        let cm_up = match &mut self.notices {
+            Some(n) => n.cm_ready(&self.link.qps)?,
+            None => true,
+        };
         let Some((buf, got)) = &mut self.ready else { return Ok(()) };
         if !handshake::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
             return Ok(());
         }
         if *buf != READY {
             return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("expected READY, got {buf:02x?}") });
+        }
+        if !cm_up {
+            return Ok(());
         }
         self.ready = None;
         self.link.handshake = false;
@@ -1347,8 +1422,20 @@ impl RecvComm {
         if self.reqs.len() >= RECV_POOL - MAX_REQUESTS {
             return Ok(None);
         }
+        // iWARP (no RNR retry): a CTS only while every notice it allows finds a receive
+        let in_flight = self.by_slot.iter().filter(|s| s.is_some()).count() + 1;
+        if self.notices.as_ref().is_some_and(|n| !n.may_advertise(first, nlanes, in_flight)) {
+            return Ok(None);
+        }
         let req = RecvReq { flush: false, seq, n, caps, cts, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
         let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
+        if let Some(nt) = &mut self.notices {
+            let link = &self.link;
+            if let Err(e) = nt.expect(seq, nlanes, || link.peer_name()) {
+                let _ = self.reqs.release(id);
+                return Err(self.link.fail_with(e));
+            }
+        }
         // keep the CTS (staged and written now or with a later batch)
         self.cts_store[slot][..n].copy_from_slice(&cts[..n]);
         self.slot_n[slot] = n as u8;
@@ -1673,19 +1760,26 @@ impl RecvComm {
     }
 
     fn complete_recv(&mut self, wc: &ibv_wc) -> Result<()> {
-        // keep the receive queue full (receive WRs are not tied to a receive)
         let qi = self.link.qp_index(wc.qp_num);
-        if let Some(q) = qi.map(|i| &self.link.qps[i]) {
-            q.post_recv_empty(RECV_WR)?;
-        }
-        if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("unexpected completion (opcode {}, wr_id {:#x}) on a receive QP", wc.opcode, wc.wr_id),
-            });
-        }
-        // SAFETY: WITH_IMM is set, so the union holds imm_data.
-        let raw = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+        let raw = if let Some(nt) = &mut self.notices {
+            // iWARP: the notice SEND carries the word (its receive reposted)
+            let link = &self.link;
+            let i = qi.ok_or_else(|| Error::Internal(format!("receive completion on unknown QP {:#x}", wc.qp_num)))?;
+            nt.on_recv(wc, i, &link.qps[i], || link.peer_name())?
+        } else {
+            // keep the receive queue full (receive WRs are not tied to a receive)
+            if let Some(q) = qi.map(|i| &self.link.qps[i]) {
+                q.post_recv_empty(RECV_WR)?;
+            }
+            if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
+                return Err(Error::Protocol {
+                    peer: self.link.peer_name(),
+                    what: format!("unexpected completion (opcode {}, wr_id {:#x}) on a receive QP", wc.opcode, wc.wr_id),
+                });
+            }
+            // SAFETY: WITH_IMM is set, so the union holds imm_data.
+            u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })
+        };
         let imm = Imm::decode(raw).map_err(|w| Error::Protocol { peer: self.link.peer_name(), what: w.to_string() })?;
         let slot = imm.slot as usize;
         let Some((seq, id)) = self.by_slot[slot] else {
@@ -1703,6 +1797,8 @@ impl RecvComm {
         }
         let link = &self.link;
         let sizes_mem = &self.sizes_mem;
+        // iWARP: lane 0's notice carried a grouped receive's sizes
+        let notice_sizes = self.notices.as_ref().map(|n| n.sizes(slot));
         let r = self.reqs.get_mut(id).map_err(|s| Error::Internal(format!("receive #{seq}: {s}")))?;
         if r.lanes_left == 0 {
             return Err(Error::Protocol { peer: link.peer_name(), what: format!("one completion too many for receive #{seq}") });
@@ -1715,6 +1811,9 @@ impl RecvComm {
             return Ok(());
         }
         let read_sizes = || {
+            if let Some(s) = notice_sizes {
+                return s;
+            }
             let mut b = [0u8; SIZES_SLOT_BYTES];
             sizes_mem.read(fifo::sizes_offset(r.seq), &mut b);
             fifo::decode_sizes(&b)
