@@ -284,7 +284,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
                 let mrs = Arc::new(MrCache::new(pd.clone()));
                 let mut gdr = super::gdr::decide(cfg, &cand.dev, &pd);
                 if ctx.transport_type() == super::ffi::IBV_TRANSPORT_IWARP {
-                    super::notice_path::host_only(&mut gdr);
+                    super::gdr::host_only(&mut gdr);
                 }
                 pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone(), gdr.clone()));
                 (pd, mrs, health, gdr)

@@ -27,23 +27,21 @@
 //! - Off on iWARP, decided once per device ([`conn_cfg`], one INFO line):
 //!   the eager path (the notice path is the one verified over iWARP, and one
 //!   decision per comm keeps the two from mixing), the loopback flush QP (it
-//!   cannot be brought up by hand), and GPUDirect ([`host_only`]).
+//!   cannot be brought up by hand), and GPUDirect ([`super::gdr::host_only`]).
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::device::IbDev;
 use super::ffi::{ibv_wc, IBV_WC_RECV};
-use super::gdr::Gdr;
 use super::handshake::ConnCfg;
 use super::rdmacm::{self, CmConn, CmListener, Progress};
 use super::verbs::{Access, HostRegion, Init, Pd, Qp, Rts, SendWr};
 use crate::error::{Error, Result};
-use crate::gpu::GdrDecision;
 use crate::proto::error::ProtoError;
 use crate::proto::fifo::{Group, Imm, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
 use crate::proto::ib_meta::{Meta, LINK_IWARP};
 use crate::proto::notice::{Assembler, Notice, RecvRing, MAX_LANES, NOTICE_BYTES, RECV_DEPTH};
-use crate::transport::{MAX_RECVS, PTR_HOST};
+use crate::transport::MAX_RECVS;
 
 /// The connection settings of an iWARP device: notices on, the eager path
 /// and flushes off, at most [`MAX_LANES`] QPs; says so once in the log.
@@ -62,19 +60,6 @@ pub fn conn_cfg(cc: &ConnCfg, dev: &IbDev) -> ConnCfg {
     let extra = if notes.is_empty() { String::new() } else { format!("; {}", notes.join("; ")) };
     tracing::info!("{}: {}{extra}", dev.describe(), super::iwarp::IWARP_HOW);
     ConnCfg { notices: true, eager: 0, flush: false, nqps, ..cc.clone() }
-}
-
-/// GPUDirect on an iWARP device: host memory only (ptrSupport HOST, no
-/// flush). The notice path is verified on host buffers; GPU memory over
-/// iWARP would need peer memory on the iWARP NIC and a flush without the
-/// loopback QP.
-pub fn host_only(g: &mut Gdr) {
-    g.decision = GdrDecision {
-        ptr_support: PTR_HOST,
-        flush: false,
-        reason: "iWARP device: host memory only (GPUDirect and flush are not supported on the notice data path)".into(),
-    };
-    g.forced = false;
 }
 
 /// The address rdma_cm binds to `dev`: the first of this host's addresses
