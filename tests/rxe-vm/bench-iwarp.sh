@@ -9,18 +9,19 @@
 # median [min-max] and the ratio of medians; CSV in out/bench-iwarp.csv.
 # Emulated (qemu TCG, siw's TCP in the guest kernel on the same 2 vCPUs):
 # read the ratio, not the numbers. Same harness settings as bench-verbs.sh
-# (NCCL_IB_TIMEOUT=14, --idle-nap-us 50, bandwidth runs left to the scheduler).
+# (NCCL_IB_TIMEOUT=14, --idle-nap-us "${NAP:-50}", bandwidth runs left to the scheduler).
 #
 #   tests/rxe-vm/bench-iwarp.sh            # builds, boots the VM, runs, prints
 #   REPS=5 MIB=64 QPS=1 tests/rxe-vm/bench-iwarp.sh
-#   MIB: MiB moved per point (default 48); QPS: NCCL_IB_QPS_PER_CONNECTION (default 1)
+#   MIB: MiB moved per point (default 48); QPS: NCCL_IB_QPS_PER_CONNECTION (default 1);
+#   NAP: rustnet bench --idle-nap-us (default 50, as bench-verbs.sh)
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
   cd "$ROOT" || exit 2
   cargo build --release --quiet || exit $?
   mkdir -p out
-  RXE_VM_SIW=1 RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT MIB QPS" exec "$HERE/run.sh" "bash $HERE/bench-iwarp.sh --in-vm"
+  RXE_VM_SIW=1 RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT MIB QPS NAP" exec "$HERE/run.sh" "bash $HERE/bench-iwarp.sh --in-vm"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
@@ -47,11 +48,11 @@ perf() { # perf <size> <iters> -> MiB/s (BW average)
 plugin() { # plugin <size> -> MiB/s (one-way median of one repeat)
   local size=$1 sp
   export NCCL_IB_TIMEOUT=14 NCCL_IB_QPS_PER_CONNECTION=${QPS:-1} RUSTNET_TRANSPORT=ib
-  NCCL_IB_HCA="=siw1" NCCL_SOCKET_IFNAME=sveth1 timeout 300 "$BIN" bench --listen "$S_IP:18600" --idle-nap-us 50 > /tmp/bsrv.log 2>&1 &
+  NCCL_IB_HCA="=siw1" NCCL_SOCKET_IFNAME=sveth1 timeout 300 "$BIN" bench --listen "$S_IP:18600" --idle-nap-us "${NAP:-50}" > /tmp/bsrv.log 2>&1 &
   sp=$!
   waitport 18600 || { echo "bench server did not start" >&2; cat /tmp/bsrv.log >&2; return 1; }
   NCCL_IB_HCA="=siw0" NCCL_SOCKET_IFNAME=sveth0 timeout 300 "$BIN" bench --peer "$S_IP:18600" --no-raw \
-    --sizes "$size" --bytes "${MIB}M" --lat-iters 0 --idle-nap-us 50 --reps 1 --inflight "${INFLIGHT:-8}" --csv /tmp/b.csv > /tmp/bcli.log 2>&1
+    --sizes "$size" --bytes "${MIB}M" --lat-iters 0 --idle-nap-us "${NAP:-50}" --reps 1 --inflight "${INFLIGHT:-8}" --csv /tmp/b.csv > /tmp/bcli.log 2>&1
   wait $sp
   grep -q '^oneway' /tmp/b.csv || { echo "rustnet bench failed:" >&2; cat /tmp/bcli.log /tmp/bsrv.log >&2; return 1; }
   awk -F, '$1=="oneway" {printf "%.2f", $4 * 1e9 / 1048576; exit}' /tmp/b.csv
