@@ -15,6 +15,11 @@ node with its own items.
 Circles are reported as strongly connected components; any circle fails
 --check (scripts/test.sh runs it). Crate edges are listed last: the tool
 binary (rustnet_tools_bin) -> rustnet_tools -> rustnet -> rustnet_proto.
+
+The rings (docs/architecture.md) are checked too: an edge that points the
+wrong way (RULES below: NCCL's types outside abi/, one transport importing
+the other, the core importing the plugin, ...) fails --check with a line
+naming the edge and the rule.
 """
 import os
 import re
@@ -104,6 +109,48 @@ def graph():
     return edges
 
 
+# (from, to, exempt, why): an edge from a module under `from` to one under
+# `to` is refused unless its source is under one of `exempt`.
+RULES = [
+    ("rustnet", "rustnet::abi::sys", ["rustnet::abi"],
+     "only abi/ may name NCCL's C types (the core gets its own types, converted at the boundary)"),
+    ("rustnet::transport", "rustnet::abi", [], "the system ring must not reach the C boundary"),
+    ("rustnet::transport", "rustnet::plugin", [], "transports must not import the plugin that dispatches to them"),
+    ("rustnet::transport", "rustnet::context", [], "transports must not import the plugin's contexts"),
+    ("rustnet::context", "rustnet::plugin", [], "contexts must not import the plugin (it passes what they need)"),
+    ("rustnet::context", "rustnet::transport", [], "contexts are transport-neutral"),
+    ("rustnet::abi", "rustnet::transport::ib", [], "abi/ reaches a transport only through plugin"),
+    ("rustnet::abi", "rustnet::transport::tcp", [], "abi/ reaches a transport only through plugin"),
+    ("rustnet::transport::ib", "rustnet::transport::tcp", [],
+     "the verbs transport must not import the TCP one (shared socket code lives in transport::{sock,oob,netif})"),
+    ("rustnet::transport::tcp", "rustnet::transport::ib", [], "the TCP transport must not import the verbs one"),
+    ("rustnet::transport::sock", "rustnet::transport::ib", [], "the shared socket ring must not import a transport"),
+    ("rustnet::transport::sock", "rustnet::transport::tcp", [], "the shared socket ring must not import a transport"),
+    ("rustnet::transport::oob", "rustnet::transport::ib", [], "the shared socket ring must not import a transport"),
+    ("rustnet::transport::oob", "rustnet::transport::tcp", [], "the shared socket ring must not import a transport"),
+    ("rustnet::transport::netif", "rustnet::transport::ib", [], "the shared socket ring must not import a transport"),
+    ("rustnet::transport::netif", "rustnet::transport::tcp", [], "the shared socket ring must not import a transport"),
+    ("rustnet_proto", "rustnet", [], "the sans-IO core imports nothing of the plugin"),
+    ("rustnet_proto", "rustnet_tools", [], "the sans-IO core imports nothing of the tools"),
+    ("rustnet", "rustnet_tools", [], "the plugin must not import the tools (they stay out of the .so)"),
+]
+
+
+def under(m, prefix):
+    return m == prefix or m.startswith(prefix + "::")
+
+
+def ring_violations(edges):
+    """(edge source, edge target, why) for every edge a rule refuses."""
+    out = []
+    for m in sorted(edges):
+        for t in sorted(edges[m]):
+            for src, dst, exempt, why in RULES:
+                if under(m, src) and under(t, dst) and not any(under(m, e) for e in exempt):
+                    out.append((m, t, why))
+    return out
+
+
 def sccs(edges):
     index, low, stack, on, out = {}, {}, [], set(), []
     sys.setrecursionlimit(10000)
@@ -151,6 +198,9 @@ def main():
     for comp in sccs(edges):
         bad += 1
         print(f"CIRCLE: {', '.join(sorted(comp))}")
+    wrong = ring_violations(edges)
+    for m, t, why in wrong:
+        print(f"WRONG-WAY EDGE: {m} -> {t}: {why}")
     crates = {}
     for m, ts in edges.items():
         for t in ts:
@@ -158,8 +208,10 @@ def main():
             if a != b:
                 crates.setdefault(a, set()).add(b)
     print("crates: " + "; ".join(f"{a} -> {', '.join(sorted(b))}" for a, b in sorted(crates.items())))
-    print("import graph: " + (f"acyclic ({len(edges)} modules, {sum(map(len, edges.values()))} edges)" if not bad else f"{bad} circle(s)"))
-    return 1 if bad else 0
+    verdict = f"acyclic ({len(edges)} modules, {sum(map(len, edges.values()))} edges)" if not bad else f"{bad} circle(s)"
+    rings = f"rings kept ({len(RULES)} rules)" if not wrong else f"{len(wrong)} wrong-way edge(s)"
+    print(f"import graph: {verdict}; {rings}")
+    return 1 if bad or wrong else 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ shellcheck -S warning $(git ls-files '*.sh')
 if git grep -nE 'SAFETY[^:]*: *(as above|forwarded|as in )' -- '*.rs'; then
   echo "FAIL: a SAFETY comment must say why it holds, not point elsewhere"; exit 1
 fi
-echo "== import graph: no circle between modules (docs/architecture.md)"
+echo "== import graph: no circle between modules, no edge the wrong way between rings (docs/architecture.md)"
 python3 scripts/import-graph.py --check
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1

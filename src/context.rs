@@ -27,9 +27,31 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 
-/// NCCL's profiler callback as `init` passed it (v10+), kept opaque: the
-/// profiler module is what calls it.
-pub type ProfilerCallback = crate::abi::sys::ncclProfilerCallback_t;
+/// NCCL's profiler callback as `init` passed it (v10+), kept as an opaque
+/// address (0: none): the core never calls it (abi/profiler.rs does), so it
+/// needs no NCCL type; `abi` converts at the boundary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfilerCallback(usize);
+
+impl ProfilerCallback {
+    /// No callback.
+    pub const NONE: ProfilerCallback = ProfilerCallback(0);
+
+    /// The callback at address `addr` (0: none).
+    pub fn from_addr(addr: usize) -> ProfilerCallback {
+        ProfilerCallback(addr)
+    }
+
+    /// Its address (0: none).
+    pub fn addr(self) -> usize {
+        self.0
+    }
+
+    /// Whether NCCL passed one.
+    pub fn is_set(self) -> bool {
+        self.0 != 0
+    }
+}
 
 /// `setNetAttr` hints for one direction; -1 (`NCCL_NET_ATTR_UNDEF`) where NCCL gives none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +166,7 @@ impl NetContext {
 
     /// The profiler callback `init` passed (NULL: none).
     pub fn profiler(&self) -> ProfilerCallback {
-        self.profiler.get().copied().flatten()
+        self.profiler.get().copied().unwrap_or_default()
     }
 
     /// Keep the profiler callback of a v10 `init` (implicit context; the first one stays).
@@ -286,7 +308,7 @@ mod tests {
 
     #[test]
     fn members_count_and_finalize_refuses_while_open() {
-        let c = NetContext::new(0xabc, Some(96), None).unwrap();
+        let c = NetContext::new(0xabc, Some(96), ProfilerCallback::NONE).unwrap();
         assert_eq!(c.traffic_class(), Some(96));
         let m1 = c.member();
         let m2 = c.member();
@@ -304,7 +326,7 @@ mod tests {
 
     #[test]
     fn finalize_with_nothing_open_succeeds_and_hints_are_recorded() {
-        let c = NetContext::new(7, None, None).unwrap();
+        let c = NetContext::new(7, None, ProfilerCallback::NONE).unwrap();
         assert_eq!(c.attr(), (NetAttr::UNDEF, 0));
         let mut a = NetAttr::UNDEF;
         a.send.max_concurrent_peers = 8;
@@ -318,7 +340,7 @@ mod tests {
     #[test]
     fn traffic_class_out_of_range_is_refused() {
         for bad in [256, -2, i32::MAX] {
-            let e = NetContext::new(1, Some(bad), None).err().unwrap().to_string();
+            let e = NetContext::new(1, Some(bad), ProfilerCallback::NONE).err().unwrap().to_string();
             assert!(e.contains(&bad.to_string()) && e.contains("0..255"), "{e}");
         }
         assert!(implicit().finalize(|_| 0).is_err());

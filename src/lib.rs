@@ -25,6 +25,7 @@ pub mod gpu;
 pub mod log;
 pub mod plugin;
 pub mod profiler;
+pub mod random;
 pub mod registry;
 pub mod stats;
 mod teardown;

@@ -14,7 +14,7 @@ use crate::profiler::Parent;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::ReqId;
 use crate::stats;
-use crate::transport::ib::{self, vdev, IbNet};
+use crate::transport::ib::{self, IbNet};
 use crate::transport::tcp::{self, TcpConnecting, TcpListen, TcpNet};
 use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
 
@@ -63,25 +63,11 @@ impl Plugin {
     }
 
     fn log_devices(&self) {
-        match &self.net {
-            Net::Tcp(t) => {
-                let list: Vec<String> =
-                    t.interfaces().iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
-                let c = t.stream_cfg();
-                tracing::info!("using TCP on {} ({} stream(s) per connection; {})", list.join(" "), c.nstreams, t.helper_reason());
-            }
-            Net::Ib(n) => {
-                let c = n.conn_cfg();
-                tracing::info!(
-                    "using verbs on {} ({} QP(s) per connection{}, NCCL_IB_TIMEOUT={} NCCL_IB_RETRY_CNT={})",
-                    n.describe(),
-                    c.nqps,
-                    if c.split { ", split" } else { "" },
-                    c.timeout,
-                    c.retry_cnt
-                );
-            }
-        }
+        let line = match &self.net {
+            Net::Tcp(t) => t.summary(),
+            Net::Ib(n) => n.summary(),
+        };
+        tracing::info!("{line}");
     }
 
     /// Transport name for logs and the vtable.
@@ -127,7 +113,7 @@ impl Plugin {
     /// The physical devices behind `dev` (vProps): itself unless merged.
     pub fn vdev_members(&self, dev: i32) -> Vec<i32> {
         match &self.net {
-            Net::Ib(n) => n.members(dev.max(0) as usize).map(|v| v.into_iter().map(|x| x as i32).collect()).unwrap_or_else(|_| vec![dev]),
+            Net::Ib(n) => n.vprops_members(dev),
             Net::Tcp(_) => vec![dev],
         }
     }
@@ -140,7 +126,7 @@ impl Plugin {
         let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
         match &self.net {
             Net::Tcp(t) => {
-                let (l, h) = t.listen(dev, tos_of(ctx.traffic_class()))?;
+                let (l, h) = t.listen(dev, ctx.traffic_class())?;
                 h.encode(handle);
                 Ok(ListenComm { inner: Mutex::new(AnyListen::Tcp(Box::new(l))), ctx: ctx.member(), dev })
             }
@@ -154,22 +140,19 @@ impl Plugin {
     }
 
     /// The rail and plane of `dev` (ABI v12 `railId`/`planeId`; `None` =
-    /// `NCCL_NET_ID_UNDEF`). A physical verbs port is its own rail, numbered
-    /// by its place in the device list, which is PCI order and so the same
-    /// rail on every node (device.rs); that tells NCCL what its default
-    /// (same NIC and port) already assumes, and keeps NCCL_NET_MERGE_POLICY=RAIL
-    /// from fusing different ports. A merged device spans rails: undefined,
-    /// as NCCL's net_ib reports for members of different rails. Planes and the
-    /// TCP transport's interfaces: undefined (nothing here knows them).
+    /// `NCCL_NET_ID_UNDEF`): verbs ports are rails ([`IbNet::rail`]); planes
+    /// and the TCP transport's interfaces: undefined (nothing here knows them).
     pub fn rail_plane(&self, dev: i32) -> (Option<i16>, Option<i16>) {
         match &self.net {
-            Net::Ib(n) => {
-                let m = self.vdev_members(dev);
-                let physical = dev >= 0 && (dev as usize) < n.ndev() && m == [dev];
-                (physical.then(|| i16::try_from(dev).ok()).flatten(), None)
-            }
+            Net::Ib(n) => (n.rail(dev), None),
             Net::Tcp(_) => (None, None),
         }
+    }
+
+    /// ABI v9+: NCCL fuses devices itself (makeVDevice), so the verbs
+    /// transport never self-merges; called by those versions' `init`.
+    pub fn nccl_fuses_devices() {
+        ib::set_nccl_fuses(true);
     }
 
     /// Connect to the listener whose handle NCCL passes (the same buffer on
@@ -189,7 +172,7 @@ impl Plugin {
         let tc = traffic_class.or(ctx.traffic_class());
         let mut st = if h.stage == 0 {
             match &self.net {
-                Net::Tcp(t) => Connecting::Tcp(t.connect(&h, tos_of(tc))?),
+                Net::Tcp(t) => Connecting::Tcp(t.connect(&h, tc)?),
                 Net::Ib(n) => {
                     let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
                     Connecting::Ib(Box::new(n.connect_any(dev, handle, &h, tc)?))
@@ -222,19 +205,13 @@ impl Plugin {
                 Handle::set_stage(handle, 0);
                 let mut c = match st {
                     Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm()))), ctx.member()),
-                    Connecting::Ib(c) => Comm::new(
-                        CommBody::Send(Mutex::new(match c.into_send()? {
-                            vdev::AnySend::One(s) => AnySend::Ib(Box::new(s)),
-                            vdev::AnySend::Multi(s) => AnySend::IbMulti(Box::new(s)),
-                        })),
-                        ctx.member(),
-                    ),
+                    Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Ib(c.into_send()?))), ctx.member()),
                 };
                 c.stats = self.comm_stats(&c.body, dev, ctx.comm_id());
                 Ok(Some(c))
             }
             Ok(false) => {
-                let token = tcp::connect::random_u64();
+                let token = crate::random::random_u64();
                 let mut g = CONNECTING.lock();
                 let m = g.get_or_insert_with(HashMap::new);
                 // NCCL calls connect again and again until it is done, and
@@ -262,15 +239,7 @@ impl Plugin {
         let mut g = l.inner.lock();
         let c = match &mut *g {
             AnyListen::Tcp(t) => t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r))), ctx.member())),
-            AnyListen::Ib(l) => l.accept()?.map(|r| {
-                Comm::new(
-                    CommBody::Recv(Mutex::new(match r {
-                        vdev::AnyRecv::One(r) => AnyRecv::Ib(Box::new(r)),
-                        vdev::AnyRecv::Multi(r) => AnyRecv::IbMulti(Box::new(r)),
-                    })),
-                    ctx.member(),
-                )
-            }),
+            AnyListen::Ib(l) => l.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Ib(r))), ctx.member())),
         };
         drop(g);
         Ok(c.map(|mut c| {
@@ -290,27 +259,24 @@ impl Plugin {
         if !stats::enabled() {
             return None;
         }
-        let qp_sets = |rails: Vec<(usize, std::sync::Arc<stats::QpTable>)>| -> Vec<(String, std::sync::Arc<stats::QpTable>)> {
-            rails.into_iter().map(|(d, t)| (self.dev_name(d as i32), t)).collect()
+        let ib_stats = |side: ib::Side<'_>| match &self.net {
+            Net::Ib(n) => n.stats_of(side),
+            Net::Tcp(_) => (String::new(), Vec::new()),
         };
         let (way, peer, qps) = match body {
             CommBody::Send(s) => match &*s.lock() {
                 AnySend::Tcp(t) => (stats::Way::Send, t.peer().to_string(), Vec::new()),
-                AnySend::Ib(c) => (stats::Way::Send, c.peer().to_string(), qp_sets(vec![(c.dev(), c.qp_table())])),
-                AnySend::IbMulti(c) => (
-                    stats::Way::Send,
-                    c.rails().first().map_or_else(String::new, |r| r.peer().to_string()),
-                    qp_sets(c.rails().iter().map(|r| (r.dev(), r.qp_table())).collect()),
-                ),
+                AnySend::Ib(c) => {
+                    let (peer, qps) = ib_stats(ib::Side::Send(c));
+                    (stats::Way::Send, peer, qps)
+                }
             },
             CommBody::Recv(r) => match &*r.lock() {
                 AnyRecv::Tcp(t) => (stats::Way::Recv, t.peer().to_string(), Vec::new()),
-                AnyRecv::Ib(c) => (stats::Way::Recv, c.peer().to_string(), qp_sets(vec![(c.dev(), c.qp_table())])),
-                AnyRecv::IbMulti(c) => (
-                    stats::Way::Recv,
-                    c.rails().first().map_or_else(String::new, |r| r.peer().to_string()),
-                    qp_sets(c.rails().iter().map(|r| (r.dev(), r.qp_table())).collect()),
-                ),
+                AnyRecv::Ib(c) => {
+                    let (peer, qps) = ib_stats(ib::Side::Recv(c));
+                    (stats::Way::Recv, peer, qps)
+                }
             },
         };
         let nccl_comm = (nccl_comm != 0).then(|| format!("{nccl_comm:#018x}"));
@@ -328,20 +294,14 @@ impl Plugin {
                         buf.ptr
                     )));
                 }
-                Ok(MemHandle { buf, kind, ib: None, ib_rails: Vec::new() })
+                Ok(MemHandle { buf, kind, reg: MemReg::Tcp })
             }
             Net::Ib(n) => {
-                if let Some((members, access)) = ib_members_access(n, comm) {
-                    // merged device: one registration per member (vdev.rs)
-                    // SAFETY: as below, for each member.
-                    let rails = members.iter().map(|&d| unsafe { n.reg_mr(d, buf, kind, access) }).collect::<Result<Vec<_>>>()?;
-                    return Ok(MemHandle { buf, kind, ib: None, ib_rails: rails });
-                }
-                let (dev, access) = ib_dev_access(n, comm)?;
+                let plan = ib_side(comm, |side| n.reg_plan(side))?;
                 // SAFETY: NCCL's regMr contract: the buffer stays mapped until deregMr,
                 // which drops the MemHandle and with it this registration.
-                let mr = unsafe { n.reg_mr(dev, buf, kind, access)? };
-                Ok(MemHandle { buf, kind, ib: Some(mr), ib_rails: Vec::new() })
+                let reg = unsafe { n.register(&plan, buf, kind)? };
+                Ok(MemHandle { buf, kind, reg: MemReg::Ib(reg) })
             }
         }
     }
@@ -357,62 +317,27 @@ impl Plugin {
                 self.transport_name()
             ))),
             Net::Ib(n) => {
-                if let Some((members, access)) = ib_members_access(n, comm) {
-                    // SAFETY: as below, for each member (fd is still open during this call).
-                    let rails =
-                        members.iter().map(|&d| unsafe { n.reg_mr_dmabuf(d, buf, fd, offset, access) }).collect::<Result<Vec<_>>>()?;
-                    return Ok(MemHandle { buf, kind: MemKind::Cuda, ib: None, ib_rails: rails });
-                }
-                let (dev, access) = ib_dev_access(n, comm)?;
+                let plan = ib_side(comm, |side| n.reg_plan(side))?;
                 // SAFETY: NCCL's regMrDmaBuf contract: the memory stays allocated
                 // until deregMr drops the MemHandle (the fd may close at once).
-                let mr = unsafe { n.reg_mr_dmabuf(dev, buf, fd, offset, access)? };
-                Ok(MemHandle { buf, kind: MemKind::Cuda, ib: Some(mr), ib_rails: Vec::new() })
+                let reg = unsafe { n.register_dmabuf(&plan, buf, fd, offset)? };
+                Ok(MemHandle { buf, kind: MemKind::Cuda, reg: MemReg::Ib(reg) })
             }
         }
     }
 }
 
-/// A comm on a merged device: its members and the access registrations need.
-fn ib_members_access(n: &IbNet, comm: &Comm) -> Option<(Vec<usize>, ib::Access)> {
+/// `f` on the verbs end of `comm`, under its lock.
+fn ib_side<R>(comm: &Comm, f: impl FnOnce(ib::Side<'_>) -> R) -> Result<R> {
+    let tcp = || Error::Internal("TCP comm where a verbs comm was expected".into());
     match &comm.body {
         CommBody::Send(s) => match &*s.lock() {
-            AnySend::IbMulti(c) => Some((c.members(), ib::Access::LOCAL_READ)),
-            _ => None,
+            AnySend::Ib(c) => Ok(f(ib::Side::Send(c))),
+            AnySend::Tcp(_) => Err(tcp()),
         },
         CommBody::Recv(r) => match &*r.lock() {
-            AnyRecv::IbMulti(c) => {
-                let m = c.members();
-                let access = if m.iter().any(|&d| n.recv_access_on(d).covers(ib::Access::REMOTE_READ)) {
-                    ib::Access::REMOTE_WRITE.with(ib::Access::REMOTE_READ)
-                } else {
-                    ib::Access::REMOTE_WRITE
-                };
-                Some((m, access))
-            }
-            _ => None,
-        },
-    }
-}
-
-/// The device of a verbs comm and the access its registrations need:
-/// remote write only where the peer writes (receive buffers).
-fn ib_dev_access(n: &IbNet, comm: &Comm) -> Result<(usize, ib::Access)> {
-    match &comm.body {
-        CommBody::Send(s) => match &*s.lock() {
-            AnySend::Ib(c) => Ok((c.dev(), ib::Access::LOCAL_READ)),
-            AnySend::Tcp(_) | AnySend::IbMulti(_) => {
-                Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into()))
-            }
-        },
-        CommBody::Recv(r) => match &*r.lock() {
-            AnyRecv::Ib(c) => {
-                let d = c.dev();
-                Ok((d, n.recv_access_on(d)))
-            }
-            AnyRecv::Tcp(_) | AnyRecv::IbMulti(_) => {
-                Err(Error::Internal("TCP or merged comm where a plain verbs comm was expected".into()))
-            }
+            AnyRecv::Ib(c) => Ok(f(ib::Side::Recv(c))),
+            AnyRecv::Tcp(_) => Err(tcp()),
         },
     }
 }
@@ -467,12 +392,6 @@ pub(crate) fn drop_connecting_of(serial: u64) -> usize {
     before - m.len()
 }
 
-/// The IP TOS byte for a traffic class (0..255 checked by the context; a
-/// v10 connect's class out of range is ignored, as over verbs).
-fn tos_of(tc: Option<i32>) -> Option<u8> {
-    tc.and_then(|t| u8::try_from(t).ok())
-}
-
 /// Connect attempts in progress (NCCL may still call connect for them).
 pub(crate) fn connecting() -> usize {
     CONNECTING.lock().as_ref().map_or(0, HashMap::len)
@@ -488,7 +407,7 @@ const ABANDONED_CONNECT: std::time::Duration = std::time::Duration::from_secs(12
 
 enum Connecting {
     Tcp(TcpConnecting),
-    Ib(Box<vdev::Connecting>),
+    Ib(Box<ib::Connecting>),
 }
 
 /// Listening endpoint NCCL holds.
@@ -509,7 +428,7 @@ impl ListenComm {
 
 enum AnyListen {
     Tcp(Box<TcpListen>),
-    Ib(Box<vdev::Listen>),
+    Ib(Box<ib::Listen>),
 }
 
 /// A send or receive comm NCCL holds.
@@ -542,14 +461,13 @@ pub enum CommBody {
     Recv(Mutex<AnyRecv>),
 }
 
-/// Transport-specific sending end.
+/// Transport-specific sending end: one arm per transport, each the
+/// transport's own comm (the verbs one hides plain and merged devices).
 pub enum AnySend {
     /// TCP.
     Tcp(tcp::SendComm),
     /// Verbs.
-    Ib(Box<ib::SendComm>),
-    /// Verbs on a merged device (one comm per member).
-    IbMulti(Box<vdev::MultiSend>),
+    Ib(ib::IbSend),
 }
 
 /// Transport-specific receiving end.
@@ -558,9 +476,7 @@ pub enum AnyRecv {
     /// TCP.
     Tcp(tcp::RecvComm),
     /// Verbs.
-    Ib(Box<ib::RecvComm>),
-    /// Verbs on a merged device (one comm per member).
-    IbMulti(Box<vdev::MultiRecv>),
+    Ib(ib::IbRecv),
 }
 
 /// A registration NCCL holds.
@@ -569,19 +485,35 @@ pub struct MemHandle {
     pub buf: RawBuf,
     /// Host or device memory.
     pub kind: MemKind,
-    /// The verbs registration (dropped, and its cache reference released, with the handle).
-    pub ib: Option<ib::IbMr>,
-    /// On a merged device: one registration per member, in member order (else empty).
-    pub ib_rails: Vec<ib::IbMr>,
+    /// The transport's registration (dropped, and released, with the handle).
+    pub reg: MemReg,
 }
 
-/// Member registrations of `m`, for a merged comm.
-fn rail_mrs(m: Option<&MemHandle>) -> [Option<&ib::IbMr>; vdev::MAX_MEMBERS] {
-    let mut v = [None; vdev::MAX_MEMBERS];
-    if let Some(m) = m {
-        for (o, x) in v.iter_mut().zip(&m.ib_rails) {
-            *o = Some(x);
+/// Transport-specific registration.
+pub enum MemReg {
+    /// TCP registers nothing.
+    Tcp,
+    /// The verbs registration (one per member on a merged device).
+    Ib(ib::IbReg),
+}
+
+impl MemHandle {
+    /// Its verbs registration, if any.
+    #[inline]
+    fn ib(&self) -> Option<&ib::IbReg> {
+        match &self.reg {
+            MemReg::Ib(r) => Some(r),
+            MemReg::Tcp => None,
         }
+    }
+}
+
+/// The verbs registrations of a grouped call's `mrs` (none past MAX_RECVS).
+#[inline]
+fn ib_regs<'a>(mrs: &[Option<&'a MemHandle>]) -> [Option<&'a ib::IbReg>; crate::transport::MAX_RECVS] {
+    let mut v = [None; crate::transport::MAX_RECVS];
+    for (o, m) in v.iter_mut().zip(mrs) {
+        *o = m.and_then(MemHandle::ib);
     }
     v
 }
@@ -657,10 +589,7 @@ impl Comm {
             AnySend::Tcp(t) => unsafe { t.isend_p(buf, tag, parent) },
             // SAFETY: `buf` stays readable until the request completes (this fn's
             // contract), and its registration too: NCCL deregisters only after.
-            AnySend::Ib(c) => unsafe { c.isend_p(buf, tag, mr.and_then(|m| m.ib.as_ref()), parent) },
-            // SAFETY: `buf` stays readable until the request completes (this fn's
-            // contract), and so do the rails' registrations: NCCL deregisters only after.
-            AnySend::IbMulti(c) => unsafe { c.isend_p(buf, tag, &rail_mrs(mr), parent) },
+            AnySend::Ib(c) => unsafe { c.isend_p(buf, tag, mr.and_then(MemHandle::ib), parent) },
         };
         if let Some(st) = &self.stats {
             match &r {
@@ -710,24 +639,10 @@ impl Comm {
             // (this fn's contract), which is all the TCP irecv requires.
             AnyRecv::Tcp(t) => unsafe { t.irecv_p(bufs, parents) },
             AnyRecv::Ib(c) => {
-                let mut ibm: [Option<&ib::IbMr>; crate::transport::MAX_RECVS] = [None; crate::transport::MAX_RECVS];
-                for (o, m) in ibm.iter_mut().zip(mrs) {
-                    *o = m.and_then(|m| m.ib.as_ref());
-                }
+                let regs = ib_regs(mrs);
                 // SAFETY: every buffer stays writable until the request completes (this
                 // fn's contract), and its registration too: NCCL deregisters only after.
-                unsafe { c.irecv_p(bufs, &ibm[..mrs.len().min(crate::transport::MAX_RECVS)], parents) }
-            }
-            AnyRecv::IbMulti(c) => {
-                const N: usize = crate::transport::MAX_RECVS;
-                let mut per = [[None; vdev::MAX_MEMBERS]; N];
-                for (p, m) in per.iter_mut().zip(mrs) {
-                    *p = rail_mrs(*m);
-                }
-                let refs: [&[Option<&ib::IbMr>]; N] = std::array::from_fn(|j| &per[j][..]);
-                // SAFETY: every buffer stays writable until the request completes (this
-                // fn's contract), and so do the rails' registrations: NCCL deregisters only after.
-                unsafe { c.irecv_p(bufs, &refs[..mrs.len().min(N)], parents) }
+                unsafe { c.irecv_p(bufs, &regs[..mrs.len().min(crate::transport::MAX_RECVS)], parents) }
             }
         }
     }
@@ -735,24 +650,9 @@ impl Comm {
     /// Flush received data to the GPU; `Ok(None)`: nothing to flush.
     pub fn iflush(&self, bufs: &[RawBuf], mrs: &[Option<&MemHandle>]) -> Result<Option<ReqId>> {
         let CommBody::Recv(r) = &self.body else { return Err(Error::InvalidArg("iflush on a send comm".into())) };
-        const N: usize = crate::transport::MAX_RECVS;
         match &mut *r.lock() {
             AnyRecv::Tcp(_) => Ok(None),
-            AnyRecv::Ib(c) => {
-                let mut ibm: [Option<&ib::IbMr>; N] = [None; N];
-                for (o, m) in ibm.iter_mut().zip(mrs) {
-                    *o = m.and_then(|m| m.ib.as_ref());
-                }
-                c.iflush(bufs, &ibm[..mrs.len().min(N)])
-            }
-            AnyRecv::IbMulti(c) => {
-                let mut per = [[None; vdev::MAX_MEMBERS]; N];
-                for (p, m) in per.iter_mut().zip(mrs) {
-                    *p = rail_mrs(*m);
-                }
-                let refs: [&[Option<&ib::IbMr>]; N] = std::array::from_fn(|j| &per[j][..]);
-                c.iflush(bufs, &refs[..mrs.len().min(N)])
-            }
+            AnyRecv::Ib(c) => c.iflush(bufs, &ib_regs(mrs)[..mrs.len().min(crate::transport::MAX_RECVS)]),
         }
     }
 
@@ -781,12 +681,10 @@ impl Comm {
             CommBody::Send(s) => match &mut *s.lock() {
                 AnySend::Tcp(t) => t.test(id),
                 AnySend::Ib(c) => c.test(id),
-                AnySend::IbMulti(c) => c.test(id),
             },
             CommBody::Recv(r) => match &mut *r.lock() {
                 AnyRecv::Tcp(t) => t.test(id),
                 AnyRecv::Ib(c) => c.test(id),
-                AnyRecv::IbMulti(c) => c.test(id),
             },
         }
     }

@@ -120,7 +120,8 @@ fn stats_dump_prints_one_info_line_per_comm_on_close() {
 
 // ---------------------------------------------------------------- merged devices
 
-use rustnet::transport::ib::vdev::{self, AnyRecv, AnySend, MultiRecv, MultiSend};
+use rustnet::transport::ib::vdev::{self, MultiRecv, MultiSend};
+use rustnet::transport::ib::{IbRecv, IbSend};
 
 /// `RUSTNET_TEST_RAILS="rxe0,rxe2;rxe1,rxe3"`: the sender's members, then
 /// the receiver's (member i of one is cabled to member i of the other).
@@ -144,9 +145,9 @@ fn multi_pair(n: &IbNet, sdev: usize, rdev: usize) -> (MultiSend, MultiRecv) {
     let h = rustnet::proto::handle::Handle::decode(&raw).unwrap();
     let mut c = n.connect_any(sdev, &raw, &h, None).expect("connect start");
     until("connect", || c.progress().expect("connect").then_some(()));
-    let AnySend::Multi(s) = c.into_send().expect("send comm") else { panic!("plain send comm on a merged device") };
-    let AnyRecv::Multi(r) = until("accept", || l.accept().expect("accept")) else { panic!("plain recv comm on a merged device") };
-    (s, r)
+    let IbSend::Multi(s) = c.into_send().expect("send comm") else { panic!("plain send comm on a merged device") };
+    let IbRecv::Multi(r) = until("accept", || l.accept().expect("accept")) else { panic!("plain recv comm on a merged device") };
+    (*s, *r)
 }
 
 /// Messages one by one through a merged pair; payload and sizes checked.

@@ -271,37 +271,23 @@ pub(crate) unsafe fn isend_p(
     })
 }
 
-/// `sizes` already converted to usize by the caller.
-pub(crate) unsafe fn irecv(
-    comm: VoidPtr,
-    n: c_int,
-    data: *mut VoidPtr,
-    sizes: &[usize],
-    tags: *mut c_int,
-    mhandles: *mut VoidPtr,
-    request: *mut VoidPtr,
-) -> ncclResult_t {
-    // SAFETY: irecv_p assumes what this fn's callers (the v6-v9 irecv slots)
-    // hold from NCCL: n entries in data/sizes/tags/mhandles, buffers valid
-    // until the request is done, request an out-pointer; it checks NULLs and
-    // handles itself. A NULL parent array: there is none before v10.
-    unsafe { irecv_p(comm, n, data, sizes, tags, mhandles, std::ptr::null_mut(), request) }
-}
-
-/// irecv with NCCL's profiler parent handles `phandles` (v10+; the array,
-/// or NULL for none).
+/// irecv of every version: `sizes` are NCCL's (int up to v8, size_t from
+/// v9); `phandles` its profiler parent handles (v10+; the array, or NULL for
+/// none). The count and sizes are checked first, then the comm.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn irecv_p(
+pub(crate) unsafe fn irecv_p<T: Copy + TryInto<usize>>(
     comm: VoidPtr,
     n: c_int,
     data: *mut VoidPtr,
-    sizes: &[usize],
+    sizes: *const T,
     tags: *mut c_int,
     mhandles: *mut VoidPtr,
     phandles: *mut VoidPtr,
     request: *mut VoidPtr,
 ) -> ncclResult_t {
     guard_on("irecv", comm, || {
+        // SAFETY: NCCL passes n sizes (recv_sizes checks n and NULL first).
+        let sizes = unsafe { recv_sizes(n, sizes)? };
         let c = live_comm(comm, Some(Dir::Recv), "irecv")?;
         // SAFETY: out-pointer from NCCL.
         let req = unsafe { out(request, "irecv", "request")? };
@@ -334,7 +320,7 @@ pub(crate) unsafe fn irecv_p(
 }
 
 /// Convert NCCL's receive count and size array (int or size_t) to usize.
-pub(crate) unsafe fn recv_sizes<T: Copy + TryInto<usize>>(n: c_int, sizes: *const T) -> Result<[usize; MAX_RECVS]> {
+unsafe fn recv_sizes<T: Copy + TryInto<usize>>(n: c_int, sizes: *const T) -> Result<[usize; MAX_RECVS]> {
     if n < 1 || n as usize > MAX_RECVS {
         return Err(Error::InvalidArg(format!("irecv with n={n} (1..={MAX_RECVS} accepted, maxRecvs)")));
     }

@@ -414,7 +414,7 @@ mod tests {
     }
 
     fn mr() -> MemHandle {
-        MemHandle { buf: crate::transport::RawBuf::EMPTY, kind: crate::transport::MemKind::Host, ib: None, ib_rails: Vec::new() }
+        MemHandle { buf: crate::transport::RawBuf::EMPTY, kind: crate::transport::MemKind::Host, reg: crate::plugin::MemReg::Tcp }
     }
 
     #[test]

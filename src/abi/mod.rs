@@ -89,5 +89,19 @@ pub(crate) fn nonnull<T>(p: *const T, slot: &'static str, arg: &'static str) -> 
     }
 }
 
+/// connect/accept of v7+: a host plugin gives NCCL no device comm, so
+/// `*dc = NULL` where NCCL passed the out-pointer (every version's
+/// `ncclNetDeviceHandle_vN_t` is v7's).
+///
+/// # Safety
+/// `dc` is NULL or NCCL's out-pointer for one device-handle pointer.
+pub(crate) unsafe fn no_dev_comm(dc: *mut *mut sys::ncclNetDeviceHandle_v7_t) {
+    // SAFETY: dc is NULL (then as_mut gives None) or a valid out-pointer for
+    // one pointer (this fn's contract).
+    if let Some(d) = unsafe { dc.as_mut() } {
+        *d = std::ptr::null_mut();
+    }
+}
+
 /// A void pointer NCCL stores, as `*mut c_void`.
 pub(crate) type VoidPtr = *mut c_void;

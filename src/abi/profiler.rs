@@ -78,6 +78,12 @@ pub struct SockV1 {
     pub length: usize,
 }
 
+/// NCCL's callback as the core keeps it (an opaque address; see
+/// [`crate::context::ProfilerCallback`]).
+pub fn core_callback(cb: ncclProfilerCallback_t) -> crate::context::ProfilerCallback {
+    crate::context::ProfilerCallback::from_addr(cb.map_or(0, |f| f as usize))
+}
+
 /// Install the callback NCCL passed to init (NULL: events off). Every
 /// init that carries one (v10 `init`, v11/v12 `init(ctx, ...)`) calls
 /// this after the plugin initialised; NCCL passes the same function to all

@@ -9,9 +9,9 @@ use super::{v9, VoidPtr};
 
 unsafe extern "C" fn init(log: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
-    crate::transport::ib::vdev::set_nccl_fuses(true);
+    crate::plugin::Plugin::nccl_fuses_devices();
     // v10 comms all belong to the implicit context: its profiler callback
-    crate::context::implicit().set_profiler(prof);
+    crate::context::implicit().set_profiler(super::profiler::core_callback(prof));
     let r = c::init(v8::logger(log));
     // the events' callback (process-wide, see abi/profiler.rs)
     super::profiler::set_callback(prof);
@@ -25,10 +25,8 @@ unsafe extern "C" fn connect(
     sc: *mut VoidPtr,
     dc: *mut *mut ncclNetDeviceHandle_v10_t,
 ) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v10_t's connect).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: config may be NULL (NCCL's GDR probe and bootstrap pass NULL).
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
@@ -65,8 +63,8 @@ pub(crate) unsafe extern "C" fn irecv(
 ) -> ncclResult_t {
     // SAFETY: NCCL calls this slot as ncclNet_v10_t defines it (data, tags, mhandles: n entries
     // each, the buffers valid until test reports the request done; request: an out-pointer), which
-    // is all v9::irecv_p assumes (ph: NULL or n parent handles); it checks NULLs and handles itself.
-    unsafe { v9::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
+    // is all c::irecv_p assumes (ph: NULL or n parent handles); it checks n, NULLs and handles itself.
+    unsafe { c::irecv_p(rc, n, data, sizes, tags, mh, ph, req) }
 }
 
 /// The v10 vtable (NCCL 2.26 through 2.30 accept it).
@@ -74,11 +72,11 @@ pub(crate) unsafe extern "C" fn irecv(
 pub static ncclNetPlugin_v10: Vtable<ncclNet_v10_t> = Vtable(ncclNet_v10_t {
     name: NET_NAME.as_ptr(),
     init: Some(init),
-    devices: Some(v9::devices),
+    devices: Some(v8::devices),
     getProperties: Some(v9::get_properties),
     listen: Some(v8::listen),
     connect: Some(connect),
-    accept: Some(v9::accept),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),

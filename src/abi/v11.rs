@@ -25,13 +25,13 @@ pub(crate) unsafe extern "C" fn init(
     prof: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
-    crate::transport::ib::vdev::set_nccl_fuses(true);
+    crate::plugin::Plugin::nccl_fuses_devices();
     // SAFETY: config may be NULL (no class); else NCCL's struct for this call.
     let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass).filter(|&t| t != NCCL_NET_TRAFFIC_CLASS_UNDEF);
     // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: an
     // out-pointer for the new context), which is all c::init_ctx assumes; it
     // checks NULL itself.
-    let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), prof) };
+    let r = unsafe { c::init_ctx(ctx, comm_id, tc, v8::logger(log), super::profiler::core_callback(prof)) };
     // the events' callback (process-wide: NCCL passes the same one to every context)
     super::profiler::set_callback(prof);
     r
@@ -52,10 +52,8 @@ pub(crate) unsafe extern "C" fn connect(
     sc: *mut VoidPtr,
     dc: *mut *mut ncclNetDeviceHandle_v11_t,
 ) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v11_t's connect).
+    unsafe { super::no_dev_comm(dc) };
     // SAFETY: NCCL calls this slot as ncclNet_v11_t defines it (ctx: its
     // context handle; handle: the bytes the peer's listen filled; sendComm:
     // an out-pointer), which is all c::connect assumes; it checks NULLs and
@@ -100,24 +98,16 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
     })
 }
 
-unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v11_t) -> ncclResult_t {
-    guard("makeVDevice", || {
-        // SAFETY: pointers from NCCL; NULL rejected.
-        let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        v9::make_vdevice_from(out_d, p.ndevs, &p.devs)
-    })
-}
-
 /// The v11 vtable (NCCL 2.28, 2.29 load it first; 2.30 after v12).
 #[no_mangle]
 pub static ncclNetPlugin_v11: Vtable<ncclNet_v11_t> = Vtable(ncclNet_v11_t {
     name: NET_NAME.as_ptr(),
     init: Some(init),
-    devices: Some(v9::devices),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(listen),
     connect: Some(connect),
-    accept: Some(v9::accept),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),
@@ -130,7 +120,7 @@ pub static ncclNetPlugin_v11: Vtable<ncclNet_v11_t> = Vtable(ncclNet_v11_t {
     closeListen: Some(v8::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: Some(make_vdevice),
+    makeVDevice: Some(v9::make_vdevice),
     finalize: Some(finalize),
     setNetAttr: Some(set_net_attr),
 });

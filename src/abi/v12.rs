@@ -29,24 +29,16 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v1
     })
 }
 
-unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v12_t) -> ncclResult_t {
-    guard("makeVDevice", || {
-        // SAFETY: pointers from NCCL; NULL rejected.
-        let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        v9::make_vdevice_from(out_d, p.ndevs, &p.devs)
-    })
-}
-
 /// The v12 vtable (NCCL 2.30 and later load it first).
 #[no_mangle]
 pub static ncclNetPlugin_v12: Vtable<ncclNet_v12_t> = Vtable(ncclNet_v12_t {
     name: NET_NAME.as_ptr(),
     init: Some(v11::init),
-    devices: Some(v9::devices),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(v11::listen),
     connect: Some(v11::connect),
-    accept: Some(v9::accept),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),
@@ -59,7 +51,7 @@ pub static ncclNetPlugin_v12: Vtable<ncclNet_v12_t> = Vtable(ncclNet_v12_t {
     closeListen: Some(v8::close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: Some(make_vdevice),
+    makeVDevice: Some(v9::make_vdevice),
     finalize: Some(v11::finalize),
     setNetAttr: Some(v11::set_net_attr),
 });

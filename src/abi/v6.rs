@@ -6,16 +6,6 @@ use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{guard, out, VoidPtr};
 
-unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
-    c::init(v8::logger(log))
-}
-
-unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v6_t defines it (ndev: an out-pointer for one int),
-    // which is all c::devices assumes; it checks NULLs and handles itself.
-    unsafe { c::devices(ndev) }
-}
-
 unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v6_t) -> ncclResult_t {
     guard("getProperties", || {
         // SAFETY: out-pointer from NCCL.
@@ -54,8 +44,8 @@ unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr) -> ncclResult_t {
 #[no_mangle]
 pub static ncclNetPlugin_v6: Vtable<ncclNet_v6_t> = Vtable(ncclNet_v6_t {
     name: NET_NAME.as_ptr(),
-    init: Some(init),
-    devices: Some(devices),
+    init: Some(v8::init),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(v8::listen),
     connect: Some(connect),

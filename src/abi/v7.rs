@@ -6,16 +6,6 @@ use super::sys::*;
 use super::v8::{self, Vtable};
 use super::{guard, out, VoidPtr};
 
-unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
-    c::init(v8::logger(log))
-}
-
-unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (ndev: an out-pointer for one int),
-    // which is all c::devices assumes; it checks NULLs and handles itself.
-    unsafe { c::devices(ndev) }
-}
-
 unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v7_t) -> ncclResult_t {
     guard("getProperties", || {
         // SAFETY: out-pointer from NCCL.
@@ -38,29 +28,6 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v7
     })
 }
 
-unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
-    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
-    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
-    // it checks NULLs and handles itself.
-    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
-}
-
-unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
-        // for one device-handle pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
-    // SAFETY: NCCL calls this slot as ncclNet_v7_t defines it (listenComm: what listen returned;
-    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
-    // itself.
-    unsafe { c::accept(lc, rc) }
-}
-
 pub(crate) unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void, size: c_int, ty: c_int, mh: *mut VoidPtr) -> ncclResult_t {
     if size < 0 {
         return guard("regMr", || Err(crate::error::Error::InvalidArg(format!("regMr size {size} is negative"))));
@@ -75,12 +42,12 @@ pub(crate) unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void,
 #[no_mangle]
 pub static ncclNetPlugin_v7: Vtable<ncclNet_v7_t> = Vtable(ncclNet_v7_t {
     name: NET_NAME.as_ptr(),
-    init: Some(init),
-    devices: Some(devices),
+    init: Some(v8::init),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(v8::listen),
-    connect: Some(connect),
-    accept: Some(accept),
+    connect: Some(v8::connect),
+    accept: Some(v8::accept),
     regMr: Some(reg_mr_int),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),

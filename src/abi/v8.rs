@@ -11,13 +11,15 @@ pub(crate) fn logger(f: ncclDebugLogger_t) -> Option<crate::log::NcclLogger> {
     f.map(|f| unsafe { std::mem::transmute::<_, crate::log::NcclLogger>(f) })
 }
 
-unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
+/// init of v6-v8 (v9 adds its fusing rule, v10+ the profiler).
+pub(crate) unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
     c::init(logger(log))
 }
 
-unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (ndev: an out-pointer for one int),
-    // which is all c::devices assumes; it checks NULLs and handles itself.
+/// devices of every version (one C signature from v6 to v12).
+pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    // SAFETY: NCCL calls this slot as ncclNet_v6_t..v12_t define it (ndev: an out-pointer for one
+    // int), which is all c::devices assumes; it checks NULLs and handles itself.
     unsafe { c::devices(ndev) }
 }
 
@@ -51,24 +53,26 @@ pub(crate) unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, lc: *mut
     unsafe { c::listen(c::Ctx::Implicit, dev, handle, lc) }
 }
 
-unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v8_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
-    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
+/// connect of v7-v9 (one C signature: every devComm handle type is v7's).
+pub(crate) unsafe extern "C" fn connect(
+    dev: c_int,
+    handle: *mut c_void,
+    sc: *mut VoidPtr,
+    dc: *mut *mut ncclNetDeviceHandle_v7_t,
+) -> ncclResult_t {
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v7_t..v9_t's connect).
+    unsafe { super::no_dev_comm(dc) };
+    // SAFETY: NCCL calls this slot as ncclNet_v7_t..v9_t define it (handle: the NCCL_NET_HANDLE_MAXSIZE
     // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
     // it checks NULLs and handles itself.
     unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
 }
 
-unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v8_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
-        // for one device-handle pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
-    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (listenComm: what listen returned;
+/// accept of v7-v12 (one C signature: every devComm handle type is v7's).
+pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v7_t) -> ncclResult_t {
+    // SAFETY: dc is NULL or NCCL's devComm out-pointer (ncclNet_v7_t..v12_t's accept).
+    unsafe { super::no_dev_comm(dc) };
+    // SAFETY: NCCL calls this slot as ncclNet_v7_t..v12_t define it (listenComm: what listen returned;
     // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
     // itself.
     unsafe { c::accept(lc, rc) }
@@ -128,15 +132,11 @@ pub(crate) unsafe extern "C" fn irecv(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: NCCL passes n sizes.
-    let s = match unsafe { c::recv_sizes(n, sizes) } {
-        Ok(s) => s,
-        Err(e) => return guard("irecv", || Err(e)),
-    };
-    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data, tags, mhandles: n entries
-    // each, the buffers valid until test reports the request done; request: an out-pointer), which
-    // is all c::irecv assumes; it checks NULLs and handles itself.
-    unsafe { c::irecv(rc, n, data, &s, tags, mh, req) }
+    // SAFETY: NCCL calls this slot as ncclNet_v8_t defines it (data, sizes, tags, mhandles: n
+    // entries each, the buffers valid until test reports the request done; request: an
+    // out-pointer), which is all c::irecv_p assumes (no parent handles before v10: NULL); it
+    // checks n, NULLs and handles itself.
+    unsafe { c::irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
 }
 
 pub(crate) unsafe extern "C" fn iflush(

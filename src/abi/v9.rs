@@ -10,14 +10,8 @@ use crate::transport::DeviceProps;
 
 unsafe extern "C" fn init(log: ncclDebugLogger_t) -> ncclResult_t {
     // NCCL fuses devices through makeVDevice: the plugin never self-merges
-    crate::transport::ib::vdev::set_nccl_fuses(true);
+    crate::plugin::Plugin::nccl_fuses_devices();
     c::init(v8::logger(log))
-}
-
-pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (ndev: an out-pointer for one int),
-    // which is all c::devices assumes; it checks NULLs and handles itself.
-    unsafe { c::devices(ndev) }
 }
 
 /// A properties struct of v9 or later (`$ty`) from the device's properties
@@ -69,22 +63,43 @@ fn vprops(dev: c_int) -> ncclNetVDeviceProps_v9_t {
     v
 }
 
-/// makeVDevice of any version: fuse `devs[..ndevs]` into a new device, index in `*d`.
-pub(crate) fn make_vdevice_from(out_d: &mut c_int, ndevs: c_int, devs: &[c_int]) -> crate::error::Result<()> {
-    let n = usize::try_from(ndevs)
-        .ok()
-        .filter(|&n| n <= devs.len())
-        .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {ndevs} (1..={} accepted)", devs.len())))?;
-    *out_d = crate::plugin::get()?.make_vdevice(&devs[..n])?;
-    Ok(())
+/// The vProps struct of a version (v9 and v10: 4 devices; v11: 4; v12: 8).
+pub(crate) trait VDeviceProps {
+    /// `ndevs` and the `devs` array.
+    fn members(&self) -> (c_int, &[c_int]);
 }
 
-/// makeVDevice: fuse `props->devs[..ndevs]` into a new device, index in `*d`.
-pub(crate) unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut ncclNetVDeviceProps_v9_t) -> ncclResult_t {
+impl VDeviceProps for ncclNetVDeviceProps_v9_t {
+    fn members(&self) -> (c_int, &[c_int]) {
+        (self.ndevs, &self.devs)
+    }
+}
+
+impl VDeviceProps for ncclNetVDeviceProps_v11_t {
+    fn members(&self) -> (c_int, &[c_int]) {
+        (self.ndevs, &self.devs)
+    }
+}
+
+impl VDeviceProps for ncclNetVDeviceProps_v12_t {
+    fn members(&self) -> (c_int, &[c_int]) {
+        (self.ndevs, &self.devs)
+    }
+}
+
+/// makeVDevice (v9+, any version's vProps): fuse `props->devs[..ndevs]`
+/// into a new device, index in `*d`.
+pub(crate) unsafe extern "C" fn make_vdevice<P: VDeviceProps>(d: *mut c_int, props: *mut P) -> ncclResult_t {
     guard("makeVDevice", || {
         // SAFETY: pointers from NCCL; NULL rejected.
         let (out_d, p) = unsafe { (out(d, "makeVDevice", "d")?, out(props, "makeVDevice", "props")?) };
-        make_vdevice_from(out_d, p.ndevs, &p.devs)
+        let (ndevs, devs) = p.members();
+        let n = usize::try_from(ndevs)
+            .ok()
+            .filter(|&n| n <= devs.len())
+            .ok_or_else(|| crate::error::Error::InvalidArg(format!("makeVDevice: ndevs {ndevs} (1..={} accepted)", devs.len())))?;
+        *out_d = crate::plugin::get()?.make_vdevice(&devs[..n])?;
+        Ok(())
     })
 }
 
@@ -95,29 +110,6 @@ pub(crate) unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetPr
         *p = fill_v9(dev, &c::properties(dev)?);
         Ok(())
     })
-}
-
-unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: a non-null devComm out-pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (handle: the NCCL_NET_HANDLE_MAXSIZE
-    // bytes the peer's listen filled; sendComm: an out-pointer), which is all c::connect assumes;
-    // it checks NULLs and handles itself.
-    unsafe { c::connect(c::Ctx::Implicit, dev, handle, sc, None) }
-}
-
-pub(crate) unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut VoidPtr, dc: *mut *mut ncclNetDeviceHandle_v9_t) -> ncclResult_t {
-    if !dc.is_null() {
-        // SAFETY: dc is not NULL (checked above) and NCCL passes it as the out-pointer
-        // for one device-handle pointer; host plugins return none.
-        unsafe { *dc = std::ptr::null_mut() };
-    }
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (listenComm: what listen returned;
-    // recvComm: an out-pointer), which is all c::accept assumes; it checks NULLs and handles
-    // itself.
-    unsafe { c::accept(lc, rc) }
 }
 
 pub(crate) unsafe extern "C" fn isend(
@@ -143,34 +135,11 @@ pub(crate) unsafe extern "C" fn irecv(
     mh: *mut VoidPtr,
     req: *mut VoidPtr,
 ) -> ncclResult_t {
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, sizes,
-    // tags, mhandles: n entries each, the buffers valid until test reports
-    // the request done; request: an out-pointer), which is all irecv_p
-    // assumes; no parent handles in v9 (NULL).
-    unsafe { irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
-}
-
-/// irecv with NCCL's profiler parent handles (v10+; NULL: none).
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn irecv_p(
-    rc: *mut c_void,
-    n: c_int,
-    data: *mut VoidPtr,
-    sizes: *mut usize,
-    tags: *mut c_int,
-    mh: *mut VoidPtr,
-    ph: *mut VoidPtr,
-    req: *mut VoidPtr,
-) -> ncclResult_t {
-    // SAFETY: NCCL passes n sizes.
-    let s = match unsafe { c::recv_sizes(n, sizes) } {
-        Ok(s) => s,
-        Err(e) => return guard("irecv", || Err(e)),
-    };
-    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, tags, mhandles: n entries
-    // each, the buffers valid until test reports the request done; request: an out-pointer), which
-    // is all c::irecv_p assumes (ph: NULL or n profiler parent handles); it checks NULLs and handles itself.
-    unsafe { c::irecv_p(rc, n, data, &s, tags, mh, ph, req) }
+    // SAFETY: NCCL calls this slot as ncclNet_v9_t defines it (data, sizes, tags, mhandles: n
+    // entries each, the buffers valid until test reports the request done; request: an
+    // out-pointer), which is all c::irecv_p assumes (no parent handles in v9: NULL); it checks n,
+    // NULLs and handles itself.
+    unsafe { c::irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req) }
 }
 
 /// The v9 vtable (NCCL 2.24, 2.25). `makeVDevice` fuses devices (verbs; TCP refuses, which NCCL tolerates).
@@ -178,11 +147,11 @@ pub(crate) unsafe fn irecv_p(
 pub static ncclNetPlugin_v9: Vtable<ncclNet_v9_t> = Vtable(ncclNet_v9_t {
     name: NET_NAME.as_ptr(),
     init: Some(init),
-    devices: Some(devices),
+    devices: Some(v8::devices),
     getProperties: Some(get_properties),
     listen: Some(v8::listen),
-    connect: Some(connect),
-    accept: Some(accept),
+    connect: Some(v8::connect),
+    accept: Some(v8::accept),
     regMr: Some(v8::reg_mr),
     regMrDmaBuf: Some(v8::reg_mr_dmabuf),
     deregMr: Some(v8::dereg_mr),

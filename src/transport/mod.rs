@@ -1,7 +1,10 @@
 //! Transports: the verbs one and the TCP one, behind one set of types, and
-//! the socket layer both use ([`sock`]: TCP's data streams, and the verbs
-//! transport's out-of-band exchange).
+//! what both use, which imports neither: [`sock`] (socket system calls),
+//! [`oob`] (listen/connect with hellos: TCP's data streams, the verbs
+//! transport's out-of-band socket) and [`netif`] (which interfaces).
 pub mod ib;
+pub mod netif;
+pub mod oob;
 pub mod sock;
 pub mod tcp;
 

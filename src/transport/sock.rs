@@ -1,9 +1,12 @@
 //! The socket system calls the TCP transport (and the verbs out-of-band
-//! exchange) need, wrapped once. Every `unsafe` block of the socket side lives here.
+//! exchange) need, wrapped once, and the non-blocking partial read/write
+//! steps both build their exchanges from. Every `unsafe` block of the
+//! socket side lives here.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::error::{Errno, Error, Result};
+use crate::proto::wire::{Reply, Verdict, REPLY_LEN};
 
 /// Most pieces one gather write takes.
 pub const MAX_IOV: usize = 64;
@@ -408,6 +411,56 @@ impl Socket {
     pub fn write(&self, buf: &[u8]) -> std::result::Result<Io, Errno> {
         // SAFETY: a slice is valid readable memory.
         unsafe { self.write_raw2((buf.as_ptr(), buf.len()), (std::ptr::null(), 0)) }
+    }
+
+    /// Non-blocking: write `buf[*done..]` as far as the socket takes it,
+    /// advancing `*done`; true once all of `buf` is out.
+    pub fn write_on(&self, buf: &[u8], done: &mut usize) -> std::result::Result<bool, Errno> {
+        while *done < buf.len() {
+            match self.write(&buf[*done..])? {
+                Io::Done(n) => *done += n,
+                Io::Again | Io::Eof => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Non-blocking: read into `buf[*done..]` as far as the socket has
+    /// bytes, advancing `*done`: [`Io::Done`] (with `buf.len()`) once `buf`
+    /// is full, else [`Io::Again`] or [`Io::Eof`].
+    pub fn read_on(&self, buf: &mut [u8], done: &mut usize) -> std::result::Result<Io, Errno> {
+        while *done < buf.len() {
+            match self.read(&mut buf[*done..])? {
+                Io::Done(n) => *done += n,
+                other => return Ok(other),
+            }
+        }
+        Ok(Io::Done(buf.len()))
+    }
+}
+
+/// Non-blocking: write `buf[*done..]` to `peer`; true when complete; an
+/// error names the peer and `what` was being sent.
+pub fn write_some(sock: &Socket, buf: &[u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
+    sock.write_on(buf, done).map_err(|e| Error::Remote { peer: peer.to_string(), what: format!("sending {what}: {e}") })
+}
+
+/// Non-blocking: fill `buf[*done..]` from `peer`; true when complete. A
+/// close says why when the bytes so far are a listener's refusal.
+pub fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
+    match sock.read_on(buf, done) {
+        Ok(Io::Done(_)) => Ok(true),
+        Ok(Io::Again) => Ok(false),
+        Ok(Io::Eof) => {
+            // A listener that refuses a hello says why before it closes.
+            let refused = buf.get(..REPLY_LEN).and_then(|b| Reply::decode(b.try_into().ok()?).ok()).filter(|_| *done >= REPLY_LEN);
+            let what = match refused {
+                Some(r) if r.verdict != Verdict::Accepted => format!("the listener refused the connection: {}", r.verdict.explain()),
+                _ => format!("closed the connection while we waited for {what} (peer process exited or gave up)"),
+            };
+            Err(Error::Remote { peer: peer.to_string(), what })
+        }
+        Err(e) => Err(Error::Remote { peer: peer.to_string(), what: format!("receiving {what}: {e}") }),
     }
 }
 

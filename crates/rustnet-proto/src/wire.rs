@@ -12,6 +12,10 @@
 
 use crate::error::ProtoError;
 
+/// Most streams (sockets) one TCP connection has: the hello refuses more,
+/// the knobs are clamped to it, and a comm's poll set is sized by it.
+pub const MAX_STREAMS: usize = 64;
+
 /// Hello magic: "RNHELLO1".
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"RNHELLO1");
 /// Size of [`Hello`] on the wire.
@@ -163,7 +167,7 @@ impl Hello {
                 ),
             ));
         }
-        if h.nstreams == 0 || h.nstreams > 64 || h.stream >= h.nstreams {
+        if h.nstreams == 0 || usize::from(h.nstreams) > MAX_STREAMS || h.stream >= h.nstreams {
             return Err(refuse(Verdict::Malformed, format!("bad stream numbering {}/{}", h.stream, h.nstreams)));
         }
         if h.nonce != expect_nonce {

@@ -433,8 +433,8 @@ pub fn run(o: &Opts) -> Report {
     // ---- host limits and devices
     host_checks(o, &mut r, !ports.is_empty());
     // ---- TCP path / out-of-band interfaces
-    match rustnet::transport::tcp::device::select(
-        &rustnet::transport::tcp::device::candidates(&rustnet::transport::sock::interfaces().unwrap_or_default(), cfg.socket_family),
+    match rustnet::transport::netif::select(
+        &rustnet::transport::netif::candidates(&rustnet::transport::sock::interfaces().unwrap_or_default(), cfg.socket_family),
         &cfg.socket_ifname,
     ) {
         Ok(ifs) => {

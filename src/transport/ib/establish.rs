@@ -1,6 +1,6 @@
 //! The verbs transport's connect and accept: drive the out-of-band exchange
-//! of [`handshake`] (its picture is there) over the TCP transport's listener
-//! and connector (`HandleKind::Ib`), and build the comms of [`p2p`] from what
+//! of [`handshake`] (its picture is there) over the socket listener and
+//! connector both transports use ([`crate::transport::oob`], `HandleKind::Ib`), and build the comms of [`p2p`] from what
 //! it established. The sender's last steps (the receiver's [`Meta`], RTR ->
 //! RTS, READY) run inside its [`SendComm`]; the receiver's comm waits for
 //! READY before it writes any CTS.
@@ -16,13 +16,13 @@ use super::p2p::{RecvComm, SendComm};
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HandleKind};
 use crate::proto::ib_meta::{Meta, META_LEN};
+use crate::transport::oob::{Connector, Listener};
 use crate::transport::sock::Socket;
-use crate::transport::tcp::{TcpConnecting, TcpListen};
 
 // ---------------------------------------------------------------- connect
 
 enum ConnStage {
-    Tcp(TcpConnecting),
+    Tcp(Connector),
     Meta { sock: Socket, peer: SocketAddr, setup: Box<Setup>, tx: Box<[u8; META_LEN]>, sent: usize },
     Gone,
 }
@@ -46,7 +46,7 @@ impl IbConnecting {
             )));
         }
         let (tc, sl) = choose_tc_sl(cc, comm_tc);
-        let tcp = TcpConnecting::start(h, 1, cc.stream)?;
+        let tcp = Connector::start(h, 1, cc.stream)?;
         Ok(IbConnecting { dev: dev.clone(), cc: cc.clone(), tc, sl, st: ConnStage::Tcp(tcp) })
     }
 
@@ -90,7 +90,7 @@ enum Accepting {
 
 /// A verbs listening endpoint.
 pub struct IbListen {
-    tcp: TcpListen,
+    tcp: Listener,
     dev: Arc<IbDev>,
     cc: Arc<ConnCfg>,
     pending: Vec<Accepting>,
@@ -99,7 +99,7 @@ pub struct IbListen {
 impl IbListen {
     /// Listen for connections to `dev` on the out-of-band address `oob`.
     pub fn new(dev: &Arc<IbDev>, cc: &Arc<ConnCfg>, oob: SocketAddr) -> Result<(IbListen, Handle)> {
-        let (tcp, h) = TcpListen::new(oob, HandleKind::Ib, cc.stream)?;
+        let (tcp, h) = Listener::new(oob, HandleKind::Ib, cc.stream)?;
         Ok((IbListen { tcp, dev: dev.clone(), cc: cc.clone(), pending: Vec::new() }, h))
     }
 

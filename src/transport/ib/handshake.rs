@@ -30,9 +30,9 @@ use crate::error::{Error, Result};
 use crate::proto::eager;
 use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
 use crate::proto::ib_meta::{Meta, LINK_IWARP};
-use crate::proto::wire::{Reply, Verdict, REPLY_LEN};
-use crate::transport::sock::{Io, Socket};
-use crate::transport::tcp::StreamCfg;
+use crate::transport::oob::OobCfg;
+use crate::transport::sock::Socket;
+pub(super) use crate::transport::sock::{read_some, write_some};
 
 /// Connection knobs, parsed once.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ pub struct ConnCfg {
     /// (RUSTNET_FORCE_FLUSH=1 and not NCCL_GDR_FLUSH_DISABLE=1).
     pub flush: bool,
     /// Out-of-band socket settings.
-    pub stream: StreamCfg,
+    pub stream: OobCfg,
     /// iWARP: QPs connect through rdma_cm and each lane ends with a notice
     /// SEND instead of a write with immediate ([`super::notice_path`]).
     pub notices: bool,
@@ -94,7 +94,7 @@ impl ConnCfg {
             use_inline: cfg.ib_use_inline.get() == 1,
             eager: cfg.ib_eager.get() as u32,
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
-            stream: StreamCfg { nstreams: 1, ..StreamCfg::from_config(cfg) },
+            stream: OobCfg::from_config(cfg),
             notices: false,
         }
     }
@@ -335,39 +335,6 @@ pub(super) fn connect_qps(
         out.push(r.to_rts(&rts)?);
     }
     Ok(out)
-}
-
-/// Non-blocking: push `buf[*done..]`; true when all of it is out.
-pub(super) fn write_some(sock: &Socket, buf: &[u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
-    while *done < buf.len() {
-        match sock.write(&buf[*done..]) {
-            Ok(Io::Done(n)) => *done += n,
-            Ok(_) => return Ok(false),
-            Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("sending {what}: {e}") }),
-        }
-    }
-    Ok(true)
-}
-
-/// Non-blocking: fill `buf[*done..]`; true when complete.
-pub(super) fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &SocketAddr, what: &str) -> Result<bool> {
-    while *done < buf.len() {
-        match sock.read(&mut buf[*done..]) {
-            Ok(Io::Done(n)) => *done += n,
-            Ok(Io::Again) => return Ok(false),
-            Ok(Io::Eof) => {
-                // A listener that refuses a hello says why before it closes.
-                let refused = buf.get(..REPLY_LEN).and_then(|b| Reply::decode(b.try_into().ok()?).ok()).filter(|_| *done >= REPLY_LEN);
-                let what = match refused {
-                    Some(r) if r.verdict != Verdict::Accepted => format!("the listener refused the connection: {}", r.verdict.explain()),
-                    _ => format!("closed the connection while we waited for {what} (peer process exited or gave up)"),
-                };
-                return Err(Error::Remote { peer: peer.to_string(), what });
-            }
-            Err(e) => return Err(Error::Remote { peer: peer.to_string(), what: format!("receiving {what}: {e}") }),
-        }
-    }
-    Ok(true)
 }
 
 /// A sender waiting for the receiver's metadata (the receiver's acceptance)

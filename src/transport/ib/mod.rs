@@ -10,11 +10,13 @@
 //! - [`reg`]: the registration cache;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
+//! - [`comm`]: what the plugin holds: one send, receive and registration type for plain and merged devices;
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement);
 //! - [`iwarp`] / [`rdmacm`] (types in [`cmffi`]): iWARP connection set-up through librdmacm
 //!   (iWARP QPs are connected by the CM, not by hand); [`notice_path`]: iWARP's connection
 //!   and completions without immediates (rules in [`crate::proto::notice`]), hooked into [`p2p`].
 pub mod cmffi;
+pub mod comm;
 pub mod device;
 pub mod establish;
 pub mod ffi;
@@ -38,7 +40,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::handle::Handle;
-use crate::transport::tcp::device as tcpdev;
+use crate::transport::netif::{self, NetIf};
 use crate::transport::{DeviceProps, MemKind, RawBuf};
 
 /// Unload: free the process-wide verbs state (library tables, GID and
@@ -58,11 +60,13 @@ pub(crate) unsafe fn release() {
     gdr::release();
 }
 
+pub use comm::{Connecting, IbRecv, IbReg, IbSend, Listen, RegPlan, Side};
 pub use device::IbDev;
 pub use establish::{IbConnecting, IbListen};
 pub use handshake::ConnCfg;
 pub use p2p::{RecvComm, SendComm};
 pub use reg::IbMr;
+pub use vdev::set_nccl_fuses;
 pub use verbs::Access;
 
 /// The verbs transport's device table.
@@ -72,7 +76,7 @@ pub struct IbNet {
     slots: parking_lot::RwLock<Vec<vdev::Slot>>,
     /// NUMA node per physical device (control memory placement, [`topo`]).
     numa: Vec<Option<i32>>,
-    oob: tcpdev::NetIf,
+    oob: NetIf,
     cc: Arc<ConnCfg>,
     /// Per device: `cc` with `flush` on where that device flushes (GPUDirect
     /// on and NCCL_GDR_FLUSH_DISABLE=0, or forced): its receive comms get
@@ -87,7 +91,7 @@ impl IbNet {
         let lib = verbs::Lib::get().map_err(Error::Usage)?;
         p2p::set_stats_dump(cfg.stats.get() == 1);
         let devs = device::discover(lib, cfg, Path::new("/sys"))?;
-        let oob = tcpdev::discover(cfg)
+        let oob = netif::discover(cfg)
             .map_err(|e| Error::Usage(format!("RDMA ports found, but no IP interface for the out-of-band connection setup: {e}")))?
             .into_iter()
             .next()
@@ -128,7 +132,7 @@ impl IbNet {
     }
 
     /// The out-of-band interface.
-    pub fn oob(&self) -> &tcpdev::NetIf {
+    pub fn oob(&self) -> &NetIf {
         &self.oob
     }
 
@@ -175,6 +179,24 @@ impl IbNet {
         s.get(dev).map(|x| x.members.clone()).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", s.len())))
     }
 
+    /// The physical devices behind NCCL's device `dev` (vProps): itself
+    /// unless merged (and itself when out of range).
+    pub fn vprops_members(&self, dev: i32) -> Vec<i32> {
+        self.members(dev.max(0) as usize).map(|v| v.into_iter().map(|x| x as i32).collect()).unwrap_or_else(|_| vec![dev])
+    }
+
+    /// The rail of NCCL's device `dev` (ABI v12 `railId`; `None` =
+    /// `NCCL_NET_ID_UNDEF`). A physical port is its own rail, numbered by
+    /// its place in the device list, which is PCI order and so the same rail
+    /// on every node (device.rs); that tells NCCL what its default (same NIC
+    /// and port) already assumes, and keeps NCCL_NET_MERGE_POLICY=RAIL from
+    /// fusing different ports. A merged device spans rails: undefined, as
+    /// NCCL's net_ib reports for members of different rails.
+    pub fn rail(&self, dev: i32) -> Option<i16> {
+        let physical = dev >= 0 && (dev as usize) < self.ndev() && self.vprops_members(dev) == [dev];
+        physical.then(|| i16::try_from(dev).ok()).flatten()
+    }
+
     /// NCCL's makeVDevice: a merged device over the *physical* devices
     /// `members`, appended after the others; returns its index.
     pub fn make_vdevice(&self, members: &[usize]) -> Result<usize> {
@@ -190,11 +212,11 @@ impl IbNet {
     }
 
     /// Listen on NCCL's device `dev` (plain or merged); the handles go into NCCL's buffer.
-    pub fn listen_any(&self, dev: usize) -> Result<(vdev::Listen, vdev::Handles)> {
+    pub fn listen_any(&self, dev: usize) -> Result<(Listen, vdev::Handles)> {
         let m = self.members(dev)?;
         if m.len() == 1 {
             let (l, h) = self.listen(m[0])?;
-            return Ok((vdev::Listen::One(l, self.numa[m[0]]), vdev::Handles(vec![h])));
+            return Ok((Listen::One(l, self.numa[m[0]]), vdev::Handles(vec![h])));
         }
         let mut rails = Vec::new();
         let mut hs = Vec::new();
@@ -203,7 +225,7 @@ impl IbNet {
             rails.push((l, None, self.numa[p]));
             hs.push(h);
         }
-        Ok((vdev::Listen::Multi(rails, dev), vdev::Handles(hs)))
+        Ok((Listen::Multi(rails, dev), vdev::Handles(hs)))
     }
 
     /// Connect from NCCL's device `dev` (plain or merged) to the listener
@@ -214,11 +236,11 @@ impl IbNet {
         raw: &[u8; crate::proto::handle::HANDLE_SIZE],
         h: &Handle,
         tc: Option<i32>,
-    ) -> Result<vdev::Connecting> {
+    ) -> Result<Connecting> {
         let m = self.members(dev)?;
         let peer = vdev::decode_handles(h, raw);
         let devs: Vec<_> = m.iter().map(|&p| (self.devs[p].clone(), self.dev_cc[p].clone(), self.numa[p])).collect();
-        vdev::Connecting::start(&devs, dev, &peer, tc)
+        Connecting::start(&devs, dev, &peer, tc)
     }
 
     /// Listen on `dev`.
@@ -260,6 +282,19 @@ impl IbNet {
         // SAFETY: the memory behind `fd` stays allocated until the registration
         // is dropped (this fn's contract), which is all register_dmabuf requires.
         unsafe { d.mrs.register_dmabuf(dev, buf.ptr, buf.len, fd, offset, access) }
+    }
+
+    /// The init log's line: devices, QPs per connection, timeouts.
+    pub fn summary(&self) -> String {
+        let c = &self.cc;
+        format!(
+            "using verbs on {} ({} QP(s) per connection{}, NCCL_IB_TIMEOUT={} NCCL_IB_RETRY_CNT={})",
+            self.describe(),
+            c.nqps,
+            if c.split { ", split" } else { "" },
+            c.timeout,
+            c.retry_cnt
+        )
     }
 
     /// One line per device for the init log.

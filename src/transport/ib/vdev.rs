@@ -21,11 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::device::IbDev;
-use super::establish::{IbConnecting, IbListen};
-use super::handshake::ConnCfg;
 use super::p2p::{QpStat, RecvComm, SendComm};
 use super::reg::IbMr;
-use super::topo::{nic_key, NumaScope};
+use super::topo::nic_key;
 use crate::error::{Error, Result};
 use crate::profiler::Parent;
 use crate::proto::fifo;
@@ -232,127 +230,6 @@ impl Handles {
 
 // ---------------------------------------------------------------- set-up
 
-/// An outgoing connection on a plain or merged device.
-pub enum Connecting {
-    /// One port.
-    One(IbConnecting, Option<i32>),
-    /// One connection per member.
-    Multi(Vec<(IbConnecting, bool, Option<i32>)>, usize),
-}
-
-impl Connecting {
-    /// Start: member i connects to the peer's member i.
-    pub fn start(devs: &[(Arc<IbDev>, Arc<ConnCfg>, Option<i32>)], vdev: usize, peer: &[Handle], tc: Option<i32>) -> Result<Connecting> {
-        if devs.len() == 1 && peer.len() == 1 {
-            let (d, cc, numa) = &devs[0];
-            return Ok(Connecting::One(IbConnecting::start(d, cc, &peer[0], tc)?, *numa));
-        }
-        if devs.len() != peer.len() {
-            let names: Vec<&str> = devs.iter().map(|d| d.0.name.as_str()).collect();
-            return Err(Error::Usage(format!(
-                "rail-aligned merged devices need the same member count on both ends: ours is {} ({}), the peer's has {}; \
-                 set the same RUSTNET_IB_MERGE_NICS / NCCL_NET_MERGE_LEVEL on every rank",
-                devs.len(),
-                names.join("+"),
-                peer.len()
-            )));
-        }
-        let mut rails = Vec::new();
-        for ((d, cc, numa), h) in devs.iter().zip(peer) {
-            // members are driven by peek_cap (the receiver's CTS): no eager path
-            let cc = Arc::new(ConnCfg { eager: 0, ..(**cc).clone() });
-            rails.push((IbConnecting::start(d, &cc, h, tc)?, false, *numa));
-        }
-        Ok(Connecting::Multi(rails, vdev))
-    }
-
-    /// Advance; true when every member connection is through its part.
-    pub fn progress(&mut self) -> Result<bool> {
-        match self {
-            Connecting::One(c, numa) => {
-                let _n = NumaScope::enter(*numa);
-                c.progress()
-            }
-            Connecting::Multi(rails, _) => {
-                let mut all = true;
-                for (c, done, numa) in rails.iter_mut() {
-                    if !*done {
-                        let _n = NumaScope::enter(*numa);
-                        *done = c.progress()?;
-                    }
-                    all &= *done;
-                }
-                Ok(all)
-            }
-        }
-    }
-
-    /// The send comm.
-    pub fn into_send(self) -> Result<AnySend> {
-        match self {
-            Connecting::One(c, _) => Ok(AnySend::One(c.into_send_comm()?)),
-            Connecting::Multi(rails, vdev) => {
-                let rails = rails.into_iter().map(|(c, _, _)| c.into_send_comm()).collect::<Result<Vec<_>>>()?;
-                Ok(AnySend::Multi(MultiSend { rails, vdev, reqs: Pool::new(super::p2p::SEND_SLOTS) }))
-            }
-        }
-    }
-}
-
-/// A listener on a plain or merged device.
-#[allow(clippy::large_enum_variant)] // one per listen call, never on the data path
-pub enum Listen {
-    /// One port.
-    One(IbListen, Option<i32>),
-    /// One listener per member.
-    Multi(Vec<(IbListen, Option<RecvComm>, Option<i32>)>, usize),
-}
-
-impl Listen {
-    /// Accept; `Ok(None)` until every member connection arrived.
-    pub fn accept(&mut self) -> Result<Option<AnyRecv>> {
-        match self {
-            Listen::One(l, numa) => {
-                let _n = NumaScope::enter(*numa);
-                Ok(l.accept()?.map(AnyRecv::One))
-            }
-            Listen::Multi(rails, vdev) => {
-                let mut all = true;
-                for (l, got, numa) in rails.iter_mut() {
-                    if got.is_none() {
-                        let _n = NumaScope::enter(*numa);
-                        *got = l.accept()?;
-                    }
-                    all &= got.is_some();
-                }
-                if !all {
-                    return Ok(None);
-                }
-                let rails = rails.iter_mut().map(|(_, g, _)| g.take().unwrap()).collect();
-                Ok(Some(AnyRecv::Multi(MultiRecv { rails, vdev: *vdev, reqs: Pool::new(super::p2p::RECV_POOL) })))
-            }
-        }
-    }
-}
-
-/// A send comm on a plain or merged device.
-#[allow(clippy::large_enum_variant)] // short-lived: the plugin boxes each side at once
-pub enum AnySend {
-    /// One port.
-    One(SendComm),
-    /// Merged.
-    Multi(MultiSend),
-}
-
-/// A receive comm on a plain or merged device.
-#[allow(clippy::large_enum_variant)] // short-lived: the plugin boxes each side at once
-pub enum AnyRecv {
-    /// One port.
-    One(RecvComm),
-    /// Merged.
-    Multi(MultiRecv),
-}
-
 // ---------------------------------------------------------------- data path
 
 struct MReq {
@@ -379,6 +256,11 @@ pub struct MultiSend {
 }
 
 impl MultiSend {
+    /// Over the member comms `rails` (rail order) of NCCL's device `vdev`.
+    pub(super) fn new(rails: Vec<SendComm>, vdev: usize) -> MultiSend {
+        MultiSend { rails, vdev, reqs: Pool::new(super::p2p::SEND_SLOTS) }
+    }
+
     /// NCCL's device index (the merged device).
     pub fn vdev(&self) -> usize {
         self.vdev
@@ -494,6 +376,11 @@ pub struct MultiRecv {
 }
 
 impl MultiRecv {
+    /// Over the member comms `rails` (rail order) of NCCL's device `vdev`.
+    pub(super) fn new(rails: Vec<RecvComm>, vdev: usize) -> MultiRecv {
+        MultiRecv { rails, vdev, reqs: Pool::new(super::p2p::RECV_POOL) }
+    }
+
     /// NCCL's device index (the merged device).
     pub fn vdev(&self) -> usize {
         self.vdev

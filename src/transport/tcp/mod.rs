@@ -8,10 +8,12 @@ use std::path::Path;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HandleKind};
+use crate::proto::wire::MAX_STREAMS;
+use crate::transport::netif::{self, NetIf};
+use crate::transport::oob::OobCfg;
 use crate::transport::DeviceProps;
 
 pub use connect::{TcpConnecting, TcpListen};
-pub use device::NetIf;
 pub use p2p::{RecvComm, SendComm};
 
 /// RUSTNET_SOCKET_HELPER=-1 starts helper threads when this process has at
@@ -88,11 +90,21 @@ pub struct StreamCfg {
 }
 
 impl StreamCfg {
+    /// The settings of its connection set-up ([`crate::transport::oob`]).
+    pub fn oob(&self) -> OobCfg {
+        OobCfg {
+            timeout_s: self.timeout_s,
+            bufsize: self.bufsize,
+            connect_timeout_s: self.connect_timeout_s,
+            max_strangers: self.max_strangers,
+        }
+    }
+
     /// From the knob table.
     pub fn from_config(cfg: &Config) -> StreamCfg {
         let threads = cfg.socket_nthreads.get().max(1) as usize;
         StreamCfg {
-            nstreams: (threads * cfg.nsocks_per_thread.get() as usize).clamp(1, 64),
+            nstreams: (threads * cfg.nsocks_per_thread.get() as usize).clamp(1, MAX_STREAMS),
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
@@ -101,6 +113,12 @@ impl StreamCfg {
             max_strangers: cfg.listen_max_strangers.get() as usize,
         }
     }
+}
+
+/// The IP TOS byte for a traffic class (0..255 checked by the context; a
+/// v10 connect's class out of range is ignored, as over verbs).
+fn tos_of(tc: Option<i32>) -> Option<u8> {
+    tc.and_then(|t| u8::try_from(t).ok())
 }
 
 /// The TCP transport's device table.
@@ -114,7 +132,7 @@ pub struct TcpNet {
 impl TcpNet {
     /// Discover interfaces per the knobs.
     pub fn new(cfg: &Config) -> Result<TcpNet> {
-        let ifs = device::discover(cfg)?;
+        let ifs = netif::discover(cfg)?;
         let props = ifs.iter().enumerate().map(|(i, f)| device::properties(f, i, Path::new("/sys"))).collect();
         let helper_why = helper_choice(cfg).1;
         let cfg = StreamCfg::from_config(cfg);
@@ -141,27 +159,35 @@ impl TcpNet {
         &self.helper_why
     }
 
+    /// The init log's line: interfaces, streams per connection, helper choice.
+    pub fn summary(&self) -> String {
+        let list: Vec<String> = self.ifs.iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
+        format!("using TCP on {} ({} stream(s) per connection; {})", list.join(" "), self.cfg.nstreams, self.helper_why)
+    }
+
     /// Properties of `dev`.
     pub fn props(&self, dev: usize) -> Result<DeviceProps> {
         self.props.get(dev).copied().ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))
     }
 
-    /// Listen on `dev`; accepted sockets carry `tos` (IP TOS / IPv6 traffic class) when set.
-    pub fn listen(&self, dev: usize, tos: Option<u8>) -> Result<(TcpListen, Handle)> {
+    /// Listen on `dev`; accepted sockets carry the traffic class `tc` as
+    /// their IP TOS / IPv6 traffic class byte when set.
+    pub fn listen(&self, dev: usize, tc: Option<i32>) -> Result<(TcpListen, Handle)> {
         let ifc = self.ifs.get(dev).ok_or_else(|| Error::InvalidArg(format!("device {dev} out of range (have {})", self.ifs.len())))?;
-        let (l, h) = TcpListen::new(ifc.addr, HandleKind::Tcp, self.cfg)?;
-        Ok((l.with_tos(tos)?, h))
+        let (l, h) = TcpListen::new(ifc.addr, self.cfg)?;
+        Ok((l.with_tos(tos_of(tc))?, h))
     }
 
-    /// Start connecting to the listener in `h`; the data sockets carry `tos` when set.
-    pub fn connect(&self, h: &Handle, tos: Option<u8>) -> Result<TcpConnecting> {
+    /// Start connecting to the listener in `h`; the data sockets carry the
+    /// traffic class `tc` when set.
+    pub fn connect(&self, h: &Handle, tc: Option<i32>) -> Result<TcpConnecting> {
         if h.kind != HandleKind::Tcp {
             return Err(Error::Usage(format!(
                 "the peer listens with the {:?} transport but this process uses TCP: set the same RUSTNET_TRANSPORT on every rank",
                 h.kind
             )));
         }
-        TcpConnecting::start_tos(h, self.cfg.nstreams, self.cfg, tos)
+        TcpConnecting::start(h, self.cfg, tos_of(tc))
     }
 }
 

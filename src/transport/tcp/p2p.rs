@@ -16,7 +16,7 @@ use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
-use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN};
+use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN, MAX_STREAMS};
 use crate::thread::BareThread;
 use crate::transport::sock::{self as sys, EventFd, Io, Socket, MAX_IOV};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
@@ -160,8 +160,8 @@ impl SendCore {
         if self.failed.is_some() || !self.acks.due(now) {
             return;
         }
-        // at most 64 streams per connection (StreamCfg)
-        let mut states = [(false, 0u32); 64];
+        // at most MAX_STREAMS streams per connection (StreamCfg)
+        let mut states = [(false, 0u32); MAX_STREAMS];
         let n = self.streams.len().min(states.len());
         for (st, o) in self.streams.iter().zip(states.iter_mut()) {
             match st.sock.ack_state() {
@@ -761,7 +761,8 @@ pub struct Helper<T: Drive> {
 const HELPER_NAP_MS: i32 = 100;
 
 fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
-    let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 65];
+    // the eventfd, then one per stream
+    let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 1 + MAX_STREAMS];
     while !sh.stop.load(Ordering::SeqCst) {
         let seen = sh.posts.load(Ordering::SeqCst);
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

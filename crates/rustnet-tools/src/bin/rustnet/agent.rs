@@ -119,10 +119,6 @@ struct Agent {
     hello: String,
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
-}
-
 fn serve(o: Opts) -> Result<(), String> {
     let p = Plugin::open(&o.plugin, o.abi)?;
     p.init().map_err(|e| format!("plugin init: {e} (see the WARN above)"))?;
@@ -131,7 +127,7 @@ fn serve(o: Opts) -> Result<(), String> {
         return Err(format!("--dev {} but the plugin has {n} device(s)", o.dev));
     }
     let props = p.properties(o.dev).map_err(|e| e.to_string())?;
-    let hello = format!("AGENT 1 {} {} {} {}", hostname(), props.name.replace(' ', "_"), props.speed, o.abi);
+    let hello = format!("AGENT 1 {} {} {} {}", rustnet::stats::hostname(), props.name.replace(' ', "_"), props.speed, o.abi);
     let agent = Arc::new(Agent { p, dev: o.dev, hello });
     let lst = TcpListener::bind(&o.listen).map_err(|e| format!("bind {}: {e}", o.listen))?;
     let addr = lst.local_addr().map_err(|e| e.to_string())?;

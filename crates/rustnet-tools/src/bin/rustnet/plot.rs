@@ -1,20 +1,10 @@
 //! A small SVG line chart for `rustnet bench step|ring`: per ring size, busbw
 //! and CPU s/GB against message size (log scale), one line per network, with
 //! the min-max range as a bar. (bisect.rs draws a heat map, not lines.)
-use crate::samples::Row;
+use crate::samples::{human as size_label, Row};
 use rustnet_tools::svg::xml as esc;
 
 const COLORS: [&str; 6] = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#9467bd", "#ff7f0e"];
-
-fn size_label(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
-        format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
-        format!("{}K", n >> 10)
-    } else {
-        n.to_string()
-    }
-}
 
 /// The chart as an SVG document.
 pub fn svg(rows: &[Row], title: &str) -> String {

@@ -12,16 +12,12 @@ impl Stat {
         v.sort_by(f64::total_cmp);
         v
     }
+    /// The median of the finite samples (bisect's); NaN when none was measured.
     pub fn med(&self) -> f64 {
-        let v = self.sorted();
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
+        if self.0.iter().any(|x| x.is_finite()) {
+            rustnet_tools::bisect::median(&self.0)
         } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
+            f64::NAN
         }
     }
     pub fn min(&self) -> f64 {
