@@ -18,7 +18,11 @@
 #    the traffic cases with 4 QPs per connection split (NCCL_IB_QPS_PER_CONNECTION=4
 #    NCCL_IB_SPLIT_DATA_ON_QPS=1); the v6-v8 traffic cases and the cross-round
 #    tags case through merged devices (rxe0+rxe2 -> rxe1+rxe3, RUSTNET_IB_MERGE_NICS),
-#    and v9-v12 makeVDevice fusing the same two devices per side.
+#    and v9-v12 makeVDevice fusing the same two devices per side; with a
+#    soft-iWARP pair (RXE_VM_SIW=1, the default) a fifth pass runs every
+#    version's traffic, grouped tags, profiler events and peer death over
+#    siw0 -> siw1 (rdma_cm, notices), a sixth its traffic with 4 QPs split
+#    (a notice per lane), and fuzz_calls runs again on siw0.
 # 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
 #    any failed, 125 when the VM died or timed out, other values when the build
 #    failed.
@@ -98,6 +102,11 @@ if [ "${1:-}" = --in-vm ]; then
     case ${t%%=*} in conformance)
       runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}")
       [ "${RXE_VM_PAIRS:-1}" -ge 2 ] && runs+=("conformance_merged_rxe0+rxe2_to_rxe1+rxe3=${t#*=}")
+      [ -n "${RXE_VM_SIW_DEVICES:-}" ] && runs+=("conformance_siw0_to_siw1=${t#*=}" "conformance_siw_4qps_split=${t#*=}")
+      ;;
+    fuzz_calls)
+      # the same call-sequence fuzz over iWARP (siw0 to itself through rdma_cm)
+      [ -n "${RXE_VM_SIW_DEVICES:-}" ] && runs+=("fuzz_calls_siw0=${t#*=}")
       ;;
     esac
   done
@@ -114,6 +123,21 @@ if [ "${1:-}" = --in-vm ]; then
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
         extra=(traffic)
         run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1) ;;
+      conformance_siw0_to_siw1)
+        # iWARP (soft-iWARP): rdma_cm connections, notices instead of
+        # immediates; every exported version's traffic, grouped tags,
+        # profiler events and a peer killed mid-transfer
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v grouped_tags_across_rounds profiler_events_v peer_killed)
+        export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==siw0 NCCL_SOCKET_IFNAME=sveth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==siw1 NCCL_SOCKET_IFNAME=sveth1" ;;
+      conformance_siw_4qps_split)
+        # four lanes per message: a notice per QP, put back together
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v grouped_tags_across_rounds peer_killed_mid_transfer)
+        run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1)
+        export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==siw0 NCCL_SOCKET_IFNAME=sveth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==siw1 NCCL_SOCKET_IFNAME=sveth1" ;;
+      fuzz_calls_siw0)
+        run_env=("NCCL_IB_HCA==siw0" NCCL_SOCKET_IFNAME=sveth0) ;;
       conformance_merged*)
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
         extra=(traffic_v6 traffic_v7 traffic_v8 grouped_tags_across_rounds vdevice_v9 vdevice_v10 vdevice_v11 vdevice_v12)

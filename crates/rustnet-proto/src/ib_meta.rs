@@ -8,7 +8,7 @@
 //!   8 version u16  PROTO_VERSION
 //!  10 nqps    u16  QPs in the connection (1..=MAX_QPS)
 //!  12 mtu     u8   active MTU (ibv_mtu: 1=256 .. 5=4096)
-//!  13 link    u8   1 = InfiniBand, 2 = Ethernet (RoCE)
+//!  13 link    u8   1 = InfiniBand, 2 = Ethernet (RoCE), 3 = iWARP (LINK_IWARP)
 //!  14 port    u8
 //!  15 gid_idx u8   local GID index
 //!  16 lid     u16
@@ -28,6 +28,11 @@
 //! 604 ring_rkey u32  receiver: rkey of its eager ring
 //! 608 ring    u64  receiver: address of its eager ring (mailbox first)
 //! ```
+//!
+//! On iWARP (`link` 3) QPs are connected by rdma_cm, not by GID and QP
+//! number: the receiver's `gid` holds the address of its rdma_cm listener
+//! (IPv4 as `::ffff:a.b.c.d`) and `lid` its port; the sender connects one
+//! rdma_cm connection per QP there (`transport/ib/notice_path.rs`).
 use crate::error::ProtoError;
 use crate::handle::PROTO_VERSION;
 
@@ -38,6 +43,8 @@ pub const META_LEN: usize = EAGER_OFF + 16;
 const EAGER_OFF: usize = 88 + 4 * MAX_QPS;
 /// Magic of [`Meta`].
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"RNIBMETA");
+/// `link` of an iWARP end (its port reads Ethernet, like RoCE).
+pub const LINK_IWARP: u8 = 3;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 

@@ -302,7 +302,7 @@ pub fn run(o: &Opts) -> Report {
             r.add(
                 "rdma",
                 label,
-                Status::Warn,
+                if rustnet::transport::ib::rdmacm::doctor_ok() { Status::Pass } else { Status::Warn },
                 rustnet::transport::ib::rdmacm::doctor_line(&detail),
                 rustnet::transport::ib::rdmacm::doctor_fix(),
             );

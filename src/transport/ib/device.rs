@@ -63,6 +63,9 @@ pub struct IbDev {
     pub pd: Pd,
     /// LINK_IB or LINK_ETH.
     pub link_layer: u8,
+    /// An iWARP device ([`super::iwarp::Kind::Iwarp`]): QPs connect through
+    /// rdma_cm and completions travel as notices ([`super::notice_path`]).
+    pub iwarp: bool,
     /// System image GUID (what NCCL reports: one per adapter).
     pub guid: u64,
     /// Mbps.
@@ -112,7 +115,18 @@ impl IbDev {
 
     /// `rxe0:1/RoCE` for logs.
     pub fn describe(&self) -> String {
-        format!("{}:{}/{}", self.dev_name, self.port, if self.link_layer == LINK_IB { "IB" } else { "RoCE" })
+        format!("{}:{}/{}", self.dev_name, self.port, self.kind_name())
+    }
+
+    /// `IB`, `RoCE` or `iWARP`.
+    pub fn kind_name(&self) -> &'static str {
+        if self.iwarp {
+            "iWARP"
+        } else if self.link_layer == LINK_IB {
+            "IB"
+        } else {
+            "RoCE"
+        }
     }
 }
 
@@ -268,7 +282,10 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
                 let health = Arc::new(Health::default());
                 watch_async_events(ctx.clone(), Arc::downgrade(&health), super::topo::numa_node(sysfs, &cand.dev));
                 let mrs = Arc::new(MrCache::new(pd.clone()));
-                let gdr = super::gdr::decide(cfg, &cand.dev, &pd);
+                let mut gdr = super::gdr::decide(cfg, &cand.dev, &pd);
+                if ctx.transport_type() == super::ffi::IBV_TRANSPORT_IWARP {
+                    super::gdr::host_only(&mut gdr);
+                }
                 pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone(), gdr.clone()));
                 (pd, mrs, health, gdr)
             }
@@ -281,6 +298,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             ctx: ctx.clone(),
             pd: shared.0,
             link_layer: if pa.link_layer == 0 { LINK_IB } else { pa.link_layer },
+            iwarp: ctx.transport_type() == super::ffi::IBV_TRANSPORT_IWARP,
             guid: attr.sys_image_guid,
             speed_mbps: speed_mbps(pa.active_speed, pa.active_width),
             max_qp: attr.max_qp,

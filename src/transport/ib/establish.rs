@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::device::IbDev;
 use super::handshake::{self, choose_tc_sl, read_some, write_some, ConnCfg, Setup};
+use super::notice_path::RecvSide;
 use super::p2p::{RecvComm, SendComm};
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HandleKind};
@@ -159,7 +160,34 @@ impl IbListen {
     }
 
     fn build_recv(&self, sock: Socket, peer: SocketAddr, remote: &Meta) -> Result<RecvComm> {
+        if self.dev.iwarp {
+            return self.build_recv_iwarp(sock, peer, remote);
+        }
         let (setup, qps, cc) = handshake::receiver_qps(&self.dev, &self.cc, &sock, &peer, remote)?;
-        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote)
+        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote, None)
+    }
+
+    /// iWARP: our QPs stay in INIT for rdma_cm, which connects them once the
+    /// sender dials the listener our metadata names (the comm follows it
+    /// and posts nothing before; see [`super::notice_path`]).
+    fn build_recv_iwarp(&self, sock: Socket, peer: SocketAddr, remote: &Meta) -> Result<RecvComm> {
+        handshake::check_peer_link(&self.dev, remote, &peer)?;
+        let mut cc = (*self.cc).clone();
+        cc.split = remote.split;
+        let mut setup = Setup::new(&self.dev, &cc, false)?;
+        if remote.qpns.len() != setup.qps.len() {
+            return Err(Error::Usage(format!(
+                "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
+                remote.qpns.len(),
+                setup.qps.len()
+            )));
+        }
+        let qps = std::mem::take(&mut setup.qps);
+        let qpns = qps.iter().map(|q| q.qpn()).collect();
+        let side = RecvSide::new(&self.dev, &self.dev.pd, qpns, setup.region.addr() as u64, &peer)?;
+        // not RTS yet: the comm posts no send before RecvSide::cm_ready says
+        // rdma_cm established every connection (its READY gate)
+        let qps = qps.into_iter().map(|q| q.connected_by_cm()).collect();
+        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote, Some(side))
     }
 }

@@ -132,6 +132,24 @@ pub fn decide_with(cfg: &Config, dev: &str, probe: impl FnOnce() -> DmabufProbe,
     out
 }
 
+/// GPUDirect on an iWARP device: host memory only (ptrSupport HOST, no
+/// flush, not forced). The notice data path (`notice_path.rs`) is verified
+/// on host buffers; GPU memory over iWARP would need peer memory on the
+/// iWARP NIC and a flush without the loopback QP, which iWARP cannot bring
+/// up by hand. Recorded for `rustnet doctor` like any decision.
+pub fn host_only(g: &mut Gdr) {
+    g.decision = GdrDecision {
+        ptr_support: crate::transport::PTR_HOST,
+        flush: false,
+        reason: "iWARP device: host memory only (GPUDirect and flush are not supported on the notice data path)".into(),
+    };
+    g.forced = false;
+    let mut d = DECISIONS.lock();
+    if let Some(x) = d.iter_mut().find(|x| x.dev == g.dev) {
+        *x = g.clone();
+    }
+}
+
 /// Every device's latest decision in this process (for `rustnet doctor`).
 pub fn decisions() -> Vec<Gdr> {
     DECISIONS.lock().clone()

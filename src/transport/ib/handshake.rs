@@ -29,7 +29,7 @@ use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
 use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
-use crate::proto::ib_meta::Meta;
+use crate::proto::ib_meta::{Meta, LINK_IWARP};
 use crate::transport::oob::OobCfg;
 use crate::transport::sock::Socket;
 pub(super) use crate::transport::sock::{read_some, write_some};
@@ -70,6 +70,9 @@ pub struct ConnCfg {
     pub flush: bool,
     /// Out-of-band socket settings.
     pub stream: OobCfg,
+    /// iWARP: QPs connect through rdma_cm and each lane ends with a notice
+    /// SEND instead of a write with immediate ([`super::notice_path`]).
+    pub notices: bool,
 }
 
 impl ConnCfg {
@@ -92,6 +95,7 @@ impl ConnCfg {
             eager: cfg.ib_eager.get() as u32,
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: OobCfg::from_config(cfg),
+            notices: false,
         }
     }
 }
@@ -140,6 +144,11 @@ pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
         return Err(Error::Usage(format!("{} is {} now (was ACTIVE at init)", dev.describe(), super::device::port_state_name(pa.state))));
     }
     let mtu = pa.active_mtu.clamp(1, 5) as u8;
+    if dev.iwarp {
+        // addressed through rdma_cm, not by GID: its one GID is for messages only
+        let g = dev.ctx.query_gid(dev.port, 0).unwrap_or([0; 16]);
+        return Ok(LocalAddr { mtu, lid: 0, gid: g, gid_index: 0, family: 0, roce_version: 0 });
+    }
     if dev.link_layer != LINK_ETH {
         // InfiniBand: GID 0 (LID routing inside the subnet)
         let g = dev.ctx.query_gid(dev.port, 0)?;
@@ -251,7 +260,8 @@ impl Setup {
             QpCaps {
                 max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 2 * eager::RING_SLOTS + 32),
                 max_recv_wr: 1,
-                max_inline: if cc.use_inline { 64 } else { 0 },
+                // notices (iWARP) always go inline: no source to keep alive
+                max_inline: if cc.use_inline || cc.notices { 64 } else { 0 },
             }
         } else {
             QpCaps {
@@ -281,7 +291,7 @@ impl Setup {
         Meta {
             qpns: self.qps.iter().map(|q| q.qpn()).collect(),
             mtu: self.local.mtu,
-            link: self.dev.link_layer,
+            link: wire_link(&self.dev),
             port: self.dev.port,
             gid_index: self.local.gid_index,
             lid: self.local.lid,
@@ -366,6 +376,39 @@ pub fn receiver_tc(cc: &ConnCfg, link_layer: u8, sender_tc: u8) -> u8 {
     }
 }
 
+/// What [`Meta::link`] says about `dev`: its link layer, or
+/// [`LINK_IWARP`] for an iWARP device (whose link layer reads Ethernet).
+pub fn wire_link(dev: &IbDev) -> u8 {
+    if dev.iwarp {
+        LINK_IWARP
+    } else {
+        dev.link_layer
+    }
+}
+
+fn link_name(link: u8) -> &'static str {
+    match link {
+        LINK_ETH => "RoCE",
+        LINK_IWARP => "iWARP",
+        _ => "InfiniBand",
+    }
+}
+
+/// Both ends must be on the same kind of network (IB, RoCE or iWARP); the
+/// error names both.
+pub fn check_peer_link(dev: &IbDev, remote: &Meta, peer: &SocketAddr) -> Result<()> {
+    if remote.link == wire_link(dev) {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "peer {peer} connects from a {} port ({}) to our {} ({}): link layers differ",
+        link_name(remote.link),
+        remote.name,
+        link_name(wire_link(dev)),
+        dev.describe()
+    )))
+}
+
 /// The receiver's half of the exchange once the sender's [`Meta`] arrived:
 /// check that the two ports can talk (link layer, GIDs), create our QPs and
 /// bring them to RTS against the sender's. Returns the set-up (its QPs taken
@@ -379,14 +422,7 @@ pub(super) fn receiver_qps(
     peer: &SocketAddr,
     remote: &Meta,
 ) -> Result<(Setup, Vec<Qp<Rts>>, ConnCfg)> {
-    if remote.link != dev.link_layer {
-        return Err(Error::Usage(format!(
-            "peer {peer} connects from a {} port to our {} ({}): link layers differ",
-            if remote.link == LINK_ETH { "RoCE" } else { "InfiniBand" },
-            if dev.link_layer == LINK_ETH { "RoCE" } else { "InfiniBand" },
-            dev.describe()
-        )));
-    }
+    check_peer_link(dev, remote, peer)?;
     let setup = Setup::new(dev, cc, false)?;
     if let Err(e) = check_peer_gid(dev, &setup.local, remote) {
         // Tell the sender who we are before failing, so that it fails

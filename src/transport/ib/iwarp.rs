@@ -11,24 +11,27 @@
 //!   post time, and the RoCE/IB data path signals completions with WRITE WITH
 //!   IMM (p2p.rs).
 //!
-//! Until the rdma_cm connection path ([`super::rdmacm`]) and a data path
-//! without immediates are wired into the transport, discovery lists iWARP
-//! ports, passes them through the same `NCCL_IB_HCA` rules, and then leaves
-//! them out with that reason ([`IWARP_DATA_PATH`] is false): NCCL never gets
-//! a device whose connect would fail. IB and RoCE ports are judged exactly as
-//! before.
+//! iWARP ports are discovered and selected by the same `NCCL_IB_HCA` rules
+//! as any other port; their connections go through rdma_cm
+//! ([`super::rdmacm`]) and their completions travel as notices
+//! ([`super::notice_path`], rules in [`crate::proto::notice`]). IB and RoCE
+//! ports are judged exactly as before. [`IWARP_DATA_PATH`] is the switch
+//! (tests drive both settings through [`verdict_with`]).
 use std::path::Path;
 
 use super::ffi::{IBV_PORT_ACTIVE, IBV_TRANSPORT_IWARP};
 use super::port::{port_state_name, LINK_ETH, LINK_IB};
 use crate::config::NameList;
 
-/// Whether this build can carry traffic over iWARP ports. False until the
-/// rdma_cm connection and the immediate-free data path are in the transport.
-pub const IWARP_DATA_PATH: bool = false;
+/// Whether this build carries traffic over iWARP ports (rdma_cm connection
+/// set-up and the immediate-free notice data path are in).
+pub const IWARP_DATA_PATH: bool = true;
 
-/// Why iWARP ports are left out while [`IWARP_DATA_PATH`] is false.
-pub const IWARP_WHY: &str = "iWARP needs the rdma_cm connection path and a data path without immediates, not in this build yet";
+/// Why iWARP ports would be left out were [`IWARP_DATA_PATH`] false.
+pub const IWARP_WHY: &str = "iWARP needs the rdma_cm connection path and a data path without immediates, not in this build";
+
+/// What the plugin does differently on iWARP, for the init log and doctor.
+pub const IWARP_HOW: &str = "rdma_cm connection set-up, completion notices by SEND (no immediates), eager path off, host memory only";
 
 /// The RDMA network a port belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,8 +166,18 @@ mod tests {
     }
 
     #[test]
-    fn iwarp_ports_are_listed_and_left_out_with_the_reason_in_this_build() {
+    fn iwarp_ports_are_used_in_this_build_beside_ib_and_roce() {
         let (used, seen) = run("", IWARP_DATA_PATH);
+        let names: Vec<&str> = used.iter().map(|u| u.0.as_str()).collect();
+        assert_eq!(names, ["mlx5_0", "rxe0", "siw0", "old0"], "IB and RoCE as before, and the active iWARP port");
+        assert!(seen.contains(&"siw0:1 iWARP ACTIVE".to_string()), "{seen:?}");
+        assert!(seen.contains(&"iwp1s0:1 iWARP DOWN".to_string()), "{seen:?}");
+        assert!(seen.contains(&"rxe0:1 RoCE ACTIVE".to_string()), "{seen:?}");
+    }
+
+    #[test]
+    fn without_the_data_path_iwarp_ports_are_left_out_with_the_reason() {
+        let (used, seen) = run("", false);
         let names: Vec<&str> = used.iter().map(|u| u.0.as_str()).collect();
         assert_eq!(names, ["mlx5_0", "rxe0", "old0"], "IB and RoCE as before, no iWARP");
         assert!(seen.contains(&format!("siw0:1 iWARP ACTIVE (left out: {IWARP_WHY})")), "{seen:?}");

@@ -13,7 +13,8 @@
 //! - [`comm`]: what the plugin holds: one send, receive and registration type for plain and merged devices;
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement);
 //! - [`iwarp`] / [`rdmacm`] (types in [`cmffi`]): iWARP connection set-up through librdmacm
-//!   (iWARP QPs are connected by the CM, not by hand), notices in [`crate::proto::notice`].
+//!   (iWARP QPs are connected by the CM, not by hand); [`notice_path`]: iWARP's connection
+//!   and completions without immediates (rules in [`crate::proto::notice`]), hooked into [`p2p`].
 pub mod cmffi;
 pub mod comm;
 pub mod device;
@@ -23,6 +24,7 @@ pub mod gdr;
 pub mod gid;
 pub mod handshake;
 pub mod iwarp;
+pub mod notice_path;
 pub mod p2p;
 pub mod port;
 pub mod rdmacm;
@@ -102,6 +104,9 @@ impl IbNet {
         let dev_cc = devs
             .iter()
             .map(|d| {
+                if d.iwarp {
+                    return Arc::new(notice_path::conn_cfg(&cc, d));
+                }
                 let flush = gdr::flush_needed(&d.gdr, cc.flush) && !cc.flush;
                 // the eager path copies with the CPU: host memory only
                 let no_eager = cc.eager > 0 && d.gdr.decision.ptr_support != crate::transport::PTR_HOST;
@@ -298,15 +303,7 @@ impl IbNet {
             .devs
             .iter()
             .enumerate()
-            .map(|(i, d)| {
-                format!(
-                    "[{i}]{}:{}/{} ({} Mbps)",
-                    d.dev_name,
-                    d.port,
-                    if d.link_layer == device::LINK_ETH { "RoCE" } else { "IB" },
-                    d.speed_mbps
-                )
-            })
+            .map(|(i, d)| format!("[{i}]{}:{}/{} ({} Mbps)", d.dev_name, d.port, d.kind_name(), d.speed_mbps))
             .collect();
         let oob: SocketAddr = self.oob.addr;
         format!("{}; OOB {}:{}", list.join(" "), self.oob.name, oob.ip())

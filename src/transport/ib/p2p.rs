@@ -18,6 +18,7 @@ use std::sync::Arc;
 use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
 use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::notice_path::{CmConnect, NoticeTx, RecvSide};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
@@ -252,6 +253,9 @@ impl Link {
                 " (no acknowledgement within NCCL_IB_TIMEOUT={} x NCCL_IB_RETRY_CNT={}: the peer died or is unreachable)",
                 self.cc.timeout, self.cc.retry_cnt
             ),
+            ffi::IBV_WC_WR_FLUSH_ERR if self.cc.notices && self.failed.is_none() => {
+                " (the iWARP connection was closed: the peer process exited or closed its comm)".into()
+            }
             ffi::IBV_WC_WR_FLUSH_ERR => " (the QP had already failed)".into(),
             ffi::IBV_WC_REM_ACCESS_ERR => " (the peer refused the write: buffer deregistered or comm closed)".into(),
             _ => String::new(),
@@ -263,7 +267,11 @@ impl Link {
             self.dev.describe(),
             wc.qp_num
         );
-        if is_remote_status(wc.status) {
+        // iWARP: the peer's TCP stream going away flushes our queues (no
+        // retry-exceeded status as on IB); a flush that is the first error
+        // means the connection ended there
+        let flushed_by_peer = self.cc.notices && wc.status == ffi::IBV_WC_WR_FLUSH_ERR && self.failed.is_none();
+        if is_remote_status(wc.status) || flushed_by_peer {
             Error::Remote { peer: self.peer_name(), what: msg }
         } else {
             Error::sys(format!("peer {}: {msg}", self.peer_name()), Errno(libc::EIO))
@@ -346,6 +354,11 @@ enum SendHs {
         got: usize,
         since: std::time::Instant,
     },
+    /// iWARP: the rdma_cm connections of our QPs ([`super::notice_path`]).
+    Cm {
+        cm: Box<CmConnect>,
+        remote: Box<Meta>,
+    },
     WriteReady {
         sent: usize,
     },
@@ -372,6 +385,8 @@ pub struct SendComm {
     eager_offer: u32,
     /// The eager path, when both ends agreed on it.
     eager: Option<EagerSend>,
+    /// iWARP: lanes end with notice SENDs (after `link`: dropped after the QPs).
+    notices: Option<NoticeTx>,
 }
 
 /// The sender's half of the eager path (its bookkeeping is in the machine, [`tx::Sender`]).
@@ -399,6 +414,7 @@ impl SendComm {
             remote_sizes: (0, 0),
             eager_offer,
             eager: None,
+            notices: None,
         }
     }
 
@@ -447,32 +463,20 @@ impl SendComm {
                     }
                     let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w.to_string() })?;
                     let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
-                    let qps = handshake::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
-                    self.link.qps = qps;
-                    self.link.init_stats();
-                    self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
-                    self.link.set_peer(&remote);
-                    self.remote_sizes = (remote.addr, remote.rkey);
-                    let mut limit = 0;
-                    if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
-                        limit = remote.eager as usize;
-                        self.eager = Some(EagerSend {
-                            stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(limit), Access::LOCAL_READ)?,
-                            ring: remote.ring,
-                        });
-                    } else if remote.eager > 0 {
-                        return Err(Error::Protocol {
-                            peer: self.link.peer_name(),
-                            what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
-                        });
+                    if self.link.cc.notices {
+                        let cm = CmConnect::start(&self.link.dev, &self.link.cc, qps, &remote, &self.link.peer)?;
+                        self.hs = Some(SendHs::Cm { cm: Box::new(cm), remote: Box::new(remote) });
+                        continue;
                     }
-                    self.tx.connected(tx::Config {
-                        nqps: self.link.qps.len(),
-                        split: self.link.cc.split,
-                        eager: limit,
-                        mailbox_after: tx::MAILBOX_AFTER,
-                    });
-                    self.hs = Some(SendHs::WriteReady { sent: 0 });
+                    let qps = handshake::connect_qps(&self.link.dev, &self.local, qps, &remote, self.tc, self.sl, &self.link.cc)?;
+                    self.connected(qps, &remote)?;
+                }
+                Some(SendHs::Cm { cm, .. }) => {
+                    let Some((qps, conns)) = cm.progress()? else { return Ok(()) };
+                    let Some(SendHs::Cm { remote, .. }) = self.hs.take() else { unreachable!() };
+                    let max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+                    self.notices = Some(NoticeTx::new(&self.link.dev.pd, qps.len(), max_inline, conns)?);
+                    self.connected(qps, &remote)?;
                 }
                 Some(SendHs::WriteReady { sent }) => {
                     if !handshake::write_some(&self.link.oob, &READY, sent, &self.link.peer, "READY")? {
@@ -491,6 +495,37 @@ impl SendComm {
                 }
             }
         }
+    }
+
+    /// Our QPs are connected (by hand, or by rdma_cm on iWARP): the comm
+    /// takes them and the receiver's parameters; READY goes out next.
+    fn connected(&mut self, qps: Vec<Qp<Rts>>, remote: &Meta) -> Result<()> {
+        self.link.qps = qps;
+        self.link.init_stats();
+        self.link.ev = EventSlots::new(SEND_SLOTS, self.link.qps.len());
+        self.link.set_peer(remote);
+        self.remote_sizes = (remote.addr, remote.rkey);
+        let mut limit = 0;
+        if remote.eager > 0 && remote.eager <= self.eager_offer && remote.ring.0 != 0 {
+            limit = remote.eager as usize;
+            self.eager = Some(EagerSend {
+                stage: HostRegion::new(&self.link.dev.pd, eager::ring_bytes(limit), Access::LOCAL_READ)?,
+                ring: remote.ring,
+            });
+        } else if remote.eager > 0 {
+            return Err(Error::Protocol {
+                peer: self.link.peer_name(),
+                what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, self.eager_offer),
+            });
+        }
+        self.tx.connected(tx::Config {
+            nqps: self.link.qps.len(),
+            split: self.link.cc.split,
+            eager: limit,
+            mailbox_after: tx::MAILBOX_AFTER,
+        });
+        self.hs = Some(SendHs::WriteReady { sent: 0 });
+        Ok(())
     }
 
     /// The capacity of the receive buffer a send of `tag` would fill next,
@@ -753,15 +788,27 @@ impl SendComm {
             if fail.is_none() && self.link.ev.is_some() && lane < MAX_EVENTS_PER_PARENT {
                 self.lane_events(g, qi, lane, nlanes, &plan[..k]);
             }
+            // iWARP: the same data writes, then a notice SEND instead of the immediate
+            let k = match &self.notices {
+                Some(nt) => nt.lane(g, lane, nlanes, qi, &plan[..k], &mut wrs)?,
+                None => k,
+            };
             let qp = &self.link.qps[qi];
             self.link.stats.bump(qi, lane_bytes);
             // SAFETY: data sources lie in NCCL buffers whose registrations
             // were checked in isend and which NCCL keeps valid and registered
             // until the request completes, i.e. until this lane's signaled
-            // last WR completes; the sizes staging lives in this comm, which
-            // outlives its QPs (field order), and slot `seq % FIFO_DEPTH` is
-            // rewritten only after the receiver completed `seq`.
-            unsafe { qp.post_writes(&wrs[..k])? };
+            // last WR completes; the sizes staging and the notice staging
+            // live in this comm, which outlives its QPs (field order), and
+            // slot `seq % FIFO_DEPTH` of either is rewritten only after the
+            // receiver completed `seq`.
+            unsafe {
+                if self.notices.is_some() {
+                    qp.post_writes_send(&wrs[..k])?
+                } else {
+                    qp.post_writes(&wrs[..k])?
+                }
+            };
         }
         self.tx.on_posted(g, nlanes, all_inline);
         Ok(())
@@ -1002,15 +1049,27 @@ pub struct RecvComm {
     /// The protocol: requests, FIFO slots, CTS batching, eager bookkeeping.
     rx: rx::Receiver,
     eager: Option<EagerRing>,
+    /// iWARP: rdma_cm and notices (after `link`: dropped after the QPs).
+    notices: Option<Box<RecvSide>>,
 }
 
 impl RecvComm {
-    pub(super) fn new(setup: Setup, qps: Vec<Qp<Rts>>, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, remote: &Meta) -> Result<RecvComm> {
+    /// `notices`: iWARP (its QPs are connected by rdma_cm later, and post
+    /// their notice receives then).
+    pub(super) fn new(
+        setup: Setup,
+        qps: Vec<Qp<Rts>>,
+        oob: Socket,
+        peer: SocketAddr,
+        cc: Arc<ConnCfg>,
+        remote: &Meta,
+        notices: Option<Box<RecvSide>>,
+    ) -> Result<RecvComm> {
         let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         let nq = qps.len();
-        for q in &qps {
+        for q in qps.iter().filter(|_| notices.is_none()) {
             for _ in 0..RECV_WRS {
                 q.post_recv_empty(RECV_WR)?;
             }
@@ -1038,12 +1097,13 @@ impl RecvComm {
             remote_fifo: (remote.addr, remote.rkey),
             rx,
             eager,
+            notices,
         })
     }
 
     /// What we tell the sender.
     pub(super) fn local_meta(&self) -> Meta {
-        Meta {
+        let mut m = Meta {
             qpns: self.link.qps.iter().map(|q| q.qpn()).collect(),
             mtu: self.local.mtu,
             link: self.link.dev.link_layer,
@@ -1061,7 +1121,11 @@ impl RecvComm {
             name: self.link.dev.dev_name.clone(),
             eager: self.rx.eager_limit() as u32,
             ring: self.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
+        };
+        if let Some(n) = &self.notices {
+            n.fill_meta(&mut m);
         }
+        m
     }
 
     pub(super) fn oob(&self) -> &Socket {
@@ -1104,12 +1168,23 @@ impl RecvComm {
     }
 
     fn progress_ready(&mut self) -> Result<()> {
+        if self.ready.is_none() {
+            return Ok(());
+        }
+        // iWARP: our side of the rdma_cm connections up, notice receives posted
+        let cm_up = match &mut self.notices {
+            Some(n) => n.cm_ready(&self.link.qps)?,
+            None => true,
+        };
         let Some((buf, got)) = &mut self.ready else { return Ok(()) };
         if !handshake::read_some(&self.link.oob, &mut buf[..], got, &self.link.peer, "READY")? {
             return Ok(());
         }
         if *buf != READY {
             return Err(Error::Protocol { peer: self.link.peer_name(), what: format!("expected READY, got {buf:02x?}") });
+        }
+        if !cm_up {
+            return Ok(());
         }
         self.ready = None;
         self.link.handshake = false;
@@ -1176,6 +1251,15 @@ impl RecvComm {
                 return Ok(None);
             }
         }
+        if !self.rx.can_take() {
+            return Ok(None);
+        }
+        // iWARP (no RNR retry): a CTS only while every notice it allows finds a receive
+        let (_, first, nlanes) = self.rx.next_lanes();
+        let in_flight = self.rx.in_flight() + 1;
+        if self.notices.as_ref().is_some_and(|n| !n.may_advertise(first, nlanes, in_flight)) {
+            return Ok(None);
+        }
         // messages that arrived before their buffer was posted are copied here
         let ring = self.eager.as_ref().map(|e| &e.ring);
         let taken = self.rx.take_recv(&cts[..n], &mut |d| copy_delivery(ring.expect("eager delivery without a ring"), d));
@@ -1187,6 +1271,13 @@ impl RecvComm {
                 return Err(self.link.fail_with(e));
             }
         };
+        if let Some(nt) = &mut self.notices {
+            let link = &self.link;
+            if let Err(e) = nt.expect(t.seq, t.nlanes, || link.peer_name()) {
+                self.rx.abandon(t.id);
+                return Err(self.link.fail_with(e));
+            }
+        }
         if let Some(ev) = &mut self.link.ev {
             ev.set_parents(t.id, parents);
             let device = self.link.dev.index as i32;
@@ -1319,27 +1410,40 @@ impl RecvComm {
     }
 
     fn complete_recv(&mut self, wc: &ibv_wc) -> Result<()> {
-        // keep the receive queue full (receive WRs are not tied to a receive)
         let qi = self.link.qp_index(wc.qp_num);
-        if let Some(q) = qi.map(|i| &self.link.qps[i]) {
-            q.post_recv_empty(RECV_WR)?;
-        }
-        if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
-            return Err(Error::Protocol {
-                peer: self.link.peer_name(),
-                what: format!("unexpected completion (opcode {}, wr_id {:#x}) on a receive QP", wc.opcode, wc.wr_id),
-            });
-        }
-        // SAFETY: WITH_IMM is set, so the union holds imm_data.
-        let word = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+        let word = if let Some(nt) = &mut self.notices {
+            // iWARP: the notice SEND carries the word (its receive reposted)
+            let link = &self.link;
+            let i = qi.ok_or_else(|| Error::Internal(format!("receive completion on unknown QP {:#x}", wc.qp_num)))?;
+            nt.on_recv(wc, i, &link.qps[i], || link.peer_name())?
+        } else {
+            // keep the receive queue full (receive WRs are not tied to a receive)
+            if let Some(q) = qi.map(|i| &self.link.qps[i]) {
+                q.post_recv_empty(RECV_WR)?;
+            }
+            if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
+                return Err(Error::Protocol {
+                    peer: self.link.peer_name(),
+                    what: format!("unexpected completion (opcode {}, wr_id {:#x}) on a receive QP", wc.opcode, wc.wr_id),
+                });
+            }
+            // SAFETY: WITH_IMM is set, so the union holds imm_data.
+            u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })
+        };
         self.on_word(qi, word)
     }
 
-    /// A completion word (immediate) on our QP `qi`: hand it to the
-    /// machine, end the profiler events it answers, count the bytes.
+    /// A completion word (an immediate, or an iWARP notice's) on our QP
+    /// `qi`: hand it to the machine, end the profiler events it answers,
+    /// count the bytes.
     fn on_word(&mut self, qi: Option<usize>, word: u32) -> Result<()> {
         let sizes_mem = &self.sizes_mem;
+        let notices = self.notices.as_deref();
         let read_sizes = |seq| {
+            // iWARP: lane 0's notice carried a grouped receive's sizes
+            if let Some(n) = notices {
+                return n.sizes((seq % FIFO_DEPTH as u64) as usize);
+            }
             let mut b = [0u8; SIZES_SLOT_BYTES];
             sizes_mem.read(fifo::sizes_offset(seq), &mut b);
             fifo::decode_sizes(&b)

@@ -151,16 +151,29 @@ pub fn doctor_line(port_detail: &str) -> String {
         Ok(_) => format!("{LIBRDMACM} loads (RDMACM_1.0)"),
         Err(e) => format!("librdmacm NOT usable: {e}"),
     };
-    let plugin = if super::iwarp::IWARP_DATA_PATH { "the plugin uses it" } else { "the plugin leaves it out" };
-    format!("{port_detail}: iWARP connects only through rdma_cm; {cm}; {plugin} ({})", super::iwarp::IWARP_WHY)
+    let plugin = if !super::iwarp::IWARP_DATA_PATH {
+        format!("the plugin leaves it out ({})", super::iwarp::IWARP_WHY)
+    } else if CmLib::get().is_ok() {
+        format!("the plugin uses it: {}", super::iwarp::IWARP_HOW)
+    } else {
+        "the plugin cannot connect it without librdmacm".to_string()
+    };
+    format!("{port_detail}: iWARP connects only through rdma_cm; {cm}; {plugin}")
+}
+
+/// Whether an ACTIVE iWARP port is usable by the plugin here (doctor's verdict).
+pub fn doctor_ok() -> bool {
+    super::iwarp::IWARP_DATA_PATH && CmLib::get().is_ok()
 }
 
 /// `rustnet doctor`'s fix for an ACTIVE iWARP port.
 pub fn doctor_fix() -> String {
     if CmLib::get().is_err() {
         "install librdmacm1 (rdma-core); meanwhile NCCL uses the other ports or TCP".into()
-    } else {
+    } else if !super::iwarp::IWARP_DATA_PATH {
         "nothing to do: NCCL uses the other ports or TCP (exclude it explicitly with NCCL_IB_HCA=^dev to silence this)".into()
+    } else {
+        String::new()
     }
 }
 
@@ -395,6 +408,21 @@ impl CmListener {
         }
         Ok(None)
     }
+}
+
+/// The RDMA device rdma_cm binds `ip` to (None: no RDMA device serves that
+/// address). How an iWARP device finds its own address: siw and most iWARP
+/// NICs show no netdev link in sysfs, and rdma_cm's answer is the one its
+/// connections will follow anyway.
+pub fn device_of(ip: IpAddr) -> Result<Option<String>> {
+    let lib = CmLib::get().map_err(Error::Usage)?;
+    let id = Id::new(Chan::new(lib)?)?;
+    let mut sa = SockAddr::new(SocketAddr::new(ip, 0));
+    // SAFETY: live id; sa is a valid sockaddr for the call.
+    if unsafe { (lib.bind_addr)(id.ptr, sa.ptr()) } != 0 {
+        return Ok(None);
+    }
+    Ok(id.device_name())
 }
 
 impl CmRequest {

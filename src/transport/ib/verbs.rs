@@ -1202,6 +1202,25 @@ impl Qp<Rts> {
     /// the WR completes: its own completion if signaled, else the completion
     /// of a later signaled WR on this QP (or the QP's destruction).
     pub unsafe fn post_writes(&self, wrs: &[SendWr]) -> Result<()> {
+        // SAFETY: this fn's contract is post_chain's, which our caller promised.
+        unsafe { self.post_chain(wrs, false) }
+    }
+
+    /// [`Self::post_writes`], except that the last WR is a SEND (its
+    /// `remote` and `imm` unused): a lane's RDMA writes and then its notice
+    /// (iWARP, [`crate::proto::notice`]) in one post. RC places the writes
+    /// before the SEND completes at the peer.
+    ///
+    /// # Safety
+    /// As [`Self::post_writes`], for every WR including the SEND.
+    pub unsafe fn post_writes_send(&self, wrs: &[SendWr]) -> Result<()> {
+        // SAFETY: this fn's contract is post_chain's, which our caller promised.
+        unsafe { self.post_chain(wrs, true) }
+    }
+
+    /// # Safety
+    /// As [`Self::post_writes`].
+    unsafe fn post_chain(&self, wrs: &[SendWr], send_last: bool) -> Result<()> {
         assert!(!wrs.is_empty() && wrs.len() <= MAX_CHAIN);
         let mut sges = [const { std::mem::MaybeUninit::<ibv_sge>::uninit() }; MAX_CHAIN];
         // only the n WRs posted are initialized (no 2 KiB memset per post)
@@ -1215,7 +1234,13 @@ impl Qp<Rts> {
                 sges[i].write(ibv_sge { addr: w.local.0, length: w.local.1, lkey: w.local.2 });
                 sw.num_sge = 1;
             }
-            sw.opcode = if w.imm.is_some() { IBV_WR_RDMA_WRITE_WITH_IMM } else { IBV_WR_RDMA_WRITE };
+            sw.opcode = if send_last && i + 1 == wrs.len() {
+                IBV_WR_SEND
+            } else if w.imm.is_some() {
+                IBV_WR_RDMA_WRITE_WITH_IMM
+            } else {
+                IBV_WR_RDMA_WRITE
+            };
             sw.send_flags = (if w.signaled { ibv_send_flags::IBV_SEND_SIGNALED } else { 0 })
                 | (if w.inline && w.local.1 > 0 { ibv_send_flags::IBV_SEND_INLINE } else { 0 });
             sw.__bindgen_anon_1.imm_data = w.imm.unwrap_or(0).to_be();

@@ -1,0 +1,485 @@
+//! The verbs transport over iWARP: what differs from IB/RoCE, kept out of
+//! [`super::p2p`] except for short hooks.
+//!
+//! - Connection: the out-of-band TCP exchange of [`super::handshake`] stays
+//!   (one [`Meta`] each way, then READY), but the QPs are connected by
+//!   rdma_cm ([`super::rdmacm`]; iWARP refuses RTR -> RTS by hand). The
+//!   receiver opens an rdma_cm listener on its device's address when the
+//!   sender's metadata arrives and puts that address in its own metadata
+//!   ([`RecvSide::fill_meta`]: `gid` = the address, `lid` = the port); the
+//!   sender starts one rdma_cm connection per QP there ([`CmConnect`]) with
+//!   its QP's number and, as private data, a cookie naming the receive comm
+//!   and the QP index; the receiver accepts each matching request with its
+//!   QP of that index ([`RecvSide::cm_ready`]) and refuses anything else.
+//!   All of it is polled from the comms' existing progress points; nothing
+//!   waits. The sender writes READY once its side is established; the
+//!   receiver writes its first CTS only when READY came and its side is
+//!   established too, its notice receives posted.
+//! - Data: no immediates. Each lane of a message is its RDMA WRITEs then one
+//!   SEND, the *notice* ([`crate::proto::notice`]), in one post
+//!   ([`NoticeTx::lane`]); the receiver keeps [`RECV_DEPTH`] receives with
+//!   buffers posted on every QP ([`RecvRing`]), decodes each notice into the
+//!   word an immediate would have carried ([`RecvSide::on_recv`]), and
+//!   [`super::p2p`] completes the receive exactly as on IB (sizes, checks,
+//!   groups, failures); lane 0's notice carries a grouped receive's sizes
+//!   ([`RecvSide::sizes`]) instead of the sizes write. A CTS is written only
+//!   while [`RecvRing::may_advertise`] holds: iWARP has no RNR retry.
+//! - Off on iWARP, decided once per device ([`conn_cfg`], one INFO line):
+//!   the eager path (the notice path is the one verified over iWARP, and one
+//!   decision per comm keeps the two from mixing), the loopback flush QP (it
+//!   cannot be brought up by hand), and GPUDirect ([`super::gdr::host_only`]).
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::device::IbDev;
+use super::ffi::{ibv_wc, IBV_WC_RECV};
+use super::handshake::ConnCfg;
+use super::rdmacm::{self, CmConn, CmListener, Progress};
+use super::verbs::{Access, HostRegion, Init, Pd, Qp, Rts, SendWr};
+use crate::error::{Error, Result};
+use crate::proto::error::ProtoError;
+use crate::proto::fifo::{Group, Imm, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
+use crate::proto::ib_meta::{Meta, LINK_IWARP};
+use crate::proto::notice::{Assembler, Notice, RecvRing, MAX_LANES, NOTICE_BYTES, RECV_DEPTH};
+use crate::transport::MAX_RECVS;
+
+/// The connection settings of an iWARP device: notices on, the eager path
+/// and flushes off, at most [`MAX_LANES`] QPs; says so once in the log.
+pub fn conn_cfg(cc: &ConnCfg, dev: &IbDev) -> ConnCfg {
+    let mut notes = Vec::new();
+    if cc.eager > 0 {
+        notes.push("eager path off (RUSTNET_IB_EAGER applies to IB/RoCE only)".to_string());
+    }
+    if cc.flush {
+        notes.push("RUSTNET_FORCE_FLUSH ignored (host memory only: nothing to flush)".to_string());
+    }
+    let nqps = cc.nqps.min(MAX_LANES);
+    if nqps < cc.nqps {
+        notes.push(format!("NCCL_IB_QPS_PER_CONNECTION={} capped at {MAX_LANES}", cc.nqps));
+    }
+    let extra = if notes.is_empty() { String::new() } else { format!("; {}", notes.join("; ")) };
+    tracing::info!("{}: {}{extra}", dev.describe(), super::iwarp::IWARP_HOW);
+    ConnCfg { notices: true, eager: 0, flush: false, nqps, ..cc.clone() }
+}
+
+/// The address rdma_cm binds to `dev`: the first of this host's addresses
+/// (IPv4 first, then global IPv6) that rdma_cm maps to that device.
+pub fn device_ip(dev: &IbDev) -> Result<IpAddr> {
+    let mut cands: Vec<IpAddr> = crate::transport::sock::interfaces()?
+        .into_iter()
+        .filter(|i| i.running && !i.loopback)
+        .map(|i| i.addr)
+        .filter(|a| match a {
+            IpAddr::V4(_) => true,
+            // a link-local address would need its scope id
+            IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 != 0xfe80,
+        })
+        .collect();
+    cands.sort_by_key(|a| a.is_ipv6());
+    for ip in &cands {
+        if rdmacm::device_of(*ip)?.as_deref() == Some(dev.dev_name.as_str()) {
+            return Ok(*ip);
+        }
+    }
+    Err(Error::Usage(format!(
+        "{}: none of this host's addresses {cands:?} belongs to it (rdma_cm binds none of them to {}): \
+         give its network interface an IP address",
+        dev.describe(),
+        dev.dev_name
+    )))
+}
+
+/// The rdma_cm listener address a receiver's [`Meta`] carries.
+pub fn listener_addr(m: &Meta) -> SocketAddr {
+    let v6 = Ipv6Addr::from(m.gid);
+    let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+    SocketAddr::new(ip, m.lid)
+}
+
+const COOKIE_MAGIC: [u8; 4] = *b"RNCM";
+const PRIVATE_LEN: usize = 16;
+
+/// The private data of the sender's connect request for QP `i` of `n`:
+/// magic, QP index, QP count, and the receive comm's cookie (the address of
+/// its sizes area, from its metadata).
+fn private(cookie: u64, i: usize, n: usize) -> [u8; PRIVATE_LEN] {
+    let mut b = [0u8; PRIVATE_LEN];
+    b[..4].copy_from_slice(&COOKIE_MAGIC);
+    b[4..6].copy_from_slice(&(i as u16).to_le_bytes());
+    b[6..8].copy_from_slice(&(n as u16).to_le_bytes());
+    b[8..16].copy_from_slice(&cookie.to_le_bytes());
+    b
+}
+
+/// Which QP a connect request is for, if it is one of ours for this comm.
+fn parse_private(p: &[u8], cookie: u64, n: usize) -> Option<usize> {
+    if p.len() < PRIVATE_LEN || p[..4] != COOKIE_MAGIC {
+        return None;
+    }
+    let i = u16::from_le_bytes([p[4], p[5]]) as usize;
+    let m = u16::from_le_bytes([p[6], p[7]]) as usize;
+    let c = u64::from_le_bytes(p[8..16].try_into().ok()?);
+    (c == cookie && m == n && i < n).then_some(i)
+}
+
+fn proto(peer: String, e: ProtoError) -> Error {
+    Error::Protocol { peer, what: e.to_string() }
+}
+
+// ---------------------------------------------------------------- sender
+
+/// The sender's QPs once rdma_cm connected them (RTS), and the connections
+/// that keep them so.
+pub type Connected = (Vec<Qp<Rts>>, Vec<CmConn>);
+
+/// The sender's rdma_cm connections, one per QP, in progress.
+pub struct CmConnect {
+    conns: Vec<CmConn>,
+    qps: Vec<Qp<Init>>,
+    est: Vec<bool>,
+    cookie: u64,
+    dev: String,
+    peer: String,
+    since: Instant,
+    timeout_s: u32,
+}
+
+impl CmConnect {
+    /// Start connecting our `qps` (INIT) to the receiver whose metadata is
+    /// `remote`; returns at once.
+    pub fn start(dev: &IbDev, cc: &ConnCfg, qps: Vec<Qp<Init>>, remote: &Meta, oob_peer: &SocketAddr) -> Result<CmConnect> {
+        if remote.link != LINK_IWARP {
+            return Err(Error::Usage(format!(
+                "peer {oob_peer} ({}) answered from a port that is not iWARP, to our {}: link layers differ",
+                remote.name,
+                dev.describe()
+            )));
+        }
+        if remote.qpns.len() != qps.len() {
+            return Err(Error::Usage(format!(
+                "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
+                remote.qpns.len(),
+                qps.len()
+            )));
+        }
+        let dst = listener_addr(remote);
+        let src = device_ip(dev)?;
+        let peer = format!("{oob_peer} ({} rdma_cm {dst})", remote.name);
+        let mut conns = Vec::with_capacity(qps.len());
+        for _ in 0..qps.len() {
+            conns.push(CmConn::start(src, dst, &format!("{oob_peer} ({})", remote.name))?);
+        }
+        let n = qps.len();
+        Ok(CmConnect {
+            conns,
+            qps,
+            est: vec![false; n],
+            cookie: remote.addr,
+            dev: dev.dev_name.clone(),
+            peer,
+            since: Instant::now(),
+            timeout_s: cc.stream.connect_timeout_s.clamp(1, u32::MAX as i64) as u32,
+        })
+    }
+
+    /// Advance every connection; the QPs (now RTS) and the connections to
+    /// keep once all are established.
+    pub fn progress(&mut self) -> Result<Option<Connected>> {
+        let n = self.conns.len();
+        for i in 0..n {
+            if self.est[i] {
+                continue;
+            }
+            match self.conns[i].poll()? {
+                Progress::Pending => {}
+                Progress::NeedQp => {
+                    let on = self.conns[i].device_name();
+                    if on.as_deref() != Some(self.dev.as_str()) {
+                        return Err(Error::Usage(format!(
+                            "rdma_cm routes the connection to {} through {}, not through {}, whose QPs we connect: \
+                             the two devices' addresses must be reachable through their own interfaces",
+                            self.peer,
+                            on.unwrap_or_else(|| "no RDMA device".into()),
+                            self.dev
+                        )));
+                    }
+                    let qpn = self.qps[i].qpn();
+                    self.conns[i].connect(qpn, &private(self.cookie, i, n))?;
+                }
+                Progress::Established(_) => self.est[i] = true,
+            }
+        }
+        if self.est.iter().all(|&e| e) {
+            let qps = std::mem::take(&mut self.qps).into_iter().map(Qp::connected_by_cm).collect();
+            return Ok(Some((qps, std::mem::take(&mut self.conns))));
+        }
+        if self.since.elapsed() >= Duration::from_secs(self.timeout_s as u64) {
+            let k = self.est.iter().filter(|&&e| e).count();
+            return Err(Error::Remote {
+                peer: self.peer.clone(),
+                what: format!(
+                    "{k} of {n} rdma_cm connections established within RUSTNET_CONNECT_TIMEOUT={} s: \
+                     the receiver stopped accepting or its address is unreachable over iWARP",
+                    self.timeout_s
+                ),
+            });
+        }
+        Ok(None)
+    }
+}
+
+/// The sender's notice side: a staging slot per (FIFO slot, QP) for notices
+/// that do not go inline, and the rdma_cm connections (dropped after the QPs).
+pub struct NoticeTx {
+    stage: HostRegion,
+    nqps: usize,
+    max_inline: usize,
+    _conns: Vec<CmConn>,
+}
+
+impl NoticeTx {
+    /// For a connection of `nqps` QPs that take `max_inline` bytes inline.
+    pub fn new(pd: &Pd, nqps: usize, max_inline: u32, conns: Vec<CmConn>) -> Result<NoticeTx> {
+        let stage = HostRegion::new(pd, FIFO_DEPTH * nqps * NOTICE_BYTES, Access::LOCAL_READ)?;
+        Ok(NoticeTx { stage, nqps, max_inline: max_inline as usize, _conns: conns })
+    }
+
+    /// Turn lane `lane`'s planned WRs (`plan`, built into `wrs[..plan.len()]`
+    /// by the IB path) into its data writes without immediate, then the
+    /// notice SEND (signaled, `wr_id` = the slot's sequence like the write
+    /// with immediate it replaces). Returns how many WRs to post, with
+    /// [`super::verbs::Qp::post_writes_send`].
+    pub fn lane(
+        &self,
+        g: &Group,
+        lane: usize,
+        nlanes: usize,
+        qi: usize,
+        plan: &[PlannedWr],
+        wrs: &mut [SendWr; MAX_LANE_WRS],
+    ) -> Result<usize> {
+        let word = plan.iter().find_map(|p| p.imm).ok_or_else(|| Error::Internal(format!("lane {lane} of #{} has no immediate", g.seq)))?;
+        let imm = Imm::decode(word).map_err(|e| Error::Internal(format!("lane {lane} of #{}: {e}", g.seq)))?;
+        let mut sizes = [0u32; MAX_RECVS];
+        if let (0, ImmKind::Sizes(n)) = (lane, imm.kind) {
+            let n = n as usize;
+            sizes[..n].copy_from_slice(&g.wire_sizes()[..n]);
+        }
+        let notice = Notice { imm, lane: lane as u8, lanes: nlanes as u8, sizes };
+        let mut k = 0;
+        for (j, p) in plan.iter().enumerate() {
+            // the sizes write and the empty write existed only for their immediate
+            if matches!(p.kind, WrKind::Data { .. }) {
+                wrs[k] = SendWr { imm: None, signaled: false, ..wrs[j] };
+                k += 1;
+            }
+        }
+        let (bytes, len) = notice.encode();
+        let off = ((g.seq % FIFO_DEPTH as u64) as usize * self.nqps + qi) * NOTICE_BYTES;
+        // rewritten only for seq + FIFO_DEPTH, after this slot's lanes completed
+        self.stage.write(off, &bytes);
+        wrs[k] = SendWr {
+            wr_id: g.seq,
+            local: (self.stage.addr() as u64 + off as u64, len as u32, self.stage.lkey()),
+            remote: (0, 0),
+            imm: None,
+            signaled: true,
+            inline: len <= self.max_inline,
+        };
+        Ok(k + 1)
+    }
+}
+
+// ---------------------------------------------------------------- receiver
+
+/// The receiver's iWARP side: its rdma_cm listener and connections, and the
+/// notices' receive rings.
+pub struct RecvSide {
+    listener: CmListener,
+    cookie: u64,
+    qpns: Vec<u32>,
+    conns: Vec<Option<CmConn>>,
+    est: Vec<bool>,
+    peer: String,
+    /// All connections established and the receives posted.
+    up: bool,
+    /// Notice buffers: QP i's ring at `i * RECV_DEPTH * NOTICE_BYTES`.
+    area: HostRegion,
+    rings: Vec<RecvRing>,
+    asm: Assembler,
+    /// Lane 0's sizes per FIFO slot, once its receive has every notice.
+    sizes: Box<[[u32; MAX_RECVS]; FIFO_DEPTH]>,
+}
+
+impl RecvSide {
+    /// Listen on `dev`'s address for the connections of QPs `qpns`; `cookie`
+    /// is what our metadata's `addr` says (the sender echoes it).
+    pub fn new(dev: &IbDev, pd: &Pd, qpns: Vec<u32>, cookie: u64, peer: &SocketAddr) -> Result<Box<RecvSide>> {
+        let listener = CmListener::new(device_ip(dev)?)?;
+        let n = qpns.len();
+        Ok(Box::new(RecvSide {
+            listener,
+            cookie,
+            conns: (0..n).map(|_| None).collect(),
+            est: vec![false; n],
+            peer: peer.to_string(),
+            up: false,
+            area: HostRegion::new(pd, n * RECV_DEPTH * NOTICE_BYTES, Access::LOCAL_WRITE)?,
+            rings: (0..n).map(|_| RecvRing::new()).collect(),
+            asm: Assembler::new(),
+            sizes: Box::new([[0; MAX_RECVS]; FIFO_DEPTH]),
+            qpns,
+        }))
+    }
+
+    /// Our metadata says where to connect: the listener's address.
+    pub fn fill_meta(&self, m: &mut Meta) {
+        let a = self.listener.addr();
+        m.gid = match a.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        m.lid = a.port();
+        m.family = if a.is_ipv4() { 4 } else { 6 };
+        m.link = LINK_IWARP;
+    }
+
+    /// Accept the sender's requests and follow the connections; once all
+    /// are established, post every QP's notice receives. True from then on.
+    pub fn cm_ready(&mut self, qps: &[Qp<Rts>]) -> Result<bool> {
+        if self.up {
+            return Ok(true);
+        }
+        let n = self.qpns.len();
+        while let Some(req) = self.listener.poll()? {
+            match parse_private(&req.private, self.cookie, n) {
+                Some(i) if self.conns[i].is_none() => {
+                    self.conns[i] = Some(req.accept(self.qpns[i], &[], &self.peer)?);
+                }
+                _ => {
+                    tracing::debug!("rdma_cm listener {}: refusing a request that is not for this comm", self.listener.addr());
+                    req.reject();
+                }
+            }
+        }
+        for (c, e) in self.conns.iter_mut().zip(self.est.iter_mut()) {
+            if let (Some(c), false) = (c, *e) {
+                if let Progress::Established(_) = c.poll()? {
+                    *e = true;
+                }
+            }
+        }
+        if !self.est.iter().all(|&e| e) {
+            return Ok(false);
+        }
+        for (i, q) in qps.iter().enumerate() {
+            self.repost(i, q)?;
+        }
+        self.up = true;
+        Ok(true)
+    }
+
+    fn repost(&mut self, qi: usize, qp: &Qp<Rts>) -> Result<()> {
+        let ring = &mut self.rings[qi];
+        let ids = ring.to_post();
+        let base = self.area.addr() as u64 + (qi * RECV_DEPTH * NOTICE_BYTES) as u64;
+        for id in ids.clone() {
+            let local = (base + RecvRing::slot(id) as u64, NOTICE_BYTES as u32, self.area.lkey());
+            // SAFETY: the slot lies in `area`, registered with local write on
+            // the QP's PD; `area` lives in this RecvSide, which the receive
+            // comm drops after its QPs (field order), and a slot is reposted
+            // only after its previous receive completed and was read.
+            unsafe { qp.post_recv(id, local)? };
+        }
+        ring.posted(ids.end);
+        Ok(())
+    }
+
+    /// May receive `seq`'s CTS go out, `in_flight` receives (it included)
+    /// then able to bring notices on lanes `first..first + nlanes`?
+    pub fn may_advertise(&self, first: usize, nlanes: usize, in_flight: usize) -> bool {
+        let n = self.rings.len();
+        (first..first + nlanes).all(|q| self.rings[q % n].may_advertise(in_flight))
+    }
+
+    /// Receive `seq` (posted now) will get `nlanes` notices.
+    pub fn expect(&mut self, seq: u64, nlanes: usize, peer: impl Fn() -> String) -> Result<()> {
+        self.asm.expect(seq, nlanes).map_err(|e| proto(peer(), e))
+    }
+
+    /// A receive completed on QP `qi`: read, repost and decode its notice.
+    /// Returns the word an immediate would have carried.
+    pub fn on_recv(&mut self, wc: &ibv_wc, qi: usize, qp: &Qp<Rts>, peer: impl Fn() -> String) -> Result<u32> {
+        if wc.opcode != IBV_WC_RECV {
+            return Err(Error::Protocol {
+                peer: peer(),
+                what: format!("unexpected completion (opcode {}, wr_id {:#x}) on an iWARP receive QP", wc.opcode, wc.wr_id),
+            });
+        }
+        let off = self.rings[qi].take(wc.wr_id).map_err(|e| proto(peer(), e))?;
+        let len = wc.byte_len as usize;
+        if len > NOTICE_BYTES {
+            return Err(Error::Protocol { peer: peer(), what: format!("a {len}-byte notice (at most {NOTICE_BYTES})") });
+        }
+        let mut b = [0u8; NOTICE_BYTES];
+        self.area.read(qi * RECV_DEPTH * NOTICE_BYTES + off, &mut b);
+        self.repost(qi, qp)?;
+        let n = Notice::decode(&b[..len]).map_err(|e| proto(peer(), e))?;
+        if let Some(first) = self.asm.on_notice(n).map_err(|e| proto(peer(), e))? {
+            self.sizes[first.imm.slot as usize] = first.sizes;
+        }
+        Ok(n.imm.encode())
+    }
+
+    /// The sizes lane 0 carried for the receive in FIFO slot `slot`.
+    pub fn sizes(&self, slot: usize) -> [u32; MAX_RECVS] {
+        self.sizes[slot]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_names_comm_and_qp() {
+        let p = private(0xfeed, 2, 4);
+        assert_eq!(parse_private(&p, 0xfeed, 4), Some(2));
+        assert_eq!(parse_private(&p, 0xbeef, 4), None, "another comm's request");
+        assert_eq!(parse_private(&p, 0xfeed, 2), None, "QP count differs");
+        assert_eq!(parse_private(&p[..8], 0xfeed, 4), None, "short");
+        assert_eq!(parse_private(b"hello", 0xfeed, 4), None);
+    }
+
+    #[test]
+    fn listener_address_round_trips_through_meta() {
+        for a in ["10.198.0.2:4791", "[2001:db8::7]:18515"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let mut m = Meta {
+                qpns: vec![1],
+                mtu: 3,
+                link: LINK_IWARP,
+                port: 1,
+                gid_index: 0,
+                lid: a.port(),
+                tc: 0,
+                sl: 0,
+                split: false,
+                gid: [0; 16],
+                family: 0,
+                roce_version: 0,
+                addr: 0,
+                rkey: 0,
+                name: "siw1".into(),
+                eager: 0,
+                ring: (0, 0),
+            };
+            m.gid = match a.ip() {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                IpAddr::V6(v6) => v6.octets(),
+            };
+            let back = Meta::decode(&m.encode()).unwrap();
+            assert_eq!(listener_addr(&back), a);
+        }
+    }
+}
