@@ -214,6 +214,8 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
         return Err(Error::Usage("ibv_get_device_list found no RDMA device".into()));
     }
     let hca: &NameList = &cfg.ib_hca;
+    // Asked once: an iWARP port is offered only if it can be connected.
+    let iwarp = super::rdmacm::iwarp_usable();
     let mut seen = Vec::new();
     let mut cands = Vec::new();
     let mut ctxs = Vec::new();
@@ -247,7 +249,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
                 link_layer: pa.link_layer,
                 state: pa.state,
             };
-            let (kind, said) = super::iwarp::verdict(&facts, hca);
+            let (kind, said) = super::iwarp::verdict_with(&facts, hca, iwarp.as_ref().copied().map_err(String::as_str));
             if kind.is_none() && facts.transport_type == super::ffi::IBV_TRANSPORT_IWARP {
                 tracing::info!("{said}");
             }

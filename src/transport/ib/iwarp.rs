@@ -97,12 +97,11 @@ pub struct PortFacts<'a> {
 
 /// Discovery's decision on one port: `Some(kind)` to use it, and the text
 /// listed among the ports seen (init log; the error when nothing is usable).
-pub fn verdict(f: &PortFacts<'_>, hca: &NameList) -> (Option<Kind>, String) {
-    verdict_with(f, hca, IWARP_DATA_PATH)
-}
-
-/// [`verdict`] with the iWARP capability given (tests drive both).
-pub fn verdict_with(f: &PortFacts<'_>, hca: &NameList, iwarp_ok: bool) -> (Option<Kind>, String) {
+/// `iwarp` says whether iWARP ports can be connected here, or why not: the
+/// caller passes [`super::rdmacm::iwarp_usable`] (the data path is built in
+/// and librdmacm loads), so an iWARP port whose connections could only fail
+/// is never offered to NCCL (tests drive both answers).
+pub fn verdict_with(f: &PortFacts<'_>, hca: &NameList, iwarp: Result<(), &str>) -> (Option<Kind>, String) {
     let kind = Kind::of(f.transport_type, f.link_layer);
     let (name, port, ll) = (f.dev, f.port, kind.name());
     let state = port_state_name(f.state);
@@ -115,8 +114,8 @@ pub fn verdict_with(f: &PortFacts<'_>, hca: &NameList, iwarp_ok: bool) -> (Optio
     if !hca.accepts(name, Some(port as u32)) {
         return (None, format!("{name}:{port} {ll} {state} (excluded by NCCL_IB_HCA)"));
     }
-    if kind == Kind::Iwarp && !iwarp_ok {
-        return (None, format!("{name}:{port} {ll} {state} (left out: {IWARP_WHY})"));
+    if let (Kind::Iwarp, Err(why)) = (kind, iwarp) {
+        return (None, format!("{name}:{port} {ll} {state} (left out: {why})"));
     }
     (Some(kind), format!("{name}:{port} {ll} {state}"))
 }
@@ -143,11 +142,15 @@ mod tests {
     }
 
     fn run(hca: &str, iwarp_ok: bool) -> (Vec<(String, Kind)>, Vec<String>) {
+        run_why(hca, if iwarp_ok { Ok(()) } else { Err(IWARP_WHY) })
+    }
+
+    fn run_why(hca: &str, iwarp: Result<(), &str>) -> (Vec<(String, Kind)>, Vec<String>) {
         let hca = NameList::parse_knob(hca).unwrap();
         let mut used = Vec::new();
         let mut seen = Vec::new();
         for f in fake_list() {
-            let (k, s) = verdict_with(&f, &hca, iwarp_ok);
+            let (k, s) = verdict_with(&f, &hca, iwarp);
             if let Some(k) = k {
                 used.push((f.dev.to_string(), k));
             }
@@ -183,6 +186,18 @@ mod tests {
         assert!(seen.contains(&format!("siw0:1 iWARP ACTIVE (left out: {IWARP_WHY})")), "{seen:?}");
         assert!(seen.contains(&"iwp1s0:1 iWARP DOWN".to_string()), "{seen:?}");
         assert!(seen.contains(&"rxe0:1 RoCE ACTIVE".to_string()), "{seen:?}");
+    }
+
+    #[test]
+    fn without_librdmacm_iwarp_ports_are_not_offered_and_the_seen_line_says_why() {
+        // RUSTNET_TRANSPORT=auto on an iWARP-only host: offering the port
+        // would pick verbs and every connect would fail; left out, auto
+        // falls back to TCP and the init log names the missing library.
+        let why = "librdmacm not loadable: cannot load librdmacm.so.1: not found (install librdmacm1)";
+        let (used, seen) = run_why("", Err(why));
+        assert!(!used.iter().any(|u| u.1 == Kind::Iwarp), "{used:?}");
+        assert!(seen.contains(&format!("siw0:1 iWARP ACTIVE (left out: {why})")), "{seen:?}");
+        assert!(used.iter().any(|u| u.0 == "rxe0"), "RoCE is unaffected");
     }
 
     #[test]

@@ -161,9 +161,20 @@ pub fn doctor_line(port_detail: &str) -> String {
     format!("{port_detail}: iWARP connects only through rdma_cm; {cm}; {plugin}")
 }
 
+/// Whether iWARP ports can be connected here, or why not: the data path is
+/// built in and librdmacm loads. Discovery leaves iWARP ports out on `Err`
+/// (the text goes into the port's seen-line), so NCCL never gets a port
+/// whose every connect would fail.
+pub fn iwarp_usable() -> std::result::Result<(), String> {
+    if !super::iwarp::IWARP_DATA_PATH {
+        return Err(super::iwarp::IWARP_WHY.to_string());
+    }
+    CmLib::get().map(|_| ()).map_err(|e| format!("librdmacm not loadable: {e}"))
+}
+
 /// Whether an ACTIVE iWARP port is usable by the plugin here (doctor's verdict).
 pub fn doctor_ok() -> bool {
-    super::iwarp::IWARP_DATA_PATH && CmLib::get().is_ok()
+    iwarp_usable().is_ok()
 }
 
 /// `rustnet doctor`'s fix for an ACTIVE iWARP port.
