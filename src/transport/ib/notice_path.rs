@@ -147,7 +147,9 @@ pub struct CmConnect {
 impl CmConnect {
     /// Start connecting our `qps` (INIT) to the receiver whose metadata is
     /// `remote`; returns at once.
-    pub fn start(dev: &IbDev, cc: &ConnCfg, qps: Vec<Qp<Init>>, remote: &Meta, oob_peer: &SocketAddr) -> Result<CmConnect> {
+    /// `since` is when the connect began (before the metadata exchange), so
+    /// RUSTNET_CONNECT_TIMEOUT bounds the whole connect, not each phase.
+    pub fn start(dev: &IbDev, cc: &ConnCfg, qps: Vec<Qp<Init>>, remote: &Meta, oob_peer: &SocketAddr, since: Instant) -> Result<CmConnect> {
         if remote.link != LINK_IWARP {
             return Err(Error::Usage(format!(
                 "peer {oob_peer} ({}) answered from a port that is not iWARP, to our {}: link layers differ",
@@ -177,8 +179,8 @@ impl CmConnect {
             cookie: remote.addr,
             dev: dev.dev_name.clone(),
             peer,
-            since: Instant::now(),
-            timeout_s: cc.stream.connect_timeout_s.clamp(1, u32::MAX as i64) as u32,
+            since,
+            timeout_s: cm_timeout_s(cc),
         })
     }
 
@@ -213,17 +215,13 @@ impl CmConnect {
             let qps = std::mem::take(&mut self.qps).into_iter().map(Qp::connected_by_cm).collect();
             return Ok(Some((qps, std::mem::take(&mut self.conns))));
         }
-        if self.since.elapsed() >= Duration::from_secs(self.timeout_s as u64) {
-            let k = self.est.iter().filter(|&&e| e).count();
-            return Err(Error::Remote {
-                peer: self.peer.clone(),
-                what: format!(
-                    "{k} of {n} rdma_cm connections established within RUSTNET_CONNECT_TIMEOUT={} s: \
-                     the receiver stopped accepting or its address is unreachable over iWARP",
-                    self.timeout_s
-                ),
-            });
-        }
+        cm_deadline(
+            self.since,
+            self.timeout_s,
+            &self.est,
+            &self.peer,
+            "the receiver stopped accepting or its address is unreachable over iWARP",
+        )?;
         Ok(None)
     }
 }
@@ -301,6 +299,10 @@ pub struct RecvSide {
     conns: Vec<Option<CmConn>>,
     est: Vec<bool>,
     peer: String,
+    /// When the cm phase began, and RUSTNET_CONNECT_TIMEOUT: a sender that
+    /// never connects fails the comm instead of leaving it waiting forever.
+    since: Instant,
+    timeout_s: u32,
     /// All connections established and the receives posted.
     up: bool,
     /// Notice buffers: QP i's ring at `i * RECV_DEPTH * NOTICE_BYTES`.
@@ -311,10 +313,30 @@ pub struct RecvSide {
     sizes: Box<[[u32; MAX_RECVS]; FIFO_DEPTH]>,
 }
 
+/// RUSTNET_CONNECT_TIMEOUT in seconds, at least 1.
+fn cm_timeout_s(cc: &ConnCfg) -> u32 {
+    cc.stream.connect_timeout_s.clamp(1, u32::MAX as i64) as u32
+}
+
+/// `Err` naming `peer` once `timeout_s` passed since `since` with not every
+/// connection of `est` established; `hint` says what probably went wrong.
+fn cm_deadline(since: Instant, timeout_s: u32, est: &[bool], peer: &str, hint: &str) -> Result<()> {
+    if since.elapsed() < Duration::from_secs(timeout_s as u64) {
+        return Ok(());
+    }
+    let k = est.iter().filter(|&&e| e).count();
+    Err(Error::Remote {
+        peer: peer.to_string(),
+        what: format!("{k} of {} rdma_cm connections established within RUSTNET_CONNECT_TIMEOUT={timeout_s} s: {hint}", est.len()),
+    })
+}
+
 impl RecvSide {
     /// Listen on `dev`'s address for the connections of QPs `qpns`; `cookie`
     /// is what our metadata's `addr` says (the sender echoes it).
-    pub fn new(dev: &IbDev, pd: &Pd, qpns: Vec<u32>, cookie: u64, peer: &SocketAddr) -> Result<Box<RecvSide>> {
+    /// `cc`'s RUSTNET_CONNECT_TIMEOUT bounds the wait for the sender's
+    /// connections, from now.
+    pub fn new(dev: &IbDev, cc: &ConnCfg, pd: &Pd, qpns: Vec<u32>, cookie: u64, peer: &SocketAddr) -> Result<Box<RecvSide>> {
         let listener = CmListener::new(device_ip(dev)?)?;
         let n = qpns.len();
         Ok(Box::new(RecvSide {
@@ -323,6 +345,8 @@ impl RecvSide {
             conns: (0..n).map(|_| None).collect(),
             est: vec![false; n],
             peer: peer.to_string(),
+            since: Instant::now(),
+            timeout_s: cm_timeout_s(cc),
             up: false,
             area: HostRegion::new(pd, n * RECV_DEPTH * NOTICE_BYTES, Access::LOCAL_WRITE)?,
             rings: (0..n).map(|_| RecvRing::new()).collect(),
@@ -370,6 +394,8 @@ impl RecvSide {
             }
         }
         if !self.est.iter().all(|&e| e) {
+            let hint = "the sender stopped connecting or cannot reach our address over iWARP";
+            cm_deadline(self.since, self.timeout_s, &self.est, &self.peer, hint)?;
             return Ok(false);
         }
         for (i, q) in qps.iter().enumerate() {
@@ -440,6 +466,22 @@ impl RecvSide {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cm_phase_fails_after_the_connect_timeout_naming_the_peer() {
+        let est = [true, false];
+        let now = Instant::now();
+        assert!(cm_deadline(now, 5, &est, "10.0.0.2:7 (rxe0)", "hint").is_ok(), "within the timeout");
+        let Some(long_ago) = now.checked_sub(Duration::from_secs(6)) else {
+            eprintln!("SKIP: this host's monotonic clock started less than 6 s ago");
+            return;
+        };
+        let e = cm_deadline(long_ago, 5, &est, "10.0.0.2:7 (rxe0)", "the sender stopped connecting").unwrap_err().to_string();
+        assert!(e.contains("10.0.0.2:7 (rxe0)"), "{e}");
+        assert!(e.contains("1 of 2 rdma_cm connections") && e.contains("RUSTNET_CONNECT_TIMEOUT=5 s"), "{e}");
+        assert!(e.contains("the sender stopped connecting"), "{e}");
+        assert!(cm_deadline(long_ago, 5, &[true, true], "p", "h").is_err(), "the caller checks completion first");
+    }
 
     #[test]
     fn private_data_names_comm_and_qp() {

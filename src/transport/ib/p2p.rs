@@ -462,9 +462,9 @@ impl SendComm {
                         return handshake::within_connect_timeout(*since, &self.link.cc, &self.link.peer);
                     }
                     let remote = Meta::decode(rx).map_err(|w| Error::Protocol { peer: self.link.peer.to_string(), what: w.to_string() })?;
-                    let Some(SendHs::ReadMeta { qps, .. }) = self.hs.take() else { unreachable!() };
+                    let Some(SendHs::ReadMeta { qps, since, .. }) = self.hs.take() else { unreachable!() };
                     if self.link.cc.notices {
-                        let cm = CmConnect::start(&self.link.dev, &self.link.cc, qps, &remote, &self.link.peer)?;
+                        let cm = CmConnect::start(&self.link.dev, &self.link.cc, qps, &remote, &self.link.peer, since)?;
                         self.hs = Some(SendHs::Cm { cm: Box::new(cm), remote: Box::new(remote) });
                         continue;
                     }

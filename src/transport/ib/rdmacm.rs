@@ -475,6 +475,16 @@ enum ConnState {
     Established,
 }
 
+impl ConnState {
+    /// After rdma_connect / rdma_accept: a DISCONNECTED then means the peer
+    /// (or the fabric) closed the connection, whether or not it had become
+    /// ESTABLISHED. Treating it as a failure only once ESTABLISHED left a
+    /// receiver waiting forever for a connection its sender had given up.
+    fn connect_sent(self) -> bool {
+        matches!(self, ConnState::Connecting | ConnState::Established)
+    }
+}
+
 /// What [`CmConn::poll`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Progress {
@@ -562,7 +572,7 @@ impl CmConn {
                     self.state = ConnState::Established;
                     self.private = ev.private;
                 }
-                (_, RDMA_CM_EVENT_DISCONNECTED) if self.state == ConnState::Established => {
+                (st, RDMA_CM_EVENT_DISCONNECTED) if st.connect_sent() => {
                     self.id.connected = false;
                     return Err(Error::Remote { peer: self.peer.clone(), what: "closed the rdma_cm connection".into() });
                 }
@@ -594,6 +604,15 @@ impl CmConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disconnect_after_connect_or_accept_fails_the_connection() {
+        assert!(ConnState::Connecting.connect_sent(), "accepted, or connect sent: a DISCONNECTED is a failure");
+        assert!(ConnState::Established.connect_sent());
+        for s in [ConnState::ResolvingAddr, ConnState::ResolvingRoute, ConnState::RouteReady] {
+            assert!(!s.connect_sent(), "{s:?}: nothing to disconnect yet");
+        }
+    }
 
     #[test]
     fn private_data_is_bounded() {
