@@ -260,7 +260,8 @@ impl Setup {
             QpCaps {
                 max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 2 * eager::RING_SLOTS + 32),
                 max_recv_wr: 1,
-                // notices (iWARP) always go inline: no source to keep alive
+                // notices (iWARP) always go inline: no source to keep alive;
+                // data writes follow NCCL_IB_USE_INLINE (p2p::data_inline)
                 max_inline: if cc.use_inline || cc.notices { 64 } else { 0 },
             }
         } else {

@@ -397,11 +397,23 @@ struct EagerSend {
     ring: (u64, u32),
 }
 
+/// How many bytes a data or eager write may carry inline: the QPs' cap,
+/// but only with NCCL_IB_USE_INLINE=1. On iWARP the QPs take 64 bytes
+/// inline whatever the knob says, for the notices alone (NoticeTx reads the
+/// QPs' own cap); NCCL_IB_USE_INLINE=0 still keeps data off the inline path.
+fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
+    if use_inline {
+        qp_max_inline
+    } else {
+        0
+    }
+}
+
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
         let Setup { dev, cq, qps, local, region, stage, eager: eager_offer } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
-        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+        link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
         SendComm {
             link,
             hs: Some(SendHs::ReadMeta { qps, rx: Box::new([0; META_LEN]), got: 0, since: std::time::Instant::now() }),
@@ -1556,5 +1568,18 @@ fn proto_error(link: &Link, e: ProtoError) -> Error {
         Error::Usage(format!("peer {}: {e}", link.peer_name()))
     } else {
         Error::Protocol { peer: link.peer_name(), what: e.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_goes_inline_only_when_nccl_ib_use_inline_says_so() {
+        // iWARP QPs are created with 64 bytes inline for the notices
+        assert_eq!(data_inline(false, 64), 0, "NCCL_IB_USE_INLINE=0 keeps data writes off the inline path");
+        assert_eq!(data_inline(true, 64), 64);
+        assert_eq!(data_inline(true, 0), 0);
     }
 }
