@@ -53,6 +53,11 @@ pub const MAX_EVENTS_PER_PARENT: usize = 8;
 pub const OP_RDMA_WRITE: i32 = 0;
 /// `ibv_wr_opcode` IBV_WR_RDMA_WRITE_WITH_IMM.
 pub const OP_RDMA_WRITE_WITH_IMM: i32 = 1;
+/// `ibv_wr_opcode` IBV_WR_SEND: iWARP's notice, the last WR of a lane.
+pub const OP_SEND: i32 = 2;
+/// `ibv_wc_opcode` IBV_WC_RECV: what a receive event waits for on iWARP
+/// (the notice SEND's receive).
+pub const OP_RECV: i32 = 128;
 /// `ibv_wc_opcode` IBV_WC_RECV_RDMA_WITH_IMM: what a receive event waits for
 /// (receive WRs have no `ibv_wr_opcode`; WC opcodes start at 128, so the
 /// two never collide).
@@ -72,7 +77,8 @@ pub enum Fields {
         device: i32,
         /// Our QP number.
         qpn: u32,
-        /// `ibv_wr_opcode` of the posted write, or [`OP_RECV_RDMA_WITH_IMM`].
+        /// `ibv_wr_opcode` of the posted write (or the notice's [`OP_SEND`] on
+        /// iWARP), or the receive's [`OP_RECV_RDMA_WITH_IMM`] ([`OP_RECV`] on iWARP).
         opcode: i32,
         /// The work request id the completion will carry (the FIFO
         /// sequence number of the message; both ends report the same).

@@ -696,7 +696,7 @@ pub mod prof {
 
     use rustnet::abi::profiler::{IbDescrV1, SockDescrV1, DESCR_TYPE, DESCR_VER, NET_TYPE_IB, NET_TYPE_SOCK};
     use rustnet::abi::sys::ncclResult_t;
-    use rustnet::profiler::{OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM, SOCK_RECV, SOCK_SEND};
+    use rustnet::profiler::{OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV, OP_RECV_RDMA_WITH_IMM, OP_SEND, SOCK_RECV, SOCK_SEND};
 
     /// 0 off, 1 count, 2 check (3: not read from the environment yet).
     static MODE: AtomicU8 = AtomicU8::new(3);
@@ -945,8 +945,8 @@ pub mod prof {
                     st.ib += 1;
                     st.bytes += d.qp.length as u64;
                     let ok_op = match dir {
-                        Dir::Send => d.qp.opcode == OP_RDMA_WRITE || d.qp.opcode == OP_RDMA_WRITE_WITH_IMM,
-                        Dir::Recv => d.qp.opcode == OP_RECV_RDMA_WITH_IMM,
+                        Dir::Send => [OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_SEND].contains(&d.qp.opcode),
+                        Dir::Recv => [OP_RECV_RDMA_WITH_IMM, OP_RECV].contains(&d.qp.opcode),
                     };
                     if d.ty != DESCR_TYPE || !ok_op || d.qp.qp_num == 0 || d.qp.device < 0 {
                         err(st, format!("bad QP descriptor {d:?} for a {} parent", if dir == Dir::Send { "send" } else { "receive" }));

@@ -22,7 +22,9 @@ use super::notice_path::{CmConnect, NoticeTx, RecvSide};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
-use crate::profiler::{EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV_RDMA_WITH_IMM};
+use crate::profiler::{
+    EventSlots, Fields, Parent, MAX_EVENTS_PER_PARENT, OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV, OP_RECV_RDMA_WITH_IMM, OP_SEND,
+};
 use crate::proto::eager;
 use crate::proto::fifo::{self, Cts, FailCode, Group, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES};
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
@@ -406,6 +408,27 @@ fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
         qp_max_inline
     } else {
         0
+    }
+}
+
+/// The `ibv_wr_opcode` a profiler event of a send reports: a WR that ends
+/// a lane (it carries the immediate) is, on iWARP (`notices`), a plain
+/// write followed by the notice SEND whose completion the event waits for.
+fn send_opcode(notices: bool, ends_lane: bool) -> i32 {
+    match (ends_lane, notices) {
+        (false, _) => OP_RDMA_WRITE,
+        (true, false) => OP_RDMA_WRITE_WITH_IMM,
+        (true, true) => OP_SEND,
+    }
+}
+
+/// The `ibv_wc_opcode` a receive's profiler event waits for: the notice's
+/// plain receive on iWARP, the write-with-immediate's otherwise.
+fn recv_opcode(notices: bool) -> i32 {
+    if notices {
+        OP_RECV
+    } else {
+        OP_RECV_RDMA_WITH_IMM
     }
 }
 
@@ -833,8 +856,9 @@ impl SendComm {
     fn lane_events(&mut self, g: &Group, qi: usize, lane: usize, nlanes: usize, plan: &[PlannedWr]) {
         let qpn = self.link.qps[qi].qpn();
         let device = self.link.dev.index as i32;
-        let op = |w: &PlannedWr| if w.imm.is_some() { OP_RDMA_WRITE_WITH_IMM } else { OP_RDMA_WRITE };
-        let last = plan.last().map_or(OP_RDMA_WRITE_WITH_IMM, op);
+        let notices = self.link.cc.notices;
+        let op = |w: &PlannedWr| send_opcode(notices, w.imm.is_some());
+        let last = plan.last().map_or(send_opcode(notices, true), op);
         let Some(ev) = &mut self.link.ev else { return };
         for e in (0..g.n).filter(|&e| !g.is_eager(e)) {
             let Some(id) = g.reqs[e] else { continue };
@@ -1299,7 +1323,12 @@ impl RecvComm {
                 let qpn = self.link.qps[qi].qpn();
                 for (i, b) in bufs.iter().enumerate() {
                     let len = fifo::chunk(b.buf.len, lane, t.nlanes).1;
-                    ev.start(t.id, i * nqps + qi, i, &Fields::Qp { device, qpn, opcode: OP_RECV_RDMA_WITH_IMM, wr_id: t.seq, len });
+                    ev.start(
+                        t.id,
+                        i * nqps + qi,
+                        i,
+                        &Fields::Qp { device, qpn, opcode: recv_opcode(self.link.cc.notices), wr_id: t.seq, len },
+                    );
                 }
             }
         }
@@ -1581,5 +1610,17 @@ mod tests {
         assert_eq!(data_inline(false, 64), 0, "NCCL_IB_USE_INLINE=0 keeps data writes off the inline path");
         assert_eq!(data_inline(true, 64), 64);
         assert_eq!(data_inline(true, 0), 0);
+    }
+
+    #[test]
+    fn profiler_opcodes_follow_the_data_path() {
+        assert_eq!((OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_SEND), (0, 1, 2), "ibv_wr_opcode");
+        assert_eq!((OP_RECV, OP_RECV_RDMA_WITH_IMM), (128, 129), "ibv_wc_opcode");
+        assert_eq!(send_opcode(false, true), OP_RDMA_WRITE_WITH_IMM);
+        assert_eq!(send_opcode(false, false), OP_RDMA_WRITE);
+        assert_eq!(send_opcode(true, true), OP_SEND, "iWARP: a lane ends in the notice SEND");
+        assert_eq!(send_opcode(true, false), OP_RDMA_WRITE);
+        assert_eq!(recv_opcode(false), OP_RECV_RDMA_WITH_IMM);
+        assert_eq!(recv_opcode(true), OP_RECV, "iWARP: the receive waits for the notice");
     }
 }
