@@ -101,13 +101,28 @@ pub fn check_members(devs: &[Arc<IbDev>], members: &[usize]) -> Result<()> {
         if members[..i].contains(&m) {
             return Err(Error::InvalidArg(format!("device {m} listed twice in a merged device")));
         }
-        if devs[m].link_layer != devs[members[0]].link_layer {
+        let (a, b) = (&devs[members[0]], &devs[m]);
+        may_fuse((&a.describe(), a.link_layer, a.iwarp), (&b.describe(), b.link_layer, b.iwarp))?;
+    }
+    Ok(())
+}
+
+/// May a member (name, link layer, iWARP?) fuse with the first one? iWARP
+/// ports never fuse: their link layer reads Ethernet like RoCE's, but their
+/// QPs connect through rdma_cm and complete through notices per member,
+/// which the merged comms do not drive (untested; a member that is not yet
+/// cm-ready would fail the merged receive).
+fn may_fuse(first: (&str, u8, bool), m: (&str, u8, bool)) -> Result<()> {
+    for (name, _, iwarp) in [first, m] {
+        if iwarp {
             return Err(Error::Usage(format!(
-                "cannot merge {} and {}: link layers differ",
-                devs[members[0]].describe(),
-                devs[m].describe()
+                "cannot merge {name}: iWARP ports are not fused (rdma_cm connections and notices per member are \
+                 not supported in merged devices); use it as a plain device"
             )));
         }
+    }
+    if first.1 != m.1 {
+        return Err(Error::Usage(format!("cannot merge {} and {}: link layers differ", first.0, m.0)));
     }
     Ok(())
 }
@@ -133,7 +148,8 @@ pub fn plan(devs: &[Arc<IbDev>], spec: &MergeSpec) -> Result<Vec<Vec<usize>>> {
     match spec {
         MergeSpec::Off => {}
         MergeSpec::ByNic => {
-            for (i, d) in devs.iter().enumerate() {
+            // iWARP ports are never fused (see may_fuse): they stay plain
+            for (i, d) in devs.iter().enumerate().filter(|(_, d)| !d.iwarp) {
                 let Some(pci) = &d.pci_path else { continue };
                 let key = (nic_key(pci), d.guid, d.link_layer);
                 match groups.iter_mut().find(|g| {
@@ -520,6 +536,19 @@ impl MultiRecv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iwarp_ports_are_never_fused() {
+        use crate::transport::ib::device::{LINK_ETH, LINK_IB};
+        let (roce, iw) = (("rxe0:1/RoCE", LINK_ETH, false), ("siw0:1/iWARP", LINK_ETH, true));
+        let e = may_fuse(roce, iw).unwrap_err().to_string();
+        assert!(e.contains("siw0:1/iWARP") && e.contains("iWARP ports are not fused"), "{e}");
+        assert!(may_fuse(iw, roce).is_err(), "either order");
+        assert!(may_fuse(iw, ("siw1:1/iWARP", LINK_ETH, true)).is_err(), "two iWARP ports neither");
+        assert!(may_fuse(roce, ("rxe1:1/RoCE", LINK_ETH, false)).is_ok());
+        let e = may_fuse(roce, ("mlx5_0:1/IB", LINK_IB, false)).unwrap_err().to_string();
+        assert!(e.contains("link layers differ"), "{e}");
+    }
     use crate::proto::handle::HandleKind;
 
     #[test]
