@@ -48,6 +48,7 @@ perf() { # perf <size> <iters> -> MiB/s (BW average)
 plugin() { # plugin <size> -> MiB/s (one-way median of one repeat)
   local size=$1 sp
   export NCCL_IB_TIMEOUT=14 NCCL_IB_QPS_PER_CONNECTION=${QPS:-1} RUSTNET_TRANSPORT=ib
+  rm -f /tmp/b.csv  # a stale CSV from the last size must not pass for this run
   NCCL_IB_HCA="=siw1" NCCL_SOCKET_IFNAME=sveth1 timeout 300 "$BIN" bench --listen "$S_IP:18600" --idle-nap-us "${NAP:-50}" > /tmp/bsrv.log 2>&1 &
   sp=$!
   waitport 18600 || { echo "bench server did not start" >&2; cat /tmp/bsrv.log >&2; return 1; }
@@ -74,6 +75,6 @@ echo "siw0 -> siw1 (soft-iWARP, MTU 1024), $REPS interleaved runs each, ${MIB} M
 printf '%-8s %-24s %-24s %s\n' "size" "ib_write_bw -R" "rustnet bench (plugin)" "ratio"
 for size in "${SIZES[@]}"; do
   a=${P[$size]} b=${R[$size]}
-  printf '%-8s %-24s %-24s %s\n' "$((size / 1024))K" "$(stats "$a")" "$(stats "$b")" "$(awk -v x="$(med "$b")" -v y="$(med "$a")" 'BEGIN{printf "%.2fx", x/y}')"
+  printf '%-8s %-24s %-24s %s\n' "$((size / 1024))K" "$(stats "$a")" "$(stats "$b")" "$(awk -v x="$(med "$b")" -v y="$(med "$a")" 'BEGIN{if (x == "" || y == "" || y + 0 == 0) print "n/a"; else printf "%.2fx", x/y}')"
 done
 echo "CSV: out/bench-iwarp.csv"

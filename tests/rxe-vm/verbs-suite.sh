@@ -91,11 +91,12 @@ if [ "${1:-}" = --in-vm ]; then
       results+=("FAIL doctor (live)"); fails=$((fails + 1))
     fi
   fi
-  # The conformance suite runs up to four times: both peers on rxe0 (one
+  # The conformance suite runs up to six times: both peers on rxe0 (one
   # device to itself); the traffic and peer-death cases rxe0 -> rxe1 across
-  # the veth; the traffic cases with 4 QPs split; and (two pairs booted) the
+  # the veth; the traffic cases with 4 QPs split; (two pairs booted) the
   # v6-v8 traffic cases (and the cross-round tags case) through self-merged
-  # devices rxe0+rxe2 -> rxe1+rxe3.
+  # devices rxe0+rxe2 -> rxe1+rxe3; and (siw booted) siw0 -> siw1 and siw
+  # with 4 QPs split.
   runs=()
   for t in "$@"; do
     runs+=("$t")
