@@ -293,7 +293,11 @@ impl NoticeTx {
 /// The receiver's iWARP side: its rdma_cm listener and connections, and the
 /// notices' receive rings.
 pub struct RecvSide {
-    listener: CmListener,
+    /// Open (fd, port, backlog) only until every connection is
+    /// established: nothing polls it after, so it is dropped then.
+    listener: Option<CmListener>,
+    /// Its address, which our metadata carries.
+    listen_addr: SocketAddr,
     cookie: u64,
     qpns: Vec<u32>,
     conns: Vec<Option<CmConn>>,
@@ -340,7 +344,8 @@ impl RecvSide {
         let listener = CmListener::new(device_ip(dev)?)?;
         let n = qpns.len();
         Ok(Box::new(RecvSide {
-            listener,
+            listen_addr: listener.addr(),
+            listener: Some(listener),
             cookie,
             conns: (0..n).map(|_| None).collect(),
             est: vec![false; n],
@@ -358,7 +363,7 @@ impl RecvSide {
 
     /// Our metadata says where to connect: the listener's address.
     pub fn fill_meta(&self, m: &mut Meta) {
-        let a = self.listener.addr();
+        let a = self.listen_addr;
         m.gid = match a.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             IpAddr::V6(v6) => v6.octets(),
@@ -375,13 +380,16 @@ impl RecvSide {
             return Ok(true);
         }
         let n = self.qpns.len();
-        while let Some(req) = self.listener.poll()? {
+        let Some(listener) = &self.listener else {
+            return Err(Error::Usage("rdma_cm listener closed before the connections were up".into()));
+        };
+        while let Some(req) = listener.poll()? {
             match parse_private(&req.private, self.cookie, n) {
                 Some(i) if self.conns[i].is_none() => {
                     self.conns[i] = Some(req.accept(self.qpns[i], &[], &self.peer)?);
                 }
                 _ => {
-                    tracing::debug!("rdma_cm listener {}: refusing a request that is not for this comm", self.listener.addr());
+                    tracing::debug!("rdma_cm listener {}: refusing a request that is not for this comm", self.listen_addr);
                     req.reject();
                 }
             }
@@ -401,6 +409,8 @@ impl RecvSide {
         for (i, q) in qps.iter().enumerate() {
             self.repost(i, q)?;
         }
+        // every QP is connected: the listener has nothing more to hand out
+        self.listener = None;
         self.up = true;
         Ok(true)
     }
