@@ -232,14 +232,22 @@ pub struct NoticeTx {
     stage: HostRegion,
     nqps: usize,
     max_inline: usize,
-    _conns: Vec<CmConn>,
+    conns: Vec<CmConn>,
 }
 
 impl NoticeTx {
     /// For a connection of `nqps` QPs that take `max_inline` bytes inline.
     pub fn new(pd: &Pd, nqps: usize, max_inline: u32, conns: Vec<CmConn>) -> Result<NoticeTx> {
         let stage = HostRegion::new(pd, FIFO_DEPTH * nqps * NOTICE_BYTES, Access::LOCAL_READ)?;
-        Ok(NoticeTx { stage, nqps, max_inline: max_inline as usize, _conns: conns })
+        Ok(NoticeTx { stage, nqps, max_inline: max_inline as usize, conns })
+    }
+
+    /// Disconnect and destroy the rdma_cm ids now. The send comm calls this
+    /// in its Drop, before its QPs are destroyed: librdmacm's order is
+    /// disconnect, destroy QP, destroy id (field order alone would destroy
+    /// the QPs first, under a connection still up).
+    pub fn close_cm(&mut self) {
+        self.conns.clear();
     }
 
     /// Turn lane `lane`'s planned WRs (`plan`, built into `wrs[..plan.len()]`
@@ -359,6 +367,14 @@ impl RecvSide {
             sizes: Box::new([[0; MAX_RECVS]; FIFO_DEPTH]),
             qpns,
         }))
+    }
+
+    /// Disconnect and destroy the rdma_cm ids (and the listener) now: the
+    /// receive comm calls this in its Drop, before its QPs are destroyed
+    /// (librdmacm's order: disconnect, destroy QP, destroy id).
+    pub fn close_cm(&mut self) {
+        self.conns.clear();
+        self.listener = None;
     }
 
     /// Our metadata says where to connect: the listener's address.

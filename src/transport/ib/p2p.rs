@@ -949,10 +949,21 @@ impl SendComm {
 }
 
 impl Drop for SendComm {
+    fn drop(&mut self) {
+        self.drain_on_close();
+        // iWARP: disconnect and destroy the rdma_cm ids before `link` drops
+        // the QPs (librdmacm's order: disconnect, destroy QP, destroy id)
+        if let Some(n) = &mut self.notices {
+            n.close_cm();
+        }
+    }
+}
+
+impl SendComm {
     /// Closing must not drop writes already posted (a send reported done
     /// early, inline, may still be on the wire): wait for their completions,
     /// bounded by the retry timeout, a failure, or the peer going away.
-    fn drop(&mut self) {
+    fn drain_on_close(&mut self) {
         if self.hs.is_none() {
             self.link.eager_stats = self.tx.eager_stats();
             self.link.log_stats("send");
@@ -1032,6 +1043,11 @@ impl Drop for RecvComm {
     fn drop(&mut self) {
         self.link.eager_stats = self.rx.eager_stats();
         self.link.log_stats("recv");
+        // iWARP: disconnect and destroy the rdma_cm ids before `link` drops
+        // the QPs (librdmacm's order: disconnect, destroy QP, destroy id)
+        if let Some(n) = &mut self.notices {
+            n.close_cm();
+        }
     }
 }
 
