@@ -8,8 +8,9 @@
 //!   librdmacm, and `readelf -d` shows no NEEDED entry for it.
 //! - Non-blocking throughout: every connection or listener owns an event
 //!   channel whose fd is O_NONBLOCK; `poll` methods take what is there and
-//!   return. [`CmConnect`] never waits for the peer's accept; [`CmListener`]
-//!   hands out requests as they arrive.
+//!   return. [`CmConn`] never waits for the peer's accept (the per-comm
+//!   connect of all QPs is `CmConnect` in [`super::notice_path`]);
+//!   [`CmListener`] hands out requests as they arrive.
 //! - QPs stay ours: they are created with `ibv_create_qp` on our own context
 //!   and PD ([`super::verbs::Qp::create`], left in INIT) and named to
 //!   rdma_cm by number in `rdma_conn_param::qp_num`; the kernel's iw_cm
@@ -17,8 +18,9 @@
 //!   `rdma_create_qp` would insist on its own device context.)
 //! - The listener binds the device's IP address with port 0; its
 //!   [`CmListener::addr`] is what the listen handle carries to the peer.
-//!   Private data (up to [`MAX_PRIVATE`] bytes) travels with the request and
-//!   with the accept: the two sides' memory keys ride there.
+//!   Private data (up to [`MAX_PRIVATE`] bytes) travels with the request: a
+//!   magic, the QP's index and count, and the comm's cookie, which the receiver checks
+//!   before it accepts with that index's QP (see [`super::notice_path`]).
 //! - Failures name the peer (its address and the name the caller gives).
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::net::{IpAddr, SocketAddr};
