@@ -22,8 +22,9 @@
 //!   word an immediate would have carried ([`RecvSide::on_recv`]), and
 //!   [`super::p2p`] completes the receive exactly as on IB (sizes, checks,
 //!   groups, failures); lane 0's notice carries a grouped receive's sizes
-//!   ([`RecvSide::sizes`]) instead of the sizes write. A CTS is written only
-//!   while [`RecvRing::may_advertise`] holds: iWARP has no RNR retry.
+//!   ([`RecvSide::sizes`]) instead of the sizes write. irecv takes a receive (and
+//!   so ever writes its CTS) only while [`RecvSide::may_advertise`] holds,
+//!   otherwise NCCL retries it: iWARP has no RNR retry.
 //! - Off on iWARP, decided once per device ([`conn_cfg`], one INFO line):
 //!   the eager path (the notice path is the one verified over iWARP, and one
 //!   decision per comm keeps the two from mixing), the loopback flush QP (it
