@@ -227,6 +227,9 @@ impl CmConnect {
     }
 }
 
+/// `wr_id` bit of a lane's signaled last data write (its completion carries no news).
+pub const DATA_DONE_FLAG: u64 = 1 << 60;
+
 /// The sender's notice side: a staging slot per (FIFO slot, QP) for notices
 /// that do not go inline, and the rdma_cm connections (dropped after the QPs).
 pub struct NoticeTx {
@@ -280,6 +283,16 @@ impl NoticeTx {
                 wrs[k] = SendWr { imm: None, signaled: false, ..wrs[j] };
                 k += 1;
             }
+        }
+        // siw sends an unsignaled write zero-copy, and then each FPDU's
+        // 4-byte CRC trailer leaves as a TCP segment of its own (twice the
+        // segments per byte); a signaled one goes out copied, one full
+        // segment per FPDU (docs/iwarp.md, Bandwidth). Only the last data
+        // write is signaled, so the CQ still sees at most two completions
+        // per lane and slot; the sender's poll skips it (DATA_DONE_FLAG).
+        if k > 0 {
+            wrs[k - 1].signaled = true;
+            wrs[k - 1].wr_id |= DATA_DONE_FLAG;
         }
         let (bytes, len) = notice.encode();
         let off = ((g.seq % FIFO_DEPTH as u64) as usize * self.nqps + qi) * NOTICE_BYTES;

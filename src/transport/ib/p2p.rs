@@ -18,7 +18,7 @@ use std::sync::Arc;
 use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
 use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
-use super::notice_path::{CmConnect, NoticeTx, RecvSide};
+use super::notice_path::{CmConnect, NoticeTx, RecvSide, DATA_DONE_FLAG};
 use super::reg::IbMr;
 use super::verbs::{self, Access, Cq, HostRegion, Init, Qp, Rts, SendWr};
 use crate::error::{Errno, Error, Result};
@@ -887,13 +887,16 @@ impl SendComm {
                     self.tx.on_eager_done(wc.wr_id & 0xffff);
                 }
                 if wc.status != ffi::IBV_WC_SUCCESS {
-                    let what =
-                        if wc.wr_id & EAGER_FLAG != 0 { "eager write".to_string() } else { format!("RDMA write of message #{}", wc.wr_id) };
+                    let what = if wc.wr_id & EAGER_FLAG != 0 {
+                        "eager write".to_string()
+                    } else {
+                        format!("RDMA write of message #{}", wc.wr_id & !DATA_DONE_FLAG)
+                    };
                     let e = self.link.wc_error(wc, what);
                     self.link.fail(e);
                     continue;
                 }
-                if wc.wr_id & EAGER_FLAG != 0 {
+                if wc.wr_id & (EAGER_FLAG | DATA_DONE_FLAG) != 0 {
                     continue;
                 }
                 let Some(d) = self.tx.on_write_done(wc.wr_id) else { continue };
