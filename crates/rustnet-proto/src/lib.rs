@@ -12,6 +12,7 @@ pub mod fuzz;
 pub mod handle;
 pub mod ib_meta;
 pub mod mem;
+pub mod nic;
 pub mod notice;
 pub mod pool;
 pub mod rx;

@@ -26,6 +26,8 @@ use crate::mem::{Mem, MemMut};
 use crate::pool::{Pool, ReqId, Stale};
 use crate::{MAX_RECVS, MAX_REQUESTS};
 
+mod drive;
+
 /// Request slots: receives are held to `RECV_POOL - MAX_REQUESTS` (posted
 /// plus completed-but-untested), leaving MAX_REQUESTS for flushes (at most
 /// one per receive), so a flush never finds the pool full.
@@ -190,6 +192,8 @@ pub struct Receiver {
     cts_store: Box<[[Cts; MAX_RECVS]; FIFO_DEPTH]>,
     slot_n: [u8; FIFO_DEPTH],
     budget: SqBudget,
+    /// Send-queue entries the control writes may hold ([`Config::sq_depth`]).
+    sq_depth: usize,
     cts: CtsQueue,
     eager: Option<EagerState>,
     batch: Option<Batch>,
@@ -211,6 +215,7 @@ impl Receiver {
             cts_store: Box::new([[Cts::default(); MAX_RECVS]; FIFO_DEPTH]),
             slot_n: [0; FIFO_DEPTH],
             budget: SqBudget::new(cfg.sq_depth, CTL_SIGNAL),
+            sq_depth: cfg.sq_depth,
             cts: CtsQueue::new(),
             eager: (cfg.eager > 0).then(|| EagerState {
                 st: EagerRx::new(cfg.eager),
@@ -232,7 +237,7 @@ impl Receiver {
 
     /// The sender said READY: control writes may go from now on.
     #[inline]
-    pub fn on_ready(&mut self) {
+    pub(crate) fn on_ready(&mut self) {
         self.ready = true;
     }
 
@@ -299,7 +304,7 @@ impl Receiver {
     /// Write every CTS posted so far as soon as there is room (a receive
     /// waits for its slot, or the receiver is idle).
     #[inline]
-    pub fn force_cts(&mut self) {
+    pub(crate) fn force_cts(&mut self) {
         self.cts.force();
     }
 
@@ -307,7 +312,7 @@ impl Receiver {
     /// MAX_RECVS, `n`/`i` filled in). `Ok(None)`: not now (its slot is busy,
     /// see [`Receiver::slot_free`], or the request slots are). Messages that
     /// arrived before their buffer are handed to `deliver` before this returns.
-    pub fn take_recv(&mut self, elems: &[Cts], deliver: &mut impl FnMut(&Deliver)) -> Result<Option<Taken>, ProtoError> {
+    pub(crate) fn take_recv(&mut self, elems: &[Cts], deliver: &mut impl FnMut(&Deliver)) -> Result<Option<Taken>, ProtoError> {
         let n = elems.len();
         assert!((1..=MAX_RECVS).contains(&n));
         if !self.can_take() {
@@ -391,7 +396,7 @@ impl Receiver {
     /// landed, hand the copies of those whose buffer is posted to
     /// `deliver`, and plan the credit write when one is due. Returns how
     /// many messages were taken. Nothing to do without the eager path.
-    pub fn poll_ring(&mut self, ring: &(impl Mem + ?Sized), deliver: &mut impl FnMut(&Deliver)) -> Result<usize, ProtoError> {
+    pub(crate) fn poll_ring(&mut self, ring: &(impl Mem + ?Sized), deliver: &mut impl FnMut(&Deliver)) -> Result<usize, ProtoError> {
         let Some(e) = &mut self.eager else { return Ok(0) };
         let max = e.st.max;
         let mut force = false;
@@ -443,7 +448,7 @@ impl Receiver {
     /// `sizes_slot` reads the sizes the sender wrote for a grouped receive
     /// (the sizes area on IB/RoCE, the notice on iWARP); it is called only
     /// when the word says so.
-    pub fn on_imm(&mut self, word: u32, sizes_slot: impl FnOnce(u64) -> [u32; MAX_RECVS]) -> Result<ImmEvent, ProtoError> {
+    pub(crate) fn on_imm(&mut self, word: u32, sizes_slot: impl FnOnce(u64) -> [u32; MAX_RECVS]) -> Result<ImmEvent, ProtoError> {
         let imm = Imm::decode(word)?;
         let slot = imm.slot as usize;
         let Some((seq, id)) = self.by_slot[slot] else {
@@ -500,20 +505,10 @@ impl Receiver {
     /// the credit word), writing their bytes into `stage` (same layout as
     /// the sender's FIFO region). Call until it returns false, posting each
     /// chain before the next call. Nothing before [`Receiver::on_ready`].
-    pub fn poll_ctl(&mut self, stage: &mut (impl MemMut + ?Sized), out: &mut CtlChain) -> bool {
-        self.poll_ctl_gated(stage, &mut |_| true, out)
-    }
-
-    /// [`Receiver::poll_ctl`] with a gate: the CTS of receive `seq` is
-    /// written only when `may_advertise(seq)` (iWARP: only while enough
-    /// receives are posted for the notices it may bring); a batch stops at
-    /// the first receive the gate holds back.
-    pub fn poll_ctl_gated(
-        &mut self,
-        stage: &mut (impl MemMut + ?Sized),
-        may_advertise: &mut impl FnMut(u64) -> bool,
-        out: &mut CtlChain,
-    ) -> bool {
+    /// (iWARP's gate, enough notice receives for what a CTS allows, is
+    /// applied before a receive is taken, not here: a taken receive's CTS
+    /// may always go.)
+    pub(crate) fn poll_ctl(&mut self, stage: &mut (impl MemMut + ?Sized), out: &mut CtlChain) -> bool {
         out.qp = 0;
         out.n = 0;
         if !self.ready {
@@ -521,7 +516,7 @@ impl Receiver {
             return false;
         }
         if self.batch.is_none() {
-            self.batch = self.start_batch(stage, may_advertise);
+            self.batch = self.start_batch(stage);
             if let Some(b) = self.batch {
                 // the first elements of the range are contiguous: one write
                 let from = self.cts.written();
@@ -565,14 +560,14 @@ impl Receiver {
     /// The next range of CTS slots to write, staged: those of one lap that
     /// the send queue has room for (first elements one write, each further
     /// element one more, the credit word one).
-    fn start_batch(&mut self, stage: &mut (impl MemMut + ?Sized), may_advertise: &mut impl FnMut(u64) -> bool) -> Option<Batch> {
+    fn start_batch(&mut self, stage: &mut (impl MemMut + ?Sized)) -> Option<Batch> {
         let (from, to) = self.cts.due()?;
         let lap_end = to.min((from / FIFO_DEPTH as u64 + 1) * FIFO_DEPTH as u64);
         let mut room = self.budget.room().checked_sub(1 + self.credit.is_some() as usize)?;
         let mut end = from;
         while end < lap_end {
             let more = self.slot_n[(end % FIFO_DEPTH as u64) as usize] as usize - 1;
-            if more > room || !may_advertise(end) {
+            if more > room {
                 break;
             }
             room -= more;
@@ -605,7 +600,7 @@ impl Receiver {
 
     /// A signaled control write planned with `signal: Some(count)` completed.
     #[inline]
-    pub fn on_ctl_done(&mut self, count: u64) {
+    pub(crate) fn on_ctl_done(&mut self, count: u64) {
         self.budget.retire(count);
     }
 
@@ -617,7 +612,7 @@ impl Receiver {
 
     /// If `id` is done: free it and say what it got.
     #[inline]
-    pub fn finish(&mut self, id: ReqId) -> Result<Option<Finished>, Stale> {
+    pub(crate) fn finish(&mut self, id: ReqId) -> Result<Option<Finished>, Stale> {
         let r = self.reqs.get(id)?;
         if !r.done {
             return Ok(None);
@@ -630,7 +625,7 @@ impl Receiver {
 
     /// Free `id` unfinished (the comm failed; NCCL is told so).
     #[inline]
-    pub fn abandon(&mut self, id: ReqId) {
+    pub(crate) fn abandon(&mut self, id: ReqId) {
         if let Ok(r) = self.reqs.release(id) {
             let slot = (r.seq % FIFO_DEPTH as u64) as usize;
             if !r.flush && self.by_slot[slot].is_some_and(|(s, _)| s == r.seq) {
@@ -641,7 +636,7 @@ impl Receiver {
 
     /// A flush request (completed by [`Receiver::on_flush_done`]); `None`
     /// only if the pool is full, which the receive limit rules out.
-    pub fn add_flush(&mut self) -> Option<ReqId> {
+    pub(crate) fn add_flush(&mut self) -> Option<ReqId> {
         let req = Req {
             flush: true,
             seq: u64::MAX,
@@ -659,7 +654,7 @@ impl Receiver {
 
     /// The flush read of `id` completed.
     #[inline]
-    pub fn on_flush_done(&mut self, id: ReqId) {
+    pub(crate) fn on_flush_done(&mut self, id: ReqId) {
         if let Ok(r) = self.reqs.get_mut(id) {
             r.done = true;
         }
@@ -748,21 +743,6 @@ mod tests {
         let c = chains(&mut rx, &mut st);
         assert_eq!(c.iter().map(Vec::len).collect::<Vec<_>>(), [CHAIN, 22 - CHAIN]);
         assert_eq!(rx.cts_written(), 3);
-    }
-
-    #[test]
-    fn the_gate_holds_a_cts_back() {
-        let mut rx = Receiver::new(cfg(1, false, 0));
-        rx.on_ready();
-        let mut st = stage();
-        take(&mut rx, &[1], 10);
-        take(&mut rx, &[1], 10);
-        let mut c = CtlChain::default();
-        assert!(rx.poll_ctl_gated(&mut st[..], &mut |seq| seq < 1, &mut c));
-        assert_eq!((c.n, c.wrs[0].len), (1, ELEM_BYTES));
-        assert!(!rx.poll_ctl_gated(&mut st[..], &mut |seq| seq < 1, &mut c));
-        assert!(rx.poll_ctl(&mut st[..], &mut c));
-        assert_eq!(c.wrs[0].off, fifo::slot_offset(1));
     }
 
     #[test]

@@ -25,6 +25,8 @@ use crate::mem::{Mem, MemMut};
 use crate::pool::{Pool, ReqId, Stale};
 use crate::{MAX_RECVS, MAX_REQUESTS};
 
+mod drive;
+
 /// Sends still possible per comm: NCCL may post MAX_REQUESTS x maxRecvs.
 pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
 /// A sender stuck this long at one CTS slot tells the receiver (mailbox).
@@ -254,7 +256,7 @@ impl Sender {
     /// lap completed and its CTS landed (`fifo_mem`: the FIFO region the
     /// receiver writes). Slots every buffer of which already got an eager
     /// message are stepped over.
-    pub fn head(&mut self, fifo_mem: &(impl Mem + ?Sized)) -> Result<Head, ProtoError> {
+    pub(crate) fn head(&mut self, fifo_mem: &(impl Mem + ?Sized)) -> Result<Head, ProtoError> {
         loop {
             if self.head_busy() {
                 return Ok(Head::Busy);
@@ -325,7 +327,7 @@ impl Sender {
     /// loaded, [`Head::Ready`]); `None`: the head receive has no free buffer
     /// of that tag.
     #[inline]
-    pub fn peek_cap(&self, tag: i32) -> Option<usize> {
+    pub(crate) fn peek_cap(&self, tag: i32) -> Option<usize> {
         let g = self.fifo.current()?;
         self.fifo.match_send(tag, 0).ok().map(|i| g.elems[i].cap as usize)
     }
@@ -333,7 +335,7 @@ impl Sender {
     /// A send of `size` bytes from `src` (local key `lkey`) with `tag`,
     /// against the loaded head ([`Head::Ready`]).
     #[inline]
-    pub fn send(&mut self, tag: i32, size: usize, src: u64, lkey: u32) -> Sent {
+    pub(crate) fn send(&mut self, tag: i32, size: usize, src: u64, lkey: u32) -> Sent {
         match self.fifo.match_send(tag, size) {
             Ok(i) => {
                 let Some(id) = self.reqs.alloc(SendReq { size, done: false }) else { return Sent::Full };
@@ -360,7 +362,7 @@ impl Sender {
     /// with a signaled write); `copied`: every data byte went inline, so its
     /// sends are done now (their completions still free the slot).
     #[inline]
-    pub fn on_posted(&mut self, g: &Group, nlanes: usize, copied: bool) {
+    pub(crate) fn on_posted(&mut self, g: &Group, nlanes: usize, copied: bool) {
         let slot = (g.seq % FIFO_DEPTH as u64) as usize;
         self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
         if copied {
@@ -381,7 +383,7 @@ impl Sender {
     /// The signaled last write of a lane of slot `seq` completed. `None`:
     /// not a write this machine waits for.
     #[inline]
-    pub fn on_write_done(&mut self, seq: u64) -> Option<WriteDone> {
+    pub(crate) fn on_write_done(&mut self, seq: u64) -> Option<WriteDone> {
         let f = &mut self.inflight[(seq % FIFO_DEPTH as u64) as usize];
         if !f.active || f.seq != seq || f.lanes_left == 0 {
             return None;
@@ -404,7 +406,13 @@ impl Sender {
     /// `freed` the credit counter read before [`Sender::head`]? On
     /// [`EagerPlan::Go`] the header and trailer are in `stage` (the ring's
     /// layout); copy the payload, post, and the send is done.
-    pub fn plan_eager(&mut self, tag: i32, size: usize, freed: u64, stage: &mut (impl MemMut + ?Sized)) -> Result<EagerPlan, ProtoError> {
+    pub(crate) fn plan_eager(
+        &mut self,
+        tag: i32,
+        size: usize,
+        freed: u64,
+        stage: &mut (impl MemMut + ?Sized),
+    ) -> Result<EagerPlan, ProtoError> {
         let head = self.fifo.head();
         let Some(e) = &mut self.eager else { return Ok(EagerPlan::No) };
         e.st.check_credits(freed)?;
@@ -442,7 +450,7 @@ impl Sender {
     /// [`Config::mailbox_after`], write the head into the receiver's
     /// mailbox (it may hold CTS writes back, or owe credits). The word is
     /// staged at offset 0 of `stage`.
-    pub fn on_blocked(&mut self, now: Instant, stage: &mut (impl MemMut + ?Sized)) -> Option<MailboxWr> {
+    pub(crate) fn on_blocked(&mut self, now: Instant, stage: &mut (impl MemMut + ?Sized)) -> Option<MailboxWr> {
         let head = self.fifo.head();
         let after = self.mailbox_after;
         let e = self.eager.as_mut()?;
@@ -466,8 +474,10 @@ impl Sender {
     }
 
     /// When [`Sender::on_blocked`] would write the mailbox (a blocked
-    /// sender that has not told the receiver yet), if ever.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    /// sender that has not told the receiver yet), if ever. (The transport
+    /// has no timer: every `isend` that could not go asks `on_blocked`.)
+    #[cfg(test)]
+    fn poll_timeout(&self) -> Option<Instant> {
         let e = self.eager.as_ref()?;
         let (h, since) = e.blocked?;
         (h == self.fifo.head() && e.mailbox != h + 1).then(|| since + self.mailbox_after)
@@ -475,7 +485,7 @@ impl Sender {
 
     /// A signaled eager-path write planned with `count` completed (or failed).
     #[inline]
-    pub fn on_eager_done(&mut self, count: u64) {
+    pub(crate) fn on_eager_done(&mut self, count: u64) {
         if let Some(e) = &mut self.eager {
             e.pending = e.pending.saturating_sub(count as usize);
         }
@@ -484,7 +494,7 @@ impl Sender {
     /// Closing: unsignaled eager writes at the tail need a signaled empty
     /// write behind them (RC order) to be known complete; `Some(count)`:
     /// post one with that count.
-    pub fn close_eager(&mut self) -> Option<u64> {
+    pub(crate) fn close_eager(&mut self) -> Option<u64> {
         let e = self.eager.as_mut().filter(|e| e.quiet > 0)?;
         let count = e.quiet as u64 + 1;
         e.pending += 1;
@@ -506,7 +516,7 @@ impl Sender {
 
     /// Free `id` (done or failed); its size.
     #[inline]
-    pub fn release(&mut self, id: ReqId) -> Option<usize> {
+    pub(crate) fn release(&mut self, id: ReqId) -> Option<usize> {
         self.reqs.release(id).ok().map(|r| r.size)
     }
 }

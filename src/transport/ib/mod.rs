@@ -6,7 +6,10 @@
 //! - [`gid`]: the RoCE GID choice;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
 //! - [`establish`]: connect/accept, sequencing the handshake into comms;
-//! - [`p2p`]: isend/irecv/test over RDMA writes (rules in [`crate::proto::fifo`]);
+//! - [`p2p`]: isend/irecv/test over RDMA writes: the executor of the protocol machines
+//!   ([`crate::proto::tx`], [`crate::proto::rx`], through [`crate::proto::nic`]); [`link`]: what
+//!   both ends share (QPs, CQ, failure, liveness, profiler events); [`ready`]: the handshake's
+//!   last steps, run from the data path;
 //! - [`reg`]: the registration cache;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
@@ -24,10 +27,12 @@ pub mod gdr;
 pub mod gid;
 pub mod handshake;
 pub mod iwarp;
+pub mod link;
 pub mod notice_path;
 pub mod p2p;
 pub mod port;
 pub mod rdmacm;
+pub mod ready;
 pub mod reg;
 pub mod topo;
 pub mod vdev;

@@ -41,6 +41,7 @@ use crate::error::{Error, Result};
 use crate::proto::error::ProtoError;
 use crate::proto::fifo::{Group, Imm, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
 use crate::proto::ib_meta::{Meta, LINK_IWARP};
+use crate::proto::nic::WrId;
 use crate::proto::notice::{Assembler, Notice, RecvRing, MAX_LANES, NOTICE_BYTES, RECV_DEPTH};
 use crate::transport::MAX_RECVS;
 
@@ -227,9 +228,6 @@ impl CmConnect {
     }
 }
 
-/// `wr_id` bit of a lane's signaled last data write (its completion carries no news).
-pub const DATA_DONE_FLAG: u64 = 1 << 60;
-
 /// The sender's notice side: a staging slot per (FIFO slot, QP) for notices
 /// that do not go inline, and the rdma_cm connections (dropped after the QPs).
 pub struct NoticeTx {
@@ -292,14 +290,14 @@ impl NoticeTx {
         // per lane and slot; the sender's poll skips it (DATA_DONE_FLAG).
         if k > 0 {
             wrs[k - 1].signaled = true;
-            wrs[k - 1].wr_id |= DATA_DONE_FLAG;
+            wrs[k - 1].wr_id = WrId::DataDone(g.seq).encode();
         }
         let (bytes, len) = notice.encode();
         let off = ((g.seq % FIFO_DEPTH as u64) as usize * self.nqps + qi) * NOTICE_BYTES;
         // rewritten only for seq + FIFO_DEPTH, after this slot's lanes completed
         self.stage.write(off, &bytes);
         wrs[k] = SendWr {
-            wr_id: g.seq,
+            wr_id: WrId::Data(g.seq).encode(),
             local: (self.stage.addr() as u64 + off as u64, len as u32, self.stage.lkey()),
             remote: (0, 0),
             imm: None,
@@ -455,7 +453,7 @@ impl RecvSide {
             // the QP's PD; `area` lives in this RecvSide, which the receive
             // comm drops after its QPs (field order), and a slot is reposted
             // only after its previous receive completed and was read.
-            unsafe { qp.post_recv(id, local)? };
+            unsafe { qp.post_recv(WrId::Recv(id).encode(), local)? };
         }
         ring.posted(ids.end);
         Ok(())
@@ -482,7 +480,10 @@ impl RecvSide {
                 what: format!("unexpected completion (opcode {}, wr_id {:#x}) on an iWARP receive QP", wc.opcode, wc.wr_id),
             });
         }
-        let off = self.rings[qi].take(wc.wr_id).map_err(|e| proto(peer(), e))?;
+        let Some(WrId::Recv(id)) = WrId::decode(wc.wr_id) else {
+            return Err(Error::Internal(format!("notice receive with wr_id {:#x}", wc.wr_id)));
+        };
+        let off = self.rings[qi].take(id).map_err(|e| proto(peer(), e))?;
         let len = wc.byte_len as usize;
         if len > NOTICE_BYTES {
             return Err(Error::Protocol { peer: peer(), what: format!("a {len}-byte notice (at most {NOTICE_BYTES})") });

@@ -1,0 +1,218 @@
+//! The receiver's entry points: what `irecv`, `test`, `iflush`, the merged
+//! device's look-ahead and the end of the handshake do, in order, over an
+//! executor ([`RecvNic`]). The transport calls only these (and the read-only
+//! accessors); the rules they apply are the machine's methods in [`super`].
+use super::{CtlChain, Finished, Receiver, Taken};
+use crate::fifo::{self, Cts};
+use crate::nic::{Cqe, Ev, EvOp, Fail, RecvNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
+use crate::pool::ReqId;
+use crate::MAX_RECVS;
+
+type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
+
+impl Receiver {
+    /// The sender said READY: control writes may go from now on, and the
+    /// CTS of receives posted before go out now.
+    pub fn handshake_done<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        self.on_ready();
+        self.flush_ctl(nic)
+    }
+
+    /// Would [`Receiver::irecv`] take a receive now? (A merged device asks
+    /// every member before posting on any.)
+    pub fn would_take<N: RecvNic>(&mut self, nic: &mut N) -> bool {
+        if !self.slot_free() {
+            self.poll(nic);
+        }
+        self.can_take()
+    }
+
+    /// NCCL's `irecv` of a (grouped) receive, one CTS element per buffer
+    /// (`n`/`i` filled in): `Ok(None)` when it cannot be taken now (its FIFO
+    /// slot or every request slot busy, or on iWARP too few notice receives
+    /// posted). Messages that arrived before their buffer are copied out
+    /// before this returns.
+    pub fn irecv<N: RecvNic>(&mut self, nic: &mut N, elems: &[Cts]) -> R<Option<Taken>, N> {
+        if !self.slot_free() {
+            self.poll(nic);
+            if !self.slot_free() {
+                // the slot's previous lap may still wait to be written
+                self.force_cts();
+                self.flush_ctl(nic)?;
+                return Ok(None);
+            }
+        }
+        if !self.can_take() {
+            return Ok(None);
+        }
+        // iWARP (no RNR retry): a CTS only while every notice it allows finds a receive
+        let (_, first, nlanes) = self.next_lanes();
+        if !nic.may_advertise(first, nlanes, self.in_flight() + 1) {
+            return Ok(None);
+        }
+        // messages that arrived before their buffer was posted are copied here
+        let taken = {
+            let nic_ref = &*nic;
+            self.take_recv(elems, &mut |d| nic_ref.deliver(d))
+        };
+        let Some(t) = taken.map_err(Fail::Proto)? else { return Ok(None) };
+        if let Err(e) = nic.expect(t.seq, t.nlanes) {
+            self.abandon(t.id);
+            return Err(Fail::Nic(e));
+        }
+        nic.taken(t.id);
+        if nic.profiling() {
+            for lane in 0..t.nlanes.min(MAX_EVENTS_PER_PARENT) {
+                let qp = (t.first + lane) % self.nqps;
+                for (i, c) in elems.iter().enumerate() {
+                    let len = fifo::chunk(c.cap as usize, lane, t.nlanes).1;
+                    nic.ev_start(&Ev { id: t.id, slot: i * self.nqps + qp, parent: i, qp, op: EvOp::Recv, wr: WrId::Data(t.seq), len });
+                }
+            }
+        }
+        nic.progressed();
+        self.flush_ctl(nic)?;
+        Ok(Some(t))
+    }
+
+    /// NCCL's `test` of receive (or flush) `id`: `Ok(Some(sizes))` once
+    /// every buffer is filled (the request is freed then); an error frees
+    /// it too.
+    pub fn test<N: RecvNic>(&mut self, nic: &mut N, id: ReqId) -> R<Option<Finished>, N> {
+        let mut done = self.is_done(id).map_err(Fail::Stale)?;
+        // the eager ring first, the CQ only if still not done (and only
+        // while the send queue has room: the full poll retires it)
+        let fast = !done && self.eager.is_some() && self.ready && self.ctl_room() >= self.sq_depth / 2 && nic.check().is_ok();
+        if fast {
+            if let Err(e) = self.poll_eager(nic) {
+                nic.fail(e);
+            }
+            done = self.is_done(id).unwrap_or(false);
+        }
+        if !done {
+            self.poll_with(nic, !fast);
+        }
+        if let Ok(Some(f)) = self.finish(id) {
+            // buffers filled by eager messages had no completion of their own
+            nic.ev_stop_req(id);
+            return Ok(Some(f));
+        }
+        if nic.check().is_ok() {
+            nic.tick(self.live());
+        }
+        if let Err(e) = nic.check() {
+            nic.ev_stop_req(id);
+            self.abandon(id);
+            return Err(Fail::Nic(e));
+        }
+        Ok(None)
+    }
+
+    /// NCCL's `iflush`: a flush request, whose read `post` posts (its
+    /// completion, [`WrId::Flush`], finishes it).
+    pub fn iflush<N: RecvNic>(&mut self, nic: &mut N, post: impl FnOnce(&mut N, ReqId) -> Result<(), N::Error>) -> R<ReqId, N> {
+        let id = self.add_flush().ok_or(Fail::NoSlot)?;
+        if let Err(e) = post(nic, id) {
+            self.abandon(id);
+            return Err(Fail::Nic(e));
+        }
+        Ok(id)
+    }
+
+    /// Reap the CQ, look at the eager ring, write what is due.
+    pub fn poll<N: RecvNic>(&mut self, nic: &mut N) {
+        self.poll_with(nic, true);
+    }
+
+    /// [`Self::poll`]; `eager: false` skips the ring (the caller just looked).
+    fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool) {
+        let mut buf = [Cqe::default(); POLL_BATCH];
+        loop {
+            let n = match nic.poll_cq(&mut buf) {
+                Ok(n) => n,
+                Err(_) => return, // (recorded: the comm failed)
+            };
+            for c in buf[..n].iter().filter(|c| c.ok) {
+                match (c.wr, c.word) {
+                    // (control writes all go on QP 0, the one the budget counts)
+                    (WrId::Ctl { count, .. }, _) => self.on_ctl_done(count),
+                    (WrId::Flush(id), _) => self.on_flush_done(id),
+                    (_, Some(word)) => {
+                        if let Err(e) = self.on_word(nic, c.qp, word) {
+                            nic.fail(e);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if n > 0 {
+                nic.progressed();
+            }
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+        if nic.check().is_err() {
+            return;
+        }
+        let r = if eager { self.poll_eager(nic) } else { Ok(()) }.and_then(|()| self.flush_ctl(nic));
+        if let Err(e) = r {
+            nic.fail(e);
+        }
+    }
+
+    /// A completion word (an immediate, or an iWARP notice's) on our QP
+    /// `qp`: the receive it answers, the profiler events it ends, the bytes.
+    fn on_word<N: RecvNic>(&mut self, nic: &mut N, qp: Option<usize>, word: u32) -> R<(), N> {
+        let ev = {
+            let nic_ref = &*nic;
+            self.on_imm(word, |seq| nic_ref.sizes(seq)).map_err(Fail::Proto)?
+        };
+        if let (true, Some(qp)) = (nic.profiling(), qp) {
+            // what this QP carries of every buffer of the receive has landed
+            for i in 0..MAX_RECVS {
+                nic.ev_stop(ev.id, i * self.nqps + qp);
+            }
+        }
+        if let Some(sizes) = ev.sizes {
+            // counters: the sender cut each buffer with the same rule (fifo::chunk)
+            let (first, nlanes) = fifo::lanes(ev.seq, self.nqps, self.split);
+            for lane in 0..nlanes {
+                let bytes: usize = sizes[..ev.n].iter().map(|&s| fifo::chunk(s, lane, nlanes).1).sum();
+                nic.count((first + lane) % self.nqps, bytes as u64);
+            }
+        }
+        Ok(())
+    }
+
+    /// Look at the eager ring and the mailbox; post the credit write (and
+    /// deferred CTS) when due.
+    fn poll_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        let got = {
+            let nic_ref = &*nic;
+            let Some(ring) = nic_ref.ring() else { return Ok(()) };
+            self.poll_ring(ring, &mut |d| nic_ref.deliver(d)).map_err(Fail::Proto)?
+        };
+        if got > 0 {
+            nic.progressed();
+        }
+        // credits due: they go now, deferred CTS with them (the same post)
+        if self.credit_due() {
+            self.flush_ctl(nic)?;
+        }
+        Ok(())
+    }
+
+    /// Post the control writes planned now (CTS slots in order, the credit
+    /// word), each chain one post.
+    fn flush_ctl<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        if !self.has_ctl() {
+            return Ok(()); // (the polling loop's common case: nothing to build)
+        }
+        let mut chain = CtlChain::default();
+        while self.poll_ctl(nic.stage(), &mut chain) {
+            nic.post_ctl(&chain).map_err(Fail::Nic)?;
+        }
+        Ok(())
+    }
+}

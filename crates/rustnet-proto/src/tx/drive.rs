@@ -1,0 +1,271 @@
+//! The sender's entry points: what `isend`, `test`, the merged device's
+//! look-ahead and close do, in order, over an executor ([`SendNic`]). The
+//! transport calls only these (and the read-only accessors); the rules they
+//! apply are the machine's methods in [`super`].
+use std::time::Duration;
+
+use super::{EagerPlan, Head, Sender, Sent};
+use crate::fifo::{self, FailCode, Group, ImmKind, PlannedWr, WrKind, MAX_LANE_WRS};
+use crate::mem::MemMut;
+use crate::nic::{Cqe, Ev, EvOp, Fail, Lane, SendNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
+use crate::pool::ReqId;
+
+type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
+
+impl Sender {
+    /// NCCL's `isend` of `size` bytes at `src` (local key `lkey`) with
+    /// `tag`, once the connection is up: `Ok(None)` until the receiver
+    /// posted the matching receive (or while every request slot is busy).
+    /// Small sends of the eager tag go into the receiver's ring when its
+    /// CTS is not there yet.
+    pub fn isend<N: SendNic>(&mut self, nic: &mut N, tag: i32, size: usize, src: u64, lkey: u32) -> R<Option<ReqId>, N> {
+        // The credit word first, the CTS FIFO after: the receiver writes CTS
+        // before credits on the same QP, so every CTS that came before these
+        // credits is loaded below and the head an eager message reports is
+        // as fresh as the credits it spends.
+        let freed = self.read_credits(nic.fifo());
+        if self.head_ready(nic)? {
+            match self.send(tag, size, src, lkey) {
+                Sent::Taken { id, group } => {
+                    nic.taken(id);
+                    nic.progressed();
+                    if let Some(g) = group {
+                        self.post_group(nic, &g, None).map_err(Fail::Nic)?;
+                    }
+                    return Ok(Some(id));
+                }
+                Sent::Full => return Ok(None),
+                Sent::NoTag => {
+                    if !self.eager_on() {
+                        self.idle_work(nic)?;
+                    }
+                }
+                Sent::Mismatch { group, code, what } => {
+                    // Tell the receiver (its request fails too), then fail
+                    // without stopping the QPs, so that message goes out.
+                    let _ = self.post_group(nic, &group, Some(code));
+                    return Err(Fail::Mismatch(code, what));
+                }
+            }
+        }
+        if let Some(id) = self.try_eager(nic, tag, size, src, freed)? {
+            return Ok(Some(id));
+        }
+        if self.eager_on() {
+            self.idle_work(nic)?;
+            self.note_blocked(nic);
+        }
+        Ok(None)
+    }
+
+    /// The capacity of the receive buffer a send of `tag` would fill next,
+    /// once the receiver advertised it and an `isend` of that tag would be
+    /// taken now (`Ok(None)`: not yet). A merged device cuts each message
+    /// over its members by these.
+    pub fn peek<N: SendNic>(&mut self, nic: &mut N, tag: i32) -> R<Option<usize>, N> {
+        if !self.has_room() || !self.head_ready(nic)? {
+            return Ok(None);
+        }
+        // a tag the head receive has no free buffer for: not yet, as in isend
+        Ok(self.peek_cap(tag))
+    }
+
+    /// NCCL's `test` of send `id`: `Ok(Some(size))` once it is done (the
+    /// request is freed then); an error frees it too.
+    pub fn test<N: SendNic>(&mut self, nic: &mut N, id: ReqId) -> R<Option<usize>, N> {
+        if !self.is_done(id).map_err(Fail::Stale)? {
+            self.poll(nic);
+        }
+        if self.is_done(id) == Ok(true) {
+            nic.ev_stop_req(id);
+            return Ok(Some(self.release(id).unwrap_or(0)));
+        }
+        let r = nic.check().and_then(|()| {
+            nic.tick(self.live());
+            nic.check()
+        });
+        if let Err(e) = r {
+            nic.ev_stop_req(id);
+            self.release(id);
+            return Err(Fail::Nic(e));
+        }
+        Ok(None)
+    }
+
+    /// Reap every completion the CQ holds.
+    pub fn poll<N: SendNic>(&mut self, nic: &mut N) {
+        let mut buf = [Cqe::default(); POLL_BATCH];
+        loop {
+            let n = match nic.poll_cq(&mut buf) {
+                Ok(n) => n,
+                Err(_) => return, // (recorded: the comm failed)
+            };
+            for c in &buf[..n] {
+                match c.wr {
+                    // freed whether or not it succeeded
+                    WrId::Eager(count) => self.on_eager_done(count),
+                    WrId::Data(seq) if c.ok => {
+                        let Some(d) = self.on_write_done(seq) else { continue };
+                        if let (true, Some(qi)) = (nic.profiling(), c.qp) {
+                            // this QP's share of each send is on the wire and acknowledged
+                            for r in d.reqs[..d.n].iter().flatten() {
+                                nic.ev_stop(*r, qi);
+                            }
+                        }
+                    }
+                    // failed (recorded), or a completion with no news
+                    _ => {}
+                }
+            }
+            if n > 0 {
+                nic.progressed();
+            }
+            if n < POLL_BATCH {
+                return;
+            }
+        }
+    }
+
+    /// Closing must not drop writes already posted (a send reported done
+    /// early, inline, may still be on the wire): wait up to `limit` for
+    /// their completions, or until the comm fails. Returns the writes still
+    /// outstanding.
+    pub fn close<N: SendNic>(&mut self, nic: &mut N, limit: Duration) -> usize {
+        if nic.check().is_err() {
+            return self.outstanding();
+        }
+        // unsignaled eager writes at the tail: a signaled empty write behind
+        // them completes only after they did (RC order)
+        if let Some(count) = self.close_eager() {
+            if nic.post_fence(count).is_err() {
+                // not posted: nothing of it to wait for
+                self.on_eager_done(1);
+            }
+        }
+        let t0 = nic.now();
+        while self.outstanding() > 0 && nic.check().is_ok() && nic.now().saturating_duration_since(t0) < limit {
+            self.poll(nic);
+            nic.tick(0);
+        }
+        self.outstanding()
+    }
+
+    /// Bring the head FIFO slot to where a send can match it: its previous
+    /// lap completed and the receiver's CTS for it arrived. `Ok(false)`:
+    /// not yet (NCCL retries).
+    fn head_ready<N: SendNic>(&mut self, nic: &mut N) -> R<bool, N> {
+        loop {
+            match self.head(nic.fifo()).map_err(Fail::Proto)? {
+                // The head slot's previous lap (seq - FIFO_DEPTH) may still await its
+                // completion (the receiver saw the data before our ACK came back).
+                Head::Busy => {
+                    self.poll(nic);
+                    if self.head_busy() {
+                        // a dead receiver shows here sooner than by the retry timeout
+                        nic.tick(self.live());
+                        nic.check().map_err(Fail::Nic)?;
+                        return Ok(false);
+                    }
+                }
+                Head::Ready => return Ok(true),
+                Head::NotYet => {
+                    // with the eager path, isend tries it first and polls after
+                    if !self.eager_on() {
+                        self.idle_work(nic)?;
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// A call that could not proceed: reap completions, look at the peer now and then.
+    fn idle_work<N: SendNic>(&mut self, nic: &mut N) -> R<(), N> {
+        self.poll(nic);
+        nic.tick(self.live());
+        nic.check().map_err(Fail::Nic)
+    }
+
+    /// Send into the receiver's eager ring if this send may: `Ok(None)` when not.
+    fn try_eager<N: SendNic>(&mut self, nic: &mut N, tag: i32, size: usize, src: u64, freed: u64) -> R<Option<ReqId>, N> {
+        if !self.eager_on() {
+            return Ok(None);
+        }
+        let Some(stage) = nic.eager_stage() else { return Ok(None) };
+        let mut plan = self.plan_eager(tag, size, freed, stage);
+        if plan == Ok(EagerPlan::Full) {
+            self.poll(nic);
+            let Some(stage) = nic.eager_stage() else { return Ok(None) };
+            plan = self.plan_eager(tag, size, freed, stage);
+        }
+        let w = match plan {
+            Ok(EagerPlan::Go(w)) => w,
+            Ok(_) => return Ok(None),
+            Err(e) => return Err(Fail::Proto(e)),
+        };
+        nic.taken(w.id);
+        if nic.profiling() {
+            // one event for the one write on QP 0, until the send is reported done
+            nic.ev_start(&Ev { id: w.id, slot: 0, parent: 0, qp: 0, op: EvOp::Write, wr: WrId::Eager(w.count), len: size });
+        }
+        if let Err(e) = nic.post_eager(&w, src, size) {
+            nic.ev_stop_req(w.id);
+            self.release(w.id);
+            return Err(Fail::Nic(e));
+        }
+        nic.progressed();
+        Ok(Some(w.id))
+    }
+
+    /// A send could not go: if we have been stuck at this FIFO head for a
+    /// while, tell the receiver (it may be holding CTS writes back, or owe
+    /// us credits).
+    fn note_blocked<N: SendNic>(&mut self, nic: &mut N) {
+        let now = nic.now();
+        let Some(stage) = nic.eager_stage() else { return };
+        let Some(m) = self.on_blocked(now, stage) else { return };
+        if let Err(e) = nic.post_mailbox(&m) {
+            nic.fail(Fail::Nic(e));
+        }
+    }
+
+    /// Post a complete group's lanes (`fail`: tell the receiver its receive
+    /// fails, with no data).
+    fn post_group<N: SendNic>(&mut self, nic: &mut N, g: &Group, fail: Option<FailCode>) -> Result<(), N::Error> {
+        let (first, nlanes) = self.lanes(g.seq);
+        if fail.is_none() && matches!(g.imm().kind, ImmKind::Sizes(_)) {
+            nic.sizes_stage().write(fifo::sizes_offset(g.seq), &fifo::encode_sizes(&g.wire_sizes()[..g.n])[..4 * g.n]);
+        }
+        let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
+        // Every data byte copied into the WRs at post time: NCCL may reuse
+        // the buffers at once, so the sends complete now (like a TCP send
+        // whose bytes reached the socket buffer); the signaled completion
+        // still frees the slot, and close waits for it.
+        let mut all_inline = fail.is_none();
+        for lane in 0..nlanes {
+            let k = fifo::plan_lane(g, lane, nlanes, fail, &mut plan);
+            let qp = (first + lane) % self.nqps;
+            if fail.is_none() && lane < MAX_EVENTS_PER_PARENT && nic.profiling() {
+                lane_events(nic, g, qp, lane, nlanes, &plan[..k]);
+            }
+            all_inline &= nic.post_lane(&Lane { g, lane, nlanes, qp, plan: &plan[..k] })?;
+        }
+        self.on_posted(g, nlanes, all_inline);
+        Ok(())
+    }
+}
+
+/// Profiler events of one lane about to be posted on QP `qp`: one per send
+/// of the group (as NCCL's IB transport: per request per QP), its share of
+/// the lane's bytes, the kind of its write (a send with no bytes on this
+/// lane: the lane's last write, whose completion it waits for).
+fn lane_events<N: SendNic>(nic: &mut N, g: &Group, qp: usize, lane: usize, nlanes: usize, plan: &[PlannedWr]) {
+    let op = |w: &PlannedWr| if w.imm.is_some() { EvOp::LaneEnd } else { EvOp::Write };
+    let last = plan.last().map_or(EvOp::LaneEnd, op);
+    for e in (0..g.n).filter(|&e| !g.is_eager(e)) {
+        let Some(id) = g.reqs[e] else { continue };
+        let len = fifo::chunk(g.sizes[e] as usize, lane, nlanes).1;
+        let op = plan.iter().find(|w| matches!(w.kind, WrKind::Data { elem, .. } if elem == e)).map_or(last, op);
+        nic.ev_start(&Ev { id, slot: qp, parent: 0, qp, op, wr: WrId::Data(g.seq), len });
+    }
+}
