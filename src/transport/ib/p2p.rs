@@ -16,21 +16,19 @@ use std::sync::Arc;
 
 use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
-use super::handshake::{ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::handshake::LocalAddr;
 use super::link::{check_buf, via_link, Link, SendHs};
 use super::notice_path::{NoticeTx, RecvSide};
 use super::reg::IbMr;
-use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts, SendWr};
+use super::verbs::{Access, HostRegion, Qp, Rts, SendWr};
 use crate::error::{Error, Result};
-use crate::profiler::{EventSlots, Parent};
+use crate::profiler::Parent;
 use crate::proto::fifo::{self, Cts, WrKind, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES};
-use crate::proto::ib_meta::{Meta, META_LEN};
 use crate::proto::mem::{Mem, MemMut};
 use crate::proto::nic::{Cqe, Fail, Lane, RecvNic, SendNic, WrId, POLL_BATCH};
 use crate::proto::pool::ReqId;
 use crate::proto::tx::{EagerWr, MailboxWr};
-use crate::proto::{eager, rx, tx};
-use crate::transport::sock::Socket;
+use crate::proto::{rx, tx};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_RECVS};
 
 pub use super::link::{format_stats, set_stats_dump, QpStat};
@@ -38,7 +36,7 @@ use crate::stats::QpTable;
 
 /// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
 /// immediates are outstanding per QP).
-const RECV_WRS: usize = FIFO_DEPTH + 16;
+pub(super) const RECV_WRS: usize = FIFO_DEPTH + 16;
 /// Sends still possible per comm (see [`tx::SEND_SLOTS`]).
 pub const SEND_SLOTS: usize = tx::SEND_SLOTS;
 /// Request slots of a receive comm (see [`rx::RECV_POOL`]).
@@ -61,9 +59,9 @@ pub(super) struct SendIo {
     pub(super) link: Link,
     pub(super) hs: Option<SendHs>,
     /// The CTS FIFO the receiver writes.
-    fifo_mem: HostRegion,
+    pub(super) fifo_mem: HostRegion,
     /// Sizes staging (for a grouped receive when not inline).
-    stage: HostRegion,
+    pub(super) stage: HostRegion,
     pub(super) local: LocalAddr,
     pub(super) tc: u8,
     pub(super) sl: u8,
@@ -74,7 +72,7 @@ pub(super) struct SendIo {
     pub(super) eager: Option<EagerSend>,
     /// The buffer of the `isend` in progress: the only memory an eager
     /// write copies from.
-    cur: Option<RawBuf>,
+    pub(super) cur: Option<RawBuf>,
     /// iWARP: lanes end with notice SENDs (after `link`: dropped after the QPs).
     pub(super) notices: Option<NoticeTx>,
 }
@@ -87,40 +85,7 @@ pub(super) struct EagerSend {
     pub(super) ring: (u64, u32),
 }
 
-/// How many bytes a data or eager write may carry inline: the QPs' cap,
-/// but only with NCCL_IB_USE_INLINE=1. On iWARP the QPs take 64 bytes
-/// inline whatever the knob says, for the notices alone (NoticeTx reads the
-/// QPs' own cap); NCCL_IB_USE_INLINE=0 still keeps data off the inline path.
-fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
-    if use_inline {
-        qp_max_inline
-    } else {
-        0
-    }
-}
-
 impl SendComm {
-    pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer } = setup;
-        let mut link = Link::new(&dev, cq, cc, oob, peer);
-        link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
-        let io = SendIo {
-            link,
-            hs: Some(SendHs::ReadMeta { qps, rx: Box::new([0; META_LEN]), got: 0, since: std::time::Instant::now() }),
-            fifo_mem: region,
-            stage,
-            local,
-            tc,
-            sl,
-            remote_sizes: (0, 0),
-            eager_offer,
-            eager: None,
-            cur: None,
-            notices: None,
-        };
-        SendComm { io, tx: tx::Sender::new() }
-    }
-
     /// Peer's out-of-band address.
     pub fn peer(&self) -> SocketAddr {
         self.io.link.peer
@@ -396,38 +361,18 @@ impl SendNic for SendIo {
 // ---------------------------------------------------------------- receive side
 
 /// The receiver's eager ring (its bookkeeping is in the machine, [`rx::Receiver`]).
-struct EagerRing {
+pub(super) struct EagerRing {
     /// Mailbox word, then the ring slots the sender writes.
-    ring: HostRegion,
+    pub(super) ring: HostRegion,
 }
 
 /// A loopback QP and a scratch word: `iflush` RDMA-reads one byte of the
 /// last received buffer through the NIC, so the NIC's earlier writes are
 /// visible before NCCL reads (needed for GPU memory; forced for host memory
 /// only by RUSTNET_FORCE_FLUSH=1).
-struct Flush {
-    qp: Qp<Rts>,
-    scratch: HostRegion,
-}
-
-impl Flush {
-    fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
-        let caps = verbs::QpCaps { max_send_wr: FIFO_DEPTH as u32, max_recv_wr: 1, max_inline: 0 };
-        let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
-        let me = verbs::RtrParams {
-            dest_qpn: qp.qpn(),
-            mtu: local.mtu as u32,
-            port: dev.port,
-            global: dev.link_layer == super::device::LINK_ETH,
-            dgid: local.gid,
-            sgid_index: local.gid_index,
-            dlid: local.lid,
-            tc: 0,
-            sl: 0,
-        };
-        let qp = qp.to_rtr(&me)?.to_rts(&verbs::RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt })?;
-        Ok(Flush { qp, scratch: HostRegion::new(&dev.pd, 64, Access::LOCAL_WRITE)? })
-    }
+pub(super) struct Flush {
+    pub(super) qp: Qp<Rts>,
+    pub(super) scratch: HostRegion,
 }
 
 /// The receiving end of a verbs connection.
@@ -440,17 +385,17 @@ pub struct RecvComm {
 /// What the receiver's machine works through.
 pub(super) struct RecvIo {
     pub(super) link: Link,
-    flush: Option<Flush>,
+    pub(super) flush: Option<Flush>,
     /// READY bytes received so far; None once READY arrived.
     pub(super) ready: Option<([u8; 8], usize)>,
     /// Sizes area the sender writes (grouped receives).
-    sizes_mem: HostRegion,
+    pub(super) sizes_mem: HostRegion,
     /// CTS staging (slot `seq % FIFO_DEPTH` at its FIFO offset), then the
     /// credit word's source.
-    stage: HostRegion,
-    local: LocalAddr,
-    remote_fifo: (u64, u32),
-    eager: Option<EagerRing>,
+    pub(super) stage: HostRegion,
+    pub(super) local: LocalAddr,
+    pub(super) remote_fifo: (u64, u32),
+    pub(super) eager: Option<EagerRing>,
     /// iWARP: rdma_cm and notices (after `link`: dropped after the QPs).
     pub(super) notices: Option<Box<RecvSide>>,
 }
@@ -485,85 +430,6 @@ impl MemMut for HostRegion {
 }
 
 impl RecvComm {
-    /// `notices`: iWARP (its QPs are connected by rdma_cm later, and post
-    /// their notice receives then).
-    pub(super) fn new(
-        setup: Setup,
-        qps: Vec<Qp<Rts>>,
-        oob: Socket,
-        peer: SocketAddr,
-        cc: Arc<ConnCfg>,
-        remote: &Meta,
-        notices: Option<Box<RecvSide>>,
-    ) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
-        let mut link = Link::new(&dev, cq, cc, oob, peer);
-        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
-        let nq = qps.len();
-        for q in qps.iter().filter(|_| notices.is_none()) {
-            for _ in 0..RECV_WRS {
-                q.post_recv_empty(WrId::Recv(0).encode())?;
-            }
-        }
-        link.qps = qps;
-        link.init_stats();
-        // events: one per receive buffer per QP (index buffer * nq + QP)
-        link.ev = EventSlots::new(RECV_POOL, MAX_RECVS * nq);
-        link.set_peer(remote);
-        let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
-        let limit = offer.min(remote.eager) as usize;
-        let eager = if limit > 0 {
-            Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
-        } else {
-            None
-        };
-        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_SQ_DEPTH });
-        let io = RecvIo {
-            link,
-            flush,
-            ready: Some(([0; 8], 0)),
-            sizes_mem: region,
-            stage,
-            local,
-            remote_fifo: (remote.addr, remote.rkey),
-            eager,
-            notices,
-        };
-        Ok(RecvComm { io, rx })
-    }
-
-    /// What we tell the sender.
-    pub(super) fn local_meta(&self) -> Meta {
-        let io = &self.io;
-        let mut m = Meta {
-            qpns: self.qpns(),
-            mtu: io.local.mtu,
-            link: io.link.dev.link_layer,
-            port: io.link.dev.port,
-            gid_index: io.local.gid_index,
-            lid: io.local.lid,
-            tc: 0,
-            sl: 0,
-            split: io.link.cc.split,
-            gid: io.local.gid,
-            family: io.local.family,
-            roce_version: io.local.roce_version,
-            addr: io.sizes_mem.addr() as u64,
-            rkey: io.sizes_mem.rkey(),
-            name: io.link.dev.dev_name.clone(),
-            eager: self.rx.eager_limit() as u32,
-            ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
-        };
-        if let Some(n) = &io.notices {
-            n.fill_meta(&mut m);
-        }
-        m
-    }
-
-    pub(super) fn oob(&self) -> &Socket {
-        &self.io.link.oob
-    }
-
     /// Peer's out-of-band address.
     pub fn peer(&self) -> SocketAddr {
         self.io.link.peer
@@ -810,14 +676,6 @@ impl RecvNic for RecvIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn data_goes_inline_only_when_nccl_ib_use_inline_says_so() {
-        // iWARP QPs are created with 64 bytes inline for the notices
-        assert_eq!(data_inline(false, 64), 0, "NCCL_IB_USE_INLINE=0 keeps data writes off the inline path");
-        assert_eq!(data_inline(true, 64), 64);
-        assert_eq!(data_inline(true, 0), 0);
-    }
 
     #[test]
     fn wr_ids_do_not_change_for_data_writes() {

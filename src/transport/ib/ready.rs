@@ -1,20 +1,27 @@
-//! The last steps of a verbs connection's handshake, run from the data
+//! Building a verbs connection's comms, and the last steps of its handshake, run from the data
 //! path because `connect` never waits for `accept` (README: the connect
 //! protocol): the sender reads the receiver's metadata, connects its QPs
 //! (by hand, or through rdma_cm on iWARP) and writes READY; the receiver
 //! waits for READY (and on iWARP for its rdma_cm connections) before its
 //! first CTS goes out. The steps before these are in `handshake.rs`
 //! (the socket I/O and QP transitions) and `establish.rs` (connect/accept).
-use super::handshake;
-use super::link::SendHs;
-use super::notice_path::{CmConnect, NoticeTx};
-use super::p2p::{EagerSend, RecvComm, SendComm, SEND_SLOTS};
-use super::verbs::{Access, HostRegion, Qp, Rts};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::device::IbDev;
+use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::link::{Link, SendHs};
+use super::notice_path::{CmConnect, NoticeTx, RecvSide};
+use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, RECV_WRS, SEND_SLOTS};
+use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
-use crate::proto::eager;
-use crate::proto::ib_meta::{Meta, READY};
-use crate::proto::tx;
+use crate::proto::fifo::FIFO_DEPTH;
+use crate::proto::ib_meta::{Meta, META_LEN, READY};
+use crate::proto::nic::WrId;
+use crate::proto::{eager, rx, tx};
+use crate::transport::sock::Socket;
+use crate::transport::MAX_RECVS;
 
 impl SendComm {
     /// Move the handshake on as far as the socket allows.
@@ -116,5 +123,154 @@ impl RecvComm {
         io.ready = None;
         io.link.handshake = false;
         self.rx.handshake_done(&mut self.io).map_err(|f| self.io.link.fail_by(f, "receive"))
+    }
+}
+
+/// How many bytes a data or eager write may carry inline: the QPs' cap,
+/// but only with NCCL_IB_USE_INLINE=1. On iWARP the QPs take 64 bytes
+/// inline whatever the knob says, for the notices alone (NoticeTx reads the
+/// QPs' own cap); NCCL_IB_USE_INLINE=0 still keeps data off the inline path.
+pub(super) fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
+    if use_inline {
+        qp_max_inline
+    } else {
+        0
+    }
+}
+
+impl SendComm {
+    pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer } = setup;
+        let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
+        let io = SendIo {
+            link,
+            hs: Some(SendHs::ReadMeta { qps, rx: Box::new([0; META_LEN]), got: 0, since: std::time::Instant::now() }),
+            fifo_mem: region,
+            stage,
+            local,
+            tc,
+            sl,
+            remote_sizes: (0, 0),
+            eager_offer,
+            eager: None,
+            cur: None,
+            notices: None,
+        };
+        SendComm { io, tx: tx::Sender::new() }
+    }
+}
+
+impl RecvComm {
+    /// `notices`: iWARP (its QPs are connected by rdma_cm later, and post
+    /// their notice receives then).
+    pub(super) fn new(
+        setup: Setup,
+        qps: Vec<Qp<Rts>>,
+        oob: Socket,
+        peer: SocketAddr,
+        cc: Arc<ConnCfg>,
+        remote: &Meta,
+        notices: Option<Box<RecvSide>>,
+    ) -> Result<RecvComm> {
+        let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
+        let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+        let nq = qps.len();
+        for q in qps.iter().filter(|_| notices.is_none()) {
+            for _ in 0..RECV_WRS {
+                q.post_recv_empty(WrId::Recv(0).encode())?;
+            }
+        }
+        link.qps = qps;
+        link.init_stats();
+        // events: one per receive buffer per QP (index buffer * nq + QP)
+        link.ev = EventSlots::new(RECV_POOL, MAX_RECVS * nq);
+        link.set_peer(remote);
+        let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
+        let limit = offer.min(remote.eager) as usize;
+        let eager = if limit > 0 {
+            Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
+        } else {
+            None
+        };
+        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_SQ_DEPTH });
+        let io = RecvIo {
+            link,
+            flush,
+            ready: Some(([0; 8], 0)),
+            sizes_mem: region,
+            stage,
+            local,
+            remote_fifo: (remote.addr, remote.rkey),
+            eager,
+            notices,
+        };
+        Ok(RecvComm { io, rx })
+    }
+
+    /// What we tell the sender.
+    pub(super) fn local_meta(&self) -> Meta {
+        let io = &self.io;
+        let mut m = Meta {
+            qpns: self.qpns(),
+            mtu: io.local.mtu,
+            link: io.link.dev.link_layer,
+            port: io.link.dev.port,
+            gid_index: io.local.gid_index,
+            lid: io.local.lid,
+            tc: 0,
+            sl: 0,
+            split: io.link.cc.split,
+            gid: io.local.gid,
+            family: io.local.family,
+            roce_version: io.local.roce_version,
+            addr: io.sizes_mem.addr() as u64,
+            rkey: io.sizes_mem.rkey(),
+            name: io.link.dev.dev_name.clone(),
+            eager: self.rx.eager_limit() as u32,
+            ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
+        };
+        if let Some(n) = &io.notices {
+            n.fill_meta(&mut m);
+        }
+        m
+    }
+
+    pub(super) fn oob(&self) -> &Socket {
+        &self.io.link.oob
+    }
+}
+
+impl Flush {
+    fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
+        let caps = verbs::QpCaps { max_send_wr: FIFO_DEPTH as u32, max_recv_wr: 1, max_inline: 0 };
+        let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
+        let me = verbs::RtrParams {
+            dest_qpn: qp.qpn(),
+            mtu: local.mtu as u32,
+            port: dev.port,
+            global: dev.link_layer == super::device::LINK_ETH,
+            dgid: local.gid,
+            sgid_index: local.gid_index,
+            dlid: local.lid,
+            tc: 0,
+            sl: 0,
+        };
+        let qp = qp.to_rtr(&me)?.to_rts(&verbs::RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt })?;
+        Ok(Flush { qp, scratch: HostRegion::new(&dev.pd, 64, Access::LOCAL_WRITE)? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_goes_inline_only_when_nccl_ib_use_inline_says_so() {
+        // iWARP QPs are created with 64 bytes inline for the notices
+        assert_eq!(data_inline(false, 64), 0, "NCCL_IB_USE_INLINE=0 keeps data writes off the inline path");
+        assert_eq!(data_inline(true, 64), 64);
+        assert_eq!(data_inline(true, 0), 0);
     }
 }
