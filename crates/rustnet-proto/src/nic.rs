@@ -302,5 +302,7 @@ mod tests {
         kinds.dedup();
         assert_eq!(kinds.len(), 6, "one kind per variant");
         assert_eq!(WrId::decode(15 << KIND_SHIFT), None, "a wr_id not ours");
+        // profiler events report a data write's wr_id: its sequence number, as before WrId
+        assert_eq!(WrId::Data(77).encode(), 77);
     }
 }

@@ -491,6 +491,49 @@ macro_rules! via_link {
 }
 pub(super) use via_link;
 
+/// The accessors both comm kinds offer (`$m`: their machine's field).
+macro_rules! comm_accessors {
+    ($t:ty, $m:ident) => {
+        impl $t {
+            /// Peer's out-of-band address.
+            pub fn peer(&self) -> std::net::SocketAddr {
+                self.io.link.peer
+            }
+
+            /// Device index.
+            pub fn dev(&self) -> usize {
+                self.io.link.dev.index
+            }
+
+            /// The device (its registration cache: flush lookups).
+            pub fn device(&self) -> &std::sync::Arc<super::device::IbDev> {
+                &self.io.link.dev
+            }
+
+            /// Our QP numbers (a send comm's: empty until the handshake finished).
+            pub fn qpns(&self) -> Vec<u32> {
+                self.io.link.qps.iter().map(|q| q.qpn()).collect()
+            }
+
+            /// Per-QP counters now.
+            pub fn qp_stats(&self) -> Vec<crate::stats::QpStat> {
+                self.io.link.stats.snapshot()
+            }
+
+            /// The live per-QP counters (for the statistics file).
+            pub fn qp_table(&self) -> std::sync::Arc<crate::stats::QpTable> {
+                self.io.link.stats.clone()
+            }
+
+            /// Eager messages and their payload bytes, sent or received.
+            pub fn eager_stats(&self) -> (u64, u64) {
+                self.$m.eager_stats()
+            }
+        }
+    };
+}
+pub(super) use comm_accessors;
+
 /// The `ibv_wr_opcode` a profiler event of a send reports: a WR that ends
 /// a lane (it carries the immediate) is, on iWARP (`notices`), a plain
 /// write followed by the notice SEND whose completion the event waits for.

@@ -11,20 +11,16 @@
 //! data path except one relaxed atomic load of the device's async-event
 //! counters. Failures and liveness are [`super::link`]'s; the last steps of
 //! the handshake (metadata, rdma_cm, READY) are [`super::ready`]'s.
-use std::net::SocketAddr;
-use std::sync::Arc;
 
-use super::device::IbDev;
 use super::ffi::{self, ibv_wc};
 use super::handshake::LocalAddr;
-use super::link::{check_buf, via_link, Link, SendHs};
+use super::link::{check_buf, comm_accessors, via_link, Link, SendHs};
 use super::notice_path::{NoticeTx, RecvSide};
 use super::reg::IbMr;
 use super::verbs::{Access, HostRegion, Qp, Rts, SendWr};
 use crate::error::{Error, Result};
 use crate::profiler::Parent;
 use crate::proto::fifo::{self, Cts, WrKind, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES};
-use crate::proto::mem::{Mem, MemMut};
 use crate::proto::nic::{Cqe, Fail, Lane, RecvNic, SendNic, WrId, POLL_BATCH};
 use crate::proto::pool::ReqId;
 use crate::proto::tx::{EagerWr, MailboxWr};
@@ -32,7 +28,6 @@ use crate::proto::{rx, tx};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_RECVS};
 
 pub use super::link::{format_stats, set_stats_dump, QpStat};
-use crate::stats::QpTable;
 
 /// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
 /// immediates are outstanding per QP).
@@ -85,37 +80,9 @@ pub(super) struct EagerSend {
     pub(super) ring: (u64, u32),
 }
 
+comm_accessors!(SendComm, tx);
+
 impl SendComm {
-    /// Peer's out-of-band address.
-    pub fn peer(&self) -> SocketAddr {
-        self.io.link.peer
-    }
-
-    /// Device index.
-    pub fn dev(&self) -> usize {
-        self.io.link.dev.index
-    }
-
-    /// Our QP numbers (empty until the handshake finished).
-    pub fn qpns(&self) -> Vec<u32> {
-        self.io.link.qps.iter().map(|q| q.qpn()).collect()
-    }
-
-    /// Per-QP counters now (empty until the handshake finished).
-    pub fn qp_stats(&self) -> Vec<QpStat> {
-        self.io.link.stats.snapshot()
-    }
-
-    /// The live per-QP counters (for the statistics file).
-    pub fn qp_table(&self) -> Arc<QpTable> {
-        self.io.link.stats.clone()
-    }
-
-    /// Eager messages sent and their payload bytes.
-    pub fn eager_stats(&self) -> (u64, u64) {
-        self.tx.eager_stats()
-    }
-
     /// True once the QPs are in RTS and READY was sent.
     pub fn is_ready(&self) -> bool {
         self.io.hs.is_none()
@@ -412,59 +379,9 @@ impl Drop for RecvComm {
     }
 }
 
-/// Registered memory read through the protocol machines' eyes.
-impl Mem for HostRegion {
-    fn read_u64(&self, off: usize) -> u64 {
-        HostRegion::read_u64(self, off)
-    }
-    fn read(&self, off: usize, out: &mut [u8]) {
-        HostRegion::read(self, off, out)
-    }
-}
-
-/// Staging the protocol machines write into.
-impl MemMut for HostRegion {
-    fn write(&mut self, off: usize, data: &[u8]) {
-        HostRegion::write(self, off, data)
-    }
-}
+comm_accessors!(RecvComm, rx);
 
 impl RecvComm {
-    /// Peer's out-of-band address.
-    pub fn peer(&self) -> SocketAddr {
-        self.io.link.peer
-    }
-
-    /// Device index.
-    pub fn dev(&self) -> usize {
-        self.io.link.dev.index
-    }
-
-    /// Our QP numbers.
-    pub fn qpns(&self) -> Vec<u32> {
-        self.io.link.qps.iter().map(|q| q.qpn()).collect()
-    }
-
-    /// The device's registration cache (for flush lookups).
-    pub fn device(&self) -> &Arc<IbDev> {
-        &self.io.link.dev
-    }
-
-    /// Per-QP counters.
-    pub fn qp_stats(&self) -> Vec<QpStat> {
-        self.io.link.stats.snapshot()
-    }
-
-    /// The live per-QP counters (for the statistics file).
-    pub fn qp_table(&self) -> Arc<QpTable> {
-        self.io.link.stats.clone()
-    }
-
-    /// Eager messages received and their payload bytes.
-    pub fn eager_stats(&self) -> (u64, u64) {
-        self.rx.eager_stats()
-    }
-
     /// Would `irecv` take a receive now? (A merged device asks every member
     /// before posting on any.) An error when this comm has failed.
     pub fn can_take_recv(&mut self) -> Result<bool> {
@@ -670,16 +587,5 @@ impl RecvNic for RecvIo {
             Some(nt) => nt.expect(seq, nlanes, || link.peer_name()),
             None => Ok(()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wr_ids_do_not_change_for_data_writes() {
-        // profiler events report a data write's wr_id as its sequence number, as before
-        assert_eq!(WrId::Data(77).encode(), 77);
     }
 }

@@ -1271,3 +1271,20 @@ impl Qp<Rts> {
         Ok(())
     }
 }
+
+/// Registered memory read through the protocol machines' eyes.
+impl crate::proto::mem::Mem for HostRegion {
+    fn read_u64(&self, off: usize) -> u64 {
+        HostRegion::read_u64(self, off)
+    }
+    fn read(&self, off: usize, out: &mut [u8]) {
+        HostRegion::read(self, off, out)
+    }
+}
+
+/// Staging the protocol machines write into.
+impl crate::proto::mem::MemMut for HostRegion {
+    fn write(&mut self, off: usize, data: &[u8]) {
+        HostRegion::write(self, off, data)
+    }
+}
