@@ -16,6 +16,8 @@ mod watch;
 mod agent;
 mod bench;
 mod bisect;
+// `rustnet bench compare`: scripts/bench.sh's default table.
+mod compare;
 mod ctl;
 mod ncclsock;
 mod plot;

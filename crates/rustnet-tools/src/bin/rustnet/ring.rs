@@ -206,6 +206,15 @@ impl Opts {
     fn max_size(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(1)
     }
+    /// The pattern in words: connections, requests in flight, bytes per run.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{} connection(s) per neighbour, {} in flight per connection, {} sent per rank per run",
+            self.conns,
+            self.inflight,
+            human(self.bytes)
+        )
+    }
     /// Messages per connection and direction in one run.
     fn count(&self, size: usize) -> usize {
         (self.bytes / (size * self.conns)).max(16)
