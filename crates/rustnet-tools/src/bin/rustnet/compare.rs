@@ -253,21 +253,24 @@ fn run(o: &Opts) -> Result<(), String> {
     }
 
     // ranges
-    let wide: Vec<String> = series
+    let mut wide: Vec<(f64, String)> = series
         .iter()
         .filter(|s| !s.0.ends_with("_ratio") && !s.3 .0.is_empty() && spread(&s.3) > WIDE)
-        .map(|s| format!("{} {} {} ({:.0}%)", s.0, human(s.1), s.2, 100.0 * spread(&s.3)))
+        .map(|s| (spread(&s.3), format!("{} {} {} {:.0}%", s.0, human(s.1), s.2, 100.0 * spread(&s.3))))
         .collect();
+    wide.sort_by(|a, b| b.0.total_cmp(&a.0));
     if wide.is_empty() {
         out += &format!("\nranges: every printed range is within {:.0}% of its median.\n", 100.0 * WIDE);
     } else {
+        let shown: Vec<&str> = wide.iter().take(4).map(|w| w.1.as_str()).collect();
         out += &format!(
-            "\nranges: {} of {} printed ranges are wider than {:.0}% of their median: {}.\n  \
+            "\nranges: {} of {} printed ranges are wider than {:.0}% of their median (widest: {}{}).\n  \
              The host was busy (load {load0} -> {load1} on {cpus} CPUs): read the medians and the paired ratios, or rerun on a quiet host / with --reps {}.\n",
             wide.len(),
             series.iter().filter(|s| !s.0.ends_with("_ratio")).count(),
             100.0 * WIDE,
-            wide.join(", "),
+            shown.join(", "),
+            if wide.len() > shown.len() { ", ..." } else { "" },
             2 * o.reps + 1
         );
     }
