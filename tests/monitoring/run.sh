@@ -114,6 +114,24 @@ python3 tests/monitoring/check.py counts "$prom" --ranks 2 --bytes "$bytes" --ms
   --conns "$conns" --phase open --timeout 120 || { echo "job log:"; tail -n 20 "$out/job.log"; exit 1; }
 echo "== dashboard: every query of deploy/monitoring/rustnet-dashboard.json against this Prometheus"
 python3 tests/monitoring/check.py dashboard "$prom" deploy/monitoring/rustnet-dashboard.json
+echo "== rules: every rule evaluated on the job's series without error; the recording rules see both ranks"
+python3 - "$prom" <<'PY'
+import json, sys, time, urllib.parse, urllib.request
+url = sys.argv[1]
+deadline = time.monotonic() + 30
+while True:
+    rules = [r for g in json.load(urllib.request.urlopen(url + "/api/v1/rules", timeout=10))["data"]["groups"] for r in g["rules"]]
+    q = urllib.parse.urlencode({"query": "rustnet:process_bytes:rate5m"})
+    rec = json.load(urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10))["data"]["result"]
+    ranks = sorted(s["metric"].get("rank", "") for s in rec)
+    if all(r.get("health") == "ok" for r in rules) and ranks == ["0", "1"]:
+        break
+    if time.monotonic() > deadline:
+        bad = [(r["name"], r.get("health"), r.get("lastError")) for r in rules if r.get("health") != "ok"]
+        sys.exit(f"FAIL: after 30 s rules not ok: {bad}; rustnet:process_bytes:rate5m ranks {ranks}")
+    time.sleep(0.5)
+print(f"ok: {len(rules)} rules healthy on live data; rustnet:process_bytes:rate5m has ranks {ranks}")
+PY
 echo "== the job closes its comms and exits; the totals stay"
 touch "$out/release"
 rc=0; wait "$job" || rc=$?
