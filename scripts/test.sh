@@ -57,6 +57,8 @@ else
   echo "== packaging: .deb in a clean Debian root, wheel in a fresh venv, OCI layer in a container, Kubernetes manifests"
   scripts/package-check.sh
 fi
+echo "== monitoring: statistics files through Debian's node_exporter and Prometheus (exact counts by PromQL), alert rules (promtool), dashboard queries"
+tests/monitoring/run.sh
 echo "== soak, ${RUSTNET_CI_SOAK_SECONDS:-180} s over TCP (namespaces + veth; peer kill/restart, link cut, link flap; every byte checked)"
 SOAK_SECONDS=${RUSTNET_CI_SOAK_SECONDS:-180} SOAK_VM_SECONDS=0 SOAK_OUT=target/soak-ci scripts/soak.sh
 if [ "${RUSTNET_SKIP_VM:-0}" = 1 ]; then

@@ -58,6 +58,14 @@ macro_rules! knobs {
             pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
                 Ok(Config { $( $field: parse_knob::<$ty>($env, get($env), $def, $acc)?, )* })
             }
+
+            /// Every value `from_lookup` would refuse, in table order (it stops at the
+            /// first; `rustnet doctor` lists them all in one run).
+            pub fn problems(get: &dyn Fn(&str) -> Option<String>) -> Vec<Error> {
+                let mut bad = Vec::new();
+                $( if let Err(e) = parse_knob::<$ty>($env, get($env), $def, $acc) { bad.push(e); } )*
+                bad
+            }
         }
     };
 }
@@ -477,6 +485,23 @@ mod tests {
         assert!(cfg(&[("RUSTNET_SOCKET_MIN_CHUNK", "12Q")]).is_err());
         assert!(cfg(&[("NCCL_SOCKET_IFNAME", "^")]).is_err());
         assert!(cfg(&[("NCCL_IB_HCA", "mlx5_0:x")]).is_err());
+    }
+
+    #[test]
+    fn problems_lists_every_bad_value_in_table_order() {
+        let m: HashMap<String, String> = [("RUSTNET_TRANSPORT", "bogus"), ("NCCL_IB_TIMEOUT", "99"), ("RUSTNET_SOCKET_TIMEOUT", "-3")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let names: Vec<&str> = Config::problems(&|k| m.get(k).cloned())
+            .iter()
+            .map(|e| match e {
+                Error::Config { name, .. } => *name,
+                other => panic!("{other}"),
+            })
+            .collect();
+        assert_eq!(names, ["RUSTNET_TRANSPORT", "RUSTNET_SOCKET_TIMEOUT", "NCCL_IB_TIMEOUT"]);
+        assert!(Config::problems(&|_| None).is_empty());
     }
 
     #[test]

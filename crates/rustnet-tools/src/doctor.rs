@@ -206,32 +206,64 @@ fn env_get(o: &Opts) -> impl Fn(&str) -> Option<String> + '_ {
     move |k| o.env.get(k).cloned()
 }
 
+/// The knob table against `o.env`: one PASS line with what is set, or one FAIL
+/// line per bad value with its fix (after a summary line naming them all).
+/// Returns the configuration the plugin would have with the bad values unset.
+fn env_checks(o: &Opts, r: &mut Report) -> Config {
+    let get = env_get(o);
+    let bad = Config::problems(&get);
+    if bad.is_empty() {
+        let set: Vec<String> =
+            o.env.iter().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("RUSTNET_")).map(|(k, v)| format!("{k}={v}")).collect();
+        r.add(
+            "env",
+            "knob values",
+            Status::Pass,
+            if set.is_empty() { "no NCCL_*/RUSTNET_* variables set: defaults".into() } else { set.join(" ") },
+            "",
+        );
+        return Config::from_lookup(&get).unwrap_or_else(|_| Config::from_lookup(&|_| None).expect("defaults parse"));
+    }
+    let names: Vec<&str> = bad
+        .iter()
+        .map(|e| match e {
+            rustnet::error::Error::Config { name, .. } => *name,
+            _ => "?",
+        })
+        .collect();
+    r.add(
+        "env",
+        "knob values",
+        Status::Fail,
+        format!("{} bad value(s): {} (the plugin's init refuses the first and stops there)", bad.len(), names.join(", ")),
+        "each one below says how (rustnet knobs lists what every variable accepts)",
+    );
+    for e in &bad {
+        match e {
+            rustnet::error::Error::Config { name, value, accepts } => {
+                let default = rustnet::config::KNOBS.iter().find(|k| k.name == *name).map(|k| k.default).unwrap_or("");
+                let default = if default.is_empty() { "(empty)".to_string() } else { default.to_string() };
+                r.add(
+                    "env",
+                    *name,
+                    Status::Fail,
+                    format!("{value:?} is not accepted: expected {accepts}"),
+                    format!("set {name} to {accepts}, or unset it for the default {default}"),
+                );
+            }
+            other => r.add("env", "knob", Status::Fail, other.to_string(), "rustnet knobs lists what each variable accepts"),
+        }
+    }
+    // the rest of the report as the plugin would run with the bad values unset
+    Config::from_lookup(&|k| if names.contains(&k) { None } else { get(k) })
+        .unwrap_or_else(|_| Config::from_lookup(&|_| None).expect("defaults parse"))
+}
+
 /// Run every check.
 pub fn run(o: &Opts) -> Report {
     let mut r = Report::default();
-    // ---- environment
-    let cfg = match Config::from_lookup(&env_get(o)) {
-        Ok(c) => {
-            let set: Vec<String> = o
-                .env
-                .iter()
-                .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("RUSTNET_"))
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            r.add(
-                "env",
-                "knob values",
-                Status::Pass,
-                if set.is_empty() { "no NCCL_*/RUSTNET_* variables set: defaults".into() } else { set.join(" ") },
-                "",
-            );
-            c
-        }
-        Err(e) => {
-            r.add("env", "knob values", Status::Fail, e.to_string(), "fix the value (rustnet knobs lists what each accepts)");
-            Config::from_lookup(&|_| None).expect("defaults parse")
-        }
-    };
+    // ---- environment: every knob, every bad value (the plugin's init stops at the first)
+    let cfg = env_checks(o, &mut r);
     match o.env.get("NCCL_NET_PLUGIN") {
         Some(v) if v.contains("rustnet") => r.add("env", "NCCL_NET_PLUGIN", Status::Pass, v.clone(), ""),
         Some(v) => {

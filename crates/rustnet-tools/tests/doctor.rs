@@ -126,6 +126,37 @@ fn prefix_pitfall_and_forced_bad_index() {
     assert_eq!(code, 2);
 }
 
+/// One run names every bad value with its fix (the plugin's init stops at the
+/// first), in the text report and in `--json`.
+#[test]
+fn every_bad_knob_in_one_run() {
+    let t = fixture("badknobs");
+    let env = [("RUSTNET_TRANSPORT", "bogus"), ("NCCL_IB_TIMEOUT", "99"), ("RUSTNET_SOCKET_TIMEOUT", "-3")];
+    let (out, code) = doctor(&t.0, &[], &env);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("[FAIL] knob values: 3 bad value(s): RUSTNET_TRANSPORT, RUSTNET_SOCKET_TIMEOUT, NCCL_IB_TIMEOUT"), "{out}");
+    for (name, value, accepts) in [
+        ("RUSTNET_TRANSPORT", "bogus", "auto, ib or socket"),
+        ("NCCL_IB_TIMEOUT", "99", "an integer 1..31"),
+        ("RUSTNET_SOCKET_TIMEOUT", "-3", "seconds, 1..86400"),
+    ] {
+        let line = format!("[FAIL] {name}: \"{value}\" is not accepted: expected {accepts}");
+        assert!(out.contains(&line), "missing {line:?}:\n{out}");
+        assert!(out.contains(&format!("fix: set {name} to {accepts}, or unset it for the default")), "{name}: no fix\n{out}");
+    }
+    // the rest of the report still runs (with the bad values unset)
+    assert!(out.contains("GID table mlx5_0:1"), "{out}");
+    let (js, code) = doctor(&t.0, &["--json"], &env);
+    assert_eq!(code, 2);
+    for name in ["RUSTNET_TRANSPORT", "NCCL_IB_TIMEOUT", "RUSTNET_SOCKET_TIMEOUT"] {
+        let item = format!("{{\"layer\":\"env\",\"what\":\"{name}\",\"status\":\"Fail\"");
+        assert!(js.contains(&item), "{name} missing from --json: {js}");
+    }
+    for name in ["RUSTNET_TRANSPORT", "NCCL_IB_TIMEOUT", "RUSTNET_SOCKET_TIMEOUT"] {
+        assert!(js.contains(&format!("\"fix\":\"set {name} to ")), "{name}: no fix in --json: {js}");
+    }
+}
+
 #[test]
 fn no_rdma_host_says_so_and_reports_tcp() {
     let root = std::env::temp_dir().join(format!("rustnet-doctor-empty-{}", std::process::id()));

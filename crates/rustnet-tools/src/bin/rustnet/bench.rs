@@ -1,5 +1,8 @@
 //! `rustnet bench`: bandwidth and latency through the plugin's vtable, with a
 //! raw TCP baseline measured in the same run, printed as a table and CSV.
+//! The measurement is shared with `rustnet bench compare` (compare.rs), which
+//! puts a raw TCP stream with 1 MiB writes and a polling ping-pong beside it
+//! ([`Baseline::Competitor`]) instead of this table's blocking socket.
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -14,6 +17,10 @@ use crate::samples::{human, Stat};
 const HELP: &str = "\
 rustnet bench: bandwidth and latency through librustnet, beside raw TCP
 
+  rustnet bench compare [...]        what scripts/bench.sh runs: NCCL's pattern beside
+                                     NCCL's socket algorithm, bandwidth beside a raw TCP
+                                     stream, latency beside a polling ping-pong
+                                     (rustnet bench compare --help)
   rustnet bench                      both ends on this host (spawns the server end)
   rustnet bench --listen ADDR:PORT   server end, waits for one client
   rustnet bench --peer ADDR:PORT     client end, connects to a server end
@@ -40,24 +47,40 @@ options:
 The plugin reads its usual variables (NCCL_SOCKET_IFNAME, RUSTNET_TRANSPORT, ...).
 In loopback mode NCCL_SOCKET_IFNAME defaults to lo.";
 
+/// What the raw TCP columns measure.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Baseline {
+    /// This table's: writes of the message size through one blocking socket,
+    /// a blocking ping-pong (its latency includes the wake-up from read()).
+    Classic,
+    /// What a competitor would run: iperf3-like 1 MiB writes with
+    /// TCP_NODELAY, a thread per direction; a ping-pong that polls a
+    /// non-blocking socket (spin, then yield) as NCCL's proxy polls.
+    Competitor,
+}
+
+/// The raw stream's write size with [`Baseline::Competitor`].
+pub(crate) const RAW_CHUNK: usize = 1 << 20;
+
 #[derive(Clone)]
-struct Opts {
+pub(crate) struct Opts {
     listen: Option<String>,
     peer: Option<String>,
     sizes: Vec<usize>,
     reps: usize,
     inflight: usize,
     bytes: usize,
-    lat_iters: usize,
+    pub(crate) lat_iters: usize,
     csv: Option<PathBuf>,
     plugin: PathBuf,
     abi: u32,
     raw: bool,
     nap_us: u64,
     dev: i32,
+    pub(crate) baseline: Baseline,
 }
 
-fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
+pub(crate) fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
     let mut o = Opts {
         listen: None,
         peer: None,
@@ -72,6 +95,7 @@ fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
         raw: true,
         nap_us: 0,
         dev: 0,
+        baseline: Baseline::Classic,
     };
     let mut serve = false;
     let mut it = args.into_iter();
@@ -125,7 +149,7 @@ pub fn main(args: Vec<String>) -> i32 {
             return 2;
         }
     };
-    let r = if serve { server(&o) } else { client(&o) };
+    let r = if serve { server(&o) } else { measure(&o).and_then(|m| print_classic(&o, &m)) };
     match r {
         Ok(()) => 0,
         Err(e) => {
@@ -245,6 +269,11 @@ impl Bufs {
     }
 }
 
+/// Ping-pongs (the plugin's and the polling raw one) spin this many empty
+/// polls before giving the CPU away: a round trip is a few microseconds on
+/// real NICs, and a yield is a system call.
+const YIELD_AFTER: u32 = 64;
+
 /// Idle passes after which `--idle-nap-us` sleeps instead of yielding.
 const NAP_AFTER: u32 = 8;
 
@@ -323,9 +352,6 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize, nap_us: u64)
 /// receives are posted, so none is left behind for the next measurement.
 fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> Result<f64, String> {
     const AHEAD: usize = 2;
-    // spin a little before giving the CPU away: a round trip is a few
-    // microseconds on real NICs, and a yield is a system call
-    const YIELD_AFTER: u32 = 64;
     let mut sb = net.take_bufs(net.s, 1, size)?;
     let mut rb = net.take_bufs(net.r, AHEAD, size)?;
     let e = |x: driver::NcclErr| x.to_string();
@@ -478,6 +504,67 @@ fn raw_pingpong(mut s: &TcpStream, size: usize, iters: usize, initiator: bool, r
     Ok(t0.elapsed().as_secs_f64())
 }
 
+/// The polling ping-pong: the socket non-blocking, every read and write
+/// retried at once on EAGAIN, yielding after [`YIELD_AFTER`] empty polls
+/// (the plugin's ping-pong's policy), so neither side sleeps in the kernel.
+fn raw_poll_pingpong(s: &TcpStream, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> Result<f64, String> {
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let r = poll_pingpong_inner(s, size, iters, initiator, rtts);
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    r.map_err(|e| format!("polling ping-pong: {e}"))
+}
+
+fn poll_pingpong_inner(mut s: &TcpStream, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> std::io::Result<f64> {
+    use std::io::ErrorKind::WouldBlock;
+    fn spin(idle: &mut u32) {
+        *idle += 1;
+        if *idle > YIELD_AFTER {
+            std::thread::yield_now();
+        }
+    }
+    let mut b = vec![0u8; size];
+    let send = |s: &mut &TcpStream, b: &[u8]| -> std::io::Result<()> {
+        let (mut off, mut idle) = (0, 0u32);
+        while off < b.len() {
+            match s.write(&b[off..]) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == WouldBlock => spin(&mut idle),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    let recv = |s: &mut &TcpStream, b: &mut [u8]| -> std::io::Result<()> {
+        let (mut off, mut idle) = (0, 0u32);
+        while off < b.len() {
+            match s.read(&mut b[off..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => off += n,
+                Err(e) if e.kind() == WouldBlock => spin(&mut idle),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    rtts.clear();
+    rtts.reserve(iters);
+    let t0 = Instant::now();
+    let mut ti = t0;
+    for _ in 0..iters {
+        if initiator {
+            send(&mut s, &b)?;
+            recv(&mut s, &mut b)?;
+            let now = Instant::now();
+            rtts.push((now - ti).as_secs_f64() * 1e6);
+            ti = now;
+        } else {
+            recv(&mut s, &mut b)?;
+            send(&mut s, &b)?;
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
 // ------------------------------------------------------------ the roles
 
 fn server(o: &Opts) -> Result<(), String> {
@@ -505,14 +592,19 @@ fn server(o: &Opts) -> Result<(), String> {
             Some("BI") => pump(&net, num(2), num(2), num(1), num(3), o.nap_us).and_then(|_| pump(&net, 1, 1, 1, 1, 0)),
             Some("PP") => pingpong(&net, num(1), num(2), false, &mut Vec::new()).map(|_| ()),
             Some("RAWCONN") => raw_pair_server(&raw_lst).map(|s| raw = Some(s)),
+            // RAWOW/RAWBI size count nbuf [chunk]: writes of chunk bytes (default: size)
             Some("RAWOW") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
-                raw_stream(s, 0, num(1) * num(2), num(1), num(3))?;
+                raw_stream(s, 0, num(1) * num(2), if num(4) > 0 { num(4) } else { num(1) }, num(3))?;
                 raw_stream(s, 1, 0, 1, 1)
             }),
             Some("RAWBI") => raw.as_ref().ok_or("no raw".to_string()).and_then(|s| {
-                raw_stream(s, num(1) * num(2), num(1) * num(2), num(1), num(3))?;
+                raw_stream(s, num(1) * num(2), num(1) * num(2), if num(4) > 0 { num(4) } else { num(1) }, num(3))?;
                 raw_stream(s, 1, 1, 1, 1)
             }),
+            Some("RAWPOLL") => raw
+                .as_ref()
+                .ok_or("no raw".to_string())
+                .and_then(|s| raw_poll_pingpong(s, num(1), num(2), false, &mut Vec::new()).map(|_| ())),
             Some("RAWPP") => {
                 raw.as_ref().ok_or("no raw".to_string()).and_then(|s| raw_pingpong(s, num(1), num(2), false, &mut Vec::new()).map(|_| ()))
             }
@@ -542,7 +634,21 @@ fn wait_ok(ctl: &mut Ctl) -> Result<(), String> {
     }
 }
 
-fn client(o: &Opts) -> Result<(), String> {
+/// What one run of the client measured: per size (one-way, bidirectional,
+/// raw one-way, raw bidirectional) in GB/s, and the 8-byte half round trip
+/// in microseconds (average and typical, plugin and raw). Samples are in
+/// repeat order, plugin and raw interleaved.
+pub(crate) struct Measured {
+    pub header: String,
+    pub rows: Vec<(usize, Stat, Stat, Stat, Stat)>,
+    pub lat: Stat,
+    pub lat_typ: Stat,
+    pub rlat: Stat,
+    pub rlat_typ: Stat,
+}
+
+/// Both ends' measurement (the client's half); `o.baseline` picks the raw side.
+pub(crate) fn measure(o: &Opts) -> Result<Measured, String> {
     let mut child = None;
     let peer = match &o.peer {
         Some(p) => p.clone(),
@@ -577,7 +683,7 @@ fn client(o: &Opts) -> Result<(), String> {
         None
     };
 
-    println!(
+    let header = format!(
         "rustnet bench: plugin {} (ABI v{}), device {} = {}, peer {}, {} in flight, {} repeats",
         o.plugin.display(),
         o.abi,
@@ -587,6 +693,11 @@ fn client(o: &Opts) -> Result<(), String> {
         o.inflight,
         o.reps
     );
+    if o.baseline == Baseline::Classic {
+        println!("{header}");
+    }
+    // the raw stream's write size: the message size, or 1 MiB as iperf3-like tools write
+    let chunk = if o.baseline == Baseline::Competitor { RAW_CHUNK } else { 0 };
     let mut rows: Vec<(usize, Stat, Stat, Stat, Stat)> = Vec::new();
     let progress = o.sizes.len() > 3;
     for (k, &size) in o.sizes.iter().enumerate() {
@@ -615,15 +726,15 @@ fn client(o: &Opts) -> Result<(), String> {
             bi.0.push((2 * size * count) as f64 / dt / 1e9);
             if let Some(s) = &raw {
                 let t = Instant::now();
-                run_cmd(&mut ctl, &format!("RAWOW {size} {count} {}", o.inflight))?;
-                raw_stream(s, size * count, 0, size, o.inflight)?;
+                run_cmd(&mut ctl, &format!("RAWOW {size} {count} {} {chunk}", o.inflight))?;
+                raw_stream(s, size * count, 0, if chunk > 0 { chunk } else { size }, o.inflight)?;
                 raw_stream(s, 0, 1, 1, 1)?;
                 let dt = t.elapsed().as_secs_f64();
                 wait_ok(&mut ctl)?;
                 row.0.push((size * count) as f64 / dt / 1e9);
                 let t = Instant::now();
-                run_cmd(&mut ctl, &format!("RAWBI {size} {count} {}", o.inflight))?;
-                raw_stream(s, size * count, size * count, size, o.inflight)?;
+                run_cmd(&mut ctl, &format!("RAWBI {size} {count} {} {chunk}", o.inflight))?;
+                raw_stream(s, size * count, size * count, if chunk > 0 { chunk } else { size }, o.inflight)?;
                 raw_stream(s, 1, 1, 1, 1)?;
                 let dt = t.elapsed().as_secs_f64();
                 wait_ok(&mut ctl)?;
@@ -659,8 +770,13 @@ fn client(o: &Opts) -> Result<(), String> {
         lat.0.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
         lat_typ.0.push(median(&mut rtts) / 2.0);
         if let Some(s) = &raw {
-            run_cmd(&mut ctl, &format!("RAWPP 8 {}", o.lat_iters))?;
-            let dt = raw_pingpong(s, 8, o.lat_iters, true, &mut rtts)?;
+            let dt = if o.baseline == Baseline::Competitor {
+                run_cmd(&mut ctl, &format!("RAWPOLL 8 {}", o.lat_iters))?;
+                raw_poll_pingpong(s, 8, o.lat_iters, true, &mut rtts)?
+            } else {
+                run_cmd(&mut ctl, &format!("RAWPP 8 {}", o.lat_iters))?;
+                raw_pingpong(s, 8, o.lat_iters, true, &mut rtts)?
+            };
             wait_ok(&mut ctl)?;
             rlat.0.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
             rlat_typ.0.push(median(&mut rtts) / 2.0);
@@ -671,7 +787,13 @@ fn client(o: &Opts) -> Result<(), String> {
     if let Some(mut c) = child {
         let _ = c.wait();
     }
+    Ok(Measured { header, rows, lat, lat_typ, rlat, rlat_typ })
+}
 
+/// The classic table (plugin beside a blocking socket) and its CSV.
+fn print_classic(o: &Opts, m: &Measured) -> Result<(), String> {
+    let Measured { rows, lat, lat_typ, rlat, rlat_typ, .. } = m;
+    let (lat, lat_typ, rlat, rlat_typ) = (lat, lat_typ, rlat, rlat_typ);
     // table
     let f = |s: &Stat| if s.0.is_empty() { "-".to_string() } else { format!("{:.2} [{:.2}-{:.2}]", s.med(), s.min(), s.max()) };
     let ratio = |a: &Stat, b: &Stat| if b.0.is_empty() { "-".to_string() } else { format!("{:.0}%", 100.0 * a.med() / b.med()) };
@@ -680,7 +802,7 @@ fn client(o: &Opts) -> Result<(), String> {
         "{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}",
         "size", "plugin one-way", "raw TCP one-way", "ratio", "plugin bidir", "raw TCP bidir", "ratio"
     );
-    for (size, ow, bi, row, rbi) in &rows {
+    for (size, ow, bi, row, rbi) in rows {
         println!(
             "{:>6}  {:>20} {:>20} {:>6}   {:>20} {:>20} {:>6}",
             human(*size),
@@ -694,7 +816,7 @@ fn client(o: &Opts) -> Result<(), String> {
     }
     println!("\n8-byte half round trip, us: median [min-max] over {} x {} round trips", o.reps, o.lat_iters);
     println!("  (average = run time / round trips / 2; typical = median round trip / 2, as perftest's t_typical)");
-    for (what, a, b) in [("average", &lat, &rlat), ("typical", &lat_typ, &rlat_typ)] {
+    for (what, a, b) in [("average", lat, rlat), ("typical", lat_typ, rlat_typ)] {
         println!(
             "  {what}  plugin {:>22}   raw TCP {:>22}   ratio {}",
             f(a),
@@ -704,7 +826,7 @@ fn client(o: &Opts) -> Result<(), String> {
     }
     if let Some(path) = &o.csv {
         let mut w = String::from("test,size,transport,median,min,max,unit\n");
-        for (size, ow, bi, row, rbi) in &rows {
+        for (size, ow, bi, row, rbi) in rows {
             for (t, tr, s) in [("oneway", "plugin", ow), ("oneway", "rawtcp", row), ("bidir", "plugin", bi), ("bidir", "rawtcp", rbi)] {
                 if !s.0.is_empty() {
                     w += &format!("{t},{size},{tr},{:.4},{:.4},{:.4},GB/s\n", s.med(), s.min(), s.max());
@@ -712,10 +834,10 @@ fn client(o: &Opts) -> Result<(), String> {
             }
         }
         for (t, tr, s) in [
-            ("latency", "plugin", &lat),
-            ("latency", "rawtcp", &rlat),
-            ("latency_typical", "plugin", &lat_typ),
-            ("latency_typical", "rawtcp", &rlat_typ),
+            ("latency", "plugin", lat),
+            ("latency", "rawtcp", rlat),
+            ("latency_typical", "plugin", lat_typ),
+            ("latency_typical", "rawtcp", rlat_typ),
         ] {
             if !s.0.is_empty() {
                 w += &format!("{t},8,{tr},{:.3},{:.3},{:.3},us\n", s.med(), s.min(), s.max());

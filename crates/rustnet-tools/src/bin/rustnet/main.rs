@@ -16,6 +16,8 @@ mod watch;
 mod agent;
 mod bench;
 mod bisect;
+// `rustnet bench compare`: scripts/bench.sh's default table.
+mod compare;
 mod ctl;
 mod ncclsock;
 mod plot;
@@ -105,6 +107,8 @@ fn main() {
     }
     let cmd = args.remove(0);
     let code = match cmd.as_str() {
+        // compare drives bench and ring (bench does not import it)
+        "bench" if args.first().map(String::as_str) == Some("compare") => compare::main(args[1..].to_vec()),
         "bench" => bench::main(args),
         "agent" => agent::main(args),
         "bisect" => bisect::main(args),

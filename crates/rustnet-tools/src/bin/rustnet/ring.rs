@@ -54,10 +54,16 @@ options:
   --plugin-b PATH   a second plugin .so measured interleaved with the first
                     (e.g. the previous build), net \"pluginB\"
   --abi N           vtable version (default 8)
+  --refused-sends N after the runs, every rank makes N sends the plugin must
+                    refuse (maxP2pBytes + 1 bytes, on its first plugin connection):
+                    a known error count for the statistics (tests/monitoring)
+  --hold-until PATH after the runs, keep every rank's comms open until PATH
+                    exists (at most 600 s), so a scraper reads the open comms'
+                    series (RUSTNET_STATS_DIR); each rank gets RANK=i
 The plugin reads its usual variables (NCCL_SOCKET_IFNAME defaults to lo here).";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum NetKind {
+pub(crate) enum NetKind {
     Plugin,
     PluginB,
     Nccl0,
@@ -83,7 +89,7 @@ impl NetKind {
 }
 
 #[derive(Clone)]
-pub struct Opts {
+pub(crate) struct Opts {
     ranks: Vec<usize>,
     sizes: Vec<usize>,
     conns: usize,
@@ -98,9 +104,11 @@ pub struct Opts {
     plugin: PathBuf,
     plugin_b: Option<PathBuf>,
     abi: u32,
+    refused: usize,
+    hold_until: Option<PathBuf>,
 }
 
-fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
+pub(crate) fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
     let mut o = Opts {
         ranks: if ring { vec![2, 4, 8] } else { vec![2] },
         sizes: vec![32 << 10, 128 << 10, 512 << 10],
@@ -116,6 +124,8 @@ fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
         plugin: driver::default_plugin_path(),
         plugin_b: None,
         abi: 8,
+        refused: 0,
+        hold_until: None,
     };
     let mut nets_given = false;
     let mut it = args.into_iter();
@@ -154,6 +164,8 @@ fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
             "--plugin" => o.plugin = val("--plugin")?.into(),
             "--plugin-b" => o.plugin_b = Some(val("--plugin-b")?.into()),
             "--abi" => o.abi = num(val("--abi")?, "--abi")? as u32,
+            "--refused-sends" => o.refused = num(val("--refused-sends")?, "--refused-sends")?,
+            "--hold-until" => o.hold_until = Some(val("--hold-until")?.into()),
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
@@ -193,6 +205,15 @@ impl Opts {
     }
     fn max_size(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(1)
+    }
+    /// The pattern in words: connections, requests in flight, bytes per run.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{} connection(s) per neighbour, {} in flight per connection, {} sent per rank per run",
+            self.conns,
+            self.inflight,
+            human(self.bytes)
+        )
     }
     /// Messages per connection and direction in one run.
     fn count(&self, size: usize) -> usize {
@@ -480,6 +501,17 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
         if f.first() == Some(&"BYE") {
             break;
         }
+        if f.len() == 2 && f[0] == "REFUSE" {
+            let n: usize = f[1].parse().map_err(|_| "bad REFUSE count")?;
+            let r = refuse(&mut pnets, &mut bufs, n);
+            ctl.send(&match &r {
+                Ok(()) => "DONE 0 0".to_string(),
+                Err(e) => format!("ERR {e}"),
+            })
+            .map_err(|e| e.to_string())?;
+            r?;
+            continue;
+        }
         if f.len() != 4 || f[0] != "RUN" {
             return Err(format!("unknown command {cmd:?}"));
         }
@@ -533,6 +565,20 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// `n` sends of maxP2pBytes + 1 bytes on the first plugin connection, each
+/// of which the plugin must refuse (and count as an error). The buffer is
+/// never read: the size check comes first.
+fn refuse(pnets: &mut [(NetKind, PluginNet, Ptr)], bufs: &mut Bufs, n: usize) -> Result<(), String> {
+    let (_, net, _) = pnets.first_mut().ok_or("--refused-sends needs a plugin net")?;
+    let too_big = rustnet::transport::MAX_P2P_BYTES + 1;
+    for i in 0..n {
+        if let Ok(r) = net.p.isend(net.sends[0], bufs.send[0].as_mut_ptr(), too_big, 0, net.smh[0]) {
+            return Err(format!("refused send {i}: the plugin took a send of {too_big} bytes ({r:?})"));
+        }
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------ coordinator
 
 struct Ring {
@@ -580,6 +626,8 @@ fn start_ring(o: &Opts, n: usize) -> Result<Ring, String> {
         if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
             cmd.env("NCCL_SOCKET_IFNAME", "lo");
         }
+        // the rank label of RUSTNET_STATS_DIR's files, as a launcher sets it
+        cmd.env("RANK", i.to_string());
         cmd.stdin(Stdio::null()).stdout(Stdio::null());
         ring.kids.push(cmd.spawn().map_err(|e| format!("spawn rank {i}: {e}"))?);
     }
@@ -651,8 +699,12 @@ fn run_once(ring: &mut Ring, k: NetKind, size: usize, count: usize) -> Result<(f
     Ok((t, cpu))
 }
 
+/// The first three fields of /proc/loadavg.
+pub(crate) fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
 fn coordinate(o: &Opts, ring_mode: bool) -> Result<(), String> {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "rustnet bench {}: {} connection(s) per neighbour, {} in flight, {} sent per rank per run, {} repeats, plugin {} (ABI v{}), {} CPUs, load {}",
         if ring_mode { "ring" } else { "step" },
@@ -663,8 +715,31 @@ fn coordinate(o: &Opts, ring_mode: bool) -> Result<(), String> {
         o.plugin.display(),
         o.abi,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        loadavg()
     );
+    let rows = measure(o)?;
+    print!("{}", table(&rows, o.nets.len()));
+    if let Some(p) = &o.csv {
+        std::fs::write(p, csv(&rows)).map_err(|e| format!("write {}: {e}", p.display()))?;
+        println!("CSV written to {}", p.display());
+    }
+    if let Some(p) = &o.svg {
+        let title = format!(
+            "rustnet bench {}: {} conns/neighbour, {} in flight ({} CPUs)",
+            if ring_mode { "ring" } else { "step" },
+            o.conns,
+            o.inflight,
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        );
+        std::fs::write(p, crate::plot::svg(&rows, &title)).map_err(|e| format!("write {}: {e}", p.display()))?;
+        println!("plot written to {}", p.display());
+    }
+    Ok(())
+}
+
+/// Every ring size, size and net of `o`, `o.reps` times interleaved (every
+/// net once per repeat, so sample i of two nets are neighbours in time).
+pub(crate) fn measure(o: &Opts) -> Result<Vec<Row>, String> {
     let mut rows: Vec<Row> = Vec::new();
     for &n in &o.ranks {
         let mut ring = start_ring(o, n)?;
@@ -686,26 +761,29 @@ fn coordinate(o: &Opts, ring_mode: bool) -> Result<(), String> {
             }
             eprint!("\r  N={n} {} done   ", human(size));
         }
+        if o.refused > 0 {
+            for (i, c) in ring.ctls.iter_mut().enumerate() {
+                c.send(&format!("REFUSE {}", o.refused)).map_err(|e| e.to_string())?;
+                let l = c.recv().map_err(|e| format!("rank {i}: {e}"))?;
+                if !l.starts_with("DONE") {
+                    return Err(format!("rank {i}: {l}"));
+                }
+            }
+        }
+        if let Some(p) = &o.hold_until {
+            eprintln!("\nholding every rank's comms open until {} exists (at most 600 s)", p.display());
+            let t0 = Instant::now();
+            while !p.exists() {
+                if t0.elapsed() > Duration::from_secs(600) {
+                    return Err(format!("{} did not appear within 600 s", p.display()));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         drop(ring);
     }
     eprintln!();
-    print!("{}", table(&rows, o.nets.len()));
-    if let Some(p) = &o.csv {
-        std::fs::write(p, csv(&rows)).map_err(|e| format!("write {}: {e}", p.display()))?;
-        println!("CSV written to {}", p.display());
-    }
-    if let Some(p) = &o.svg {
-        let title = format!(
-            "rustnet bench {}: {} conns/neighbour, {} in flight ({} CPUs)",
-            if ring_mode { "ring" } else { "step" },
-            o.conns,
-            o.inflight,
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
-        );
-        std::fs::write(p, crate::plot::svg(&rows, &title)).map_err(|e| format!("write {}: {e}", p.display()))?;
-        println!("plot written to {}", p.display());
-    }
-    Ok(())
+    Ok(rows)
 }
 
 fn table(rows: &[Row], nnets: usize) -> String {

@@ -26,6 +26,15 @@ impl Stat {
     pub fn max(&self) -> f64 {
         self.sorted().last().copied().unwrap_or(f64::NAN)
     }
+    /// Without its one lowest and one highest sample when there are at
+    /// least 5 (the median stays; the range becomes that of the middle n-2).
+    pub fn trimmed(&self) -> Stat {
+        let v = self.sorted();
+        if v.len() < 5 {
+            return Stat(v);
+        }
+        Stat(v[1..v.len() - 1].to_vec())
+    }
 }
 
 /// One measured point.
