@@ -19,6 +19,8 @@
 #   tests/rxe-vm/bench-verbs.sh            # builds, boots the VM, runs, prints
 #   REPS=5 tests/rxe-vm/bench-verbs.sh
 #   PLUGINS="old=out/old.so new=out/new.so" tests/rxe-vm/bench-verbs.sh
+#   (an entry "label=a.so:b.so" runs a.so on the listening end, rxe1, and
+#   b.so on the connecting end, rxe0: two builds talking to each other)
 #     # two (or more) plugin builds, interleaved within every rep (same VM,
 #     # same perftest reference), one column each; paths under the repo
 #     # (out/ is writable and ignored)
@@ -72,11 +74,14 @@ for r in $(seq "$REPS"); do
     # shellcheck disable=SC2054  # the commas are inside one argument
     pin0=() pin1=() args=(--sizes 64K,256K,1M --bytes 96M --lat-iters 0 --idle-nap-us 50)
     [ $run = lat ] && pin0=(taskset -c 0) pin1=(taskset -c 1) args=(--sizes 8 --bytes 8K --lat-iters 1000)
-    penv=(); [ -n "$so" ] && penv=(RUSTNET_PLUGIN="$ROOT/${so#"$ROOT"/}")
+    # "srv.so:cli.so": the listening end loads one build, the connecting end the other
+    so_s=${so%%:*} so_c=${so#*:}
+    penv=(); [ -n "$so_s" ] && penv=(RUSTNET_PLUGIN="$ROOT/${so_s#"$ROOT"/}")
+    cenv=(); [ -n "$so_c" ] && cenv=(RUSTNET_PLUGIN="$ROOT/${so_c#"$ROOT"/}")
     env "${penv[@]}" NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
     sp=$!
     waitport 18600 || { echo "bench server did not start"; cat /tmp/bsrv.log; exit 1; }
-    env "${penv[@]}" NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
+    env "${cenv[@]}" NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
       "${args[@]}" --reps 1 --inflight ${INFLIGHT:-8} --csv /tmp/b.csv > /tmp/bcli.log 2>&1
     wait $sp
     grep -q '^oneway' /tmp/b.csv || { echo "rustnet bench failed:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }

@@ -26,6 +26,10 @@
 //!   are read when writes land);
 //! - the look-ahead a merged device makes (`peek`) names the capacity of
 //!   the very buffer the send then fills;
+//! - promptness: an entry point of the receiver never returns with a
+//!   credit or CTS due and room to post it; a sender's mailbox is answered
+//!   within three polls once the receive it waits for is posted; an irecv
+//!   refused for a slot's previous lap writes that lap's CTS before it returns;
 //! - liveness: everything completes (the mailbox wakes deferred CTS), every
 //!   write the sender posted is accounted for at close, every profiler
 //!   event opened is closed once, flushes complete, and the bytes the
@@ -218,6 +222,9 @@ struct Wire {
     cur_send: Option<(u64, usize)>,
     eager_posted: u64,
     mailboxes: u64,
+    /// The last mailbox value that landed in the receiver's ring, and how
+    /// many of the receiver's polls since could have answered it.
+    mailbox_landed: Option<(u64, u32)>,
     partial: u64,
     s_failed: Option<Stop>,
     r_failed: Option<Stop>,
@@ -502,6 +509,7 @@ impl World {
         // iWARP: completions by notice, no eager path (as decided per device)
         let notices = fault.is_none() && rng.chance(4);
         let eager_max = if notices { 0 } else { eager_max };
+        let small = eager_max > 0 && rng.chance(4);
         let tags: &[i32] = if rng.chance(3) { &[5] } else { &[5, 6, 7] };
         let nrecv = 60 + rng.below(60) as usize;
         let window = if rng.chance(3) { 1 + rng.below(4) as usize } else { MAX_REQUESTS };
@@ -514,6 +522,8 @@ impl World {
             for _ in 0..n {
                 let tag = tags[rng.below(tags.len() as u64) as usize];
                 let cap = match rng.below(6) {
+                    // small-message runs: eager-only receives complete far ahead of the sender's FIFO head
+                    _ if small && !rng.chance(8) => rng.below(eager_max as u64 + 1) as usize,
                     0 => 0,
                     1 | 2 => rng.below(eager_max.max(16) as u64 + 1) as usize,
                     3 => eager_max + 1 + rng.below(64) as usize,
@@ -587,6 +597,7 @@ impl World {
             cur_send: None,
             eager_posted: 0,
             mailboxes: 0,
+            mailbox_landed: None,
             partial: 0,
             s_failed: None,
             r_failed: None,
@@ -747,8 +758,47 @@ impl World {
                 off += fifo::ELEM_BYTES;
             }
         }
+        if w.dst == (Region::RRing, 0) && w.len == 8 {
+            self.wire.mailbox_landed = Some((u64::from_le_bytes(bytes[..8].try_into().unwrap()), 0));
+        }
         let (r, o) = w.dst;
         self.write_region(r, o, &bytes);
+    }
+
+    /// After every entry point of the receiver: nothing it planned to write
+    /// is left unposted while its send queue has room (a credit or a due
+    /// CTS waiting for the next call is latency the sender pays).
+    fn ctl_flushed(&self, what: &str) {
+        let room = self.rx.ctl_room() >= 2 * MAX_RECVS + 2;
+        assert!(
+            !(room && (self.rx.credit_due() || self.rx.has_ctl())),
+            "seed {}: {what} returned with control writes due (credit {}, CTS written {} of {}) and room to post them",
+            self.seed,
+            self.rx.credit_due(),
+            self.rx.cts_written(),
+            self.rx.next_seq()
+        );
+    }
+
+    /// What the mailbox is for: a sender stuck at FIFO head `h` wrote it;
+    /// once the receiver has posted receive `h` and has send-queue room, its
+    /// next looks at the ring write CTS `h` at once (not when a batch fills).
+    fn mailbox_answered(&mut self) {
+        let Some((v, polls)) = self.wire.mailbox_landed else { return };
+        let h = v.saturating_sub(1);
+        if self.rx.cts_written() > h {
+            self.wire.mailbox_landed = None;
+            return;
+        }
+        if self.rx.next_seq() <= h || self.rx.ctl_room() < 2 * MAX_RECVS + 2 {
+            return; // not the receiver's to answer yet
+        }
+        assert!(
+            polls < 3,
+            "seed {}: the sender waits at FIFO head {h} (mailbox) and {polls} polls of the receiver did not write its CTS",
+            self.seed
+        );
+        self.wire.mailbox_landed = Some((v, polls + 1));
     }
 
     // ------------------------------------------------------------ NCCL, sending
@@ -813,7 +863,17 @@ impl World {
         }
         let seed = self.seed;
         let t = self.rx.irecv(&mut RNic(&mut self.wire), &elems[..n]).map_err(|f| stop_of(f, true, seed))?;
-        let Some(t) = t else { return Ok(false) };
+        self.ctl_flushed("irecv");
+        let Some(t) = t else {
+            // refused because the slot's previous lap has not had its CTS
+            // written: that CTS goes now (the sender can use it), unless the
+            // sender has not moved far enough or the send queue is full
+            let (next, depth) = (self.rx.next_seq(), FIFO_DEPTH as u64);
+            let blocked = next >= depth && self.rx.cts_written() <= next - depth;
+            let writable = self.tx.head_seq() + depth > next - depth.min(next) && self.rx.ctl_room() >= 2 * MAX_RECVS + 2;
+            assert!(!(blocked && writable), "seed {seed}: irecv refused for slot {next}'s previous lap and left its CTS unwritten");
+            return Ok(false);
+        };
         assert_eq!(t.seq, r as u64, "seed {seed}: receives take sequence numbers in order");
         self.recvs[r].id = Some(t.id);
         Ok(true)
@@ -823,7 +883,10 @@ impl World {
         self.r_failed()?;
         let id = self.recvs[r].id.unwrap();
         let seed = self.seed;
-        let Some(f) = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))? else { return Ok(()) };
+        let f = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))?;
+        self.ctl_flushed("test");
+        self.mailbox_answered();
+        let Some(f) = f else { return Ok(()) };
         let ids = self.recvs[r].bufs.clone();
         assert_eq!(f.n, ids.len());
         let heap = self.wire.rheap.borrow();
@@ -873,6 +936,8 @@ impl World {
     fn r_poll(&mut self) -> Result<(), Stop> {
         self.r_failed()?;
         self.rx.poll(&mut RNic(&mut self.wire));
+        self.ctl_flushed("poll");
+        self.mailbox_answered();
         self.r_failed()
     }
 
@@ -1115,7 +1180,8 @@ fn seeds() -> Vec<u64> {
     if let Ok(s) = std::env::var("VERBS_MODEL_SEED") {
         return vec![s.parse().expect("VERBS_MODEL_SEED: a number")];
     }
-    (1..=1000u64).map(|s| s.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect()
+    let n = std::env::var("VERBS_MODEL_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000u64);
+    (1..=n).map(|s| s.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect()
 }
 
 fn fault_of(seed: u64) -> Option<Fault> {
@@ -1173,6 +1239,9 @@ fn model_shipping_machines_under_random_interleavings() {
         assert!(kinds.iter().all(|&n| n > 100), "eager off/on/notice runs: {kinds:?}");
         assert!(faults.iter().all(|&n| n > 5), "faults injected per kind: {faults:?}");
         assert!(totals[6] > 1000 && totals[7] > 1000, "look-aheads and flushes exercised: {totals:?}");
+        // the eager path carries small messages (a mutation that never
+        // takes it is legal for bytes, not for latency)
+        assert!(totals[3] > 5000, "eager messages: {}", totals[3]);
     }
 }
 

@@ -196,11 +196,9 @@ impl Receiver {
         if got > 0 {
             nic.progressed();
         }
-        // credits due: they go now, deferred CTS with them (the same post)
-        if self.credit_due() {
-            self.flush_ctl(nic)?;
-        }
-        Ok(())
+        // credits due go now, deferred CTS with them (the same post); and a
+        // mailbox that said the sender waits makes its CTS due now too
+        self.flush_ctl(nic)
     }
 
     /// Post the control writes planned now (CTS slots in order, the credit

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Break one rule of the verbs protocol machines at a time and check that
+the model test (crates/rustnet-proto/tests/verbs_model.rs) catches it.
+
+Each mutation is one textual edit of the shipping code in rustnet-proto;
+the script applies it, runs the model test, restores the file, and prints
+a table: the mutation, caught or not, and the first line of the failure.
+Exit status 1 if any mutation survives. Run from anywhere:
+
+    scripts/model-mutants.py            # all (about 30 s each: a rebuild and 1000 seeds)
+    scripts/model-mutants.py mailbox    # those whose name contains "mailbox"
+
+It builds in target/mutants so the normal target directory stays as it was.
+"""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "crates", "rustnet-proto", "src")
+
+# (name, file under crates/rustnet-proto/src, text, replacement)
+MUTANTS = [
+    ("FIFO slot reported free while busy", "rx.rs",
+     "self.by_slot[slot].is_none() && self.cts.can_post()", "self.cts.can_post()"),
+    ("sender reuses a head slot before its writes completed", "tx.rs",
+     "self.inflight[(self.fifo.head() % FIFO_DEPTH as u64) as usize].active", "false"),
+    ("sends reported done at post time", "tx.rs", "        if copied {", "        if true {"),
+    ("eager size not checked against the buffer", "rx.rs", "if size > r.caps[i] {", "if false {"),
+    ("CTS batch ignores the sender's head", "eager.rs",
+     "let to = want.min(self.head + FIFO_DEPTH as u64);", "let to = want;"),
+    ("receiver ignores the mailbox", "rx.rs", "self.cts.sender_waiting(mb - 1);", ""),
+    ("irecv skips iWARP's notice gate", "rx/drive.rs",
+     "if !nic.may_advertise(first, nlanes, self.in_flight() + 1) {", "if false {"),
+    ("control-write completions not counted back", "rx/drive.rs",
+     "(WrId::Ctl { count, .. }, _) => self.on_ctl_done(count),", "(WrId::Ctl { .. }, _) => {}"),
+    ("flush completions ignored", "rx/drive.rs", "(WrId::Flush(id), _) => self.on_flush_done(id),", "(WrId::Flush(_), _) => {}"),
+    ("a full slot's previous lap not forced out", "rx/drive.rs", "                self.force_cts();\n", ""),
+    ("control writes due after a ring poll not written", "rx/drive.rs",
+     "        // mailbox that said the sender waits makes its CTS due now too\n        self.flush_ctl(nic)",
+     "        Ok(())"),
+    ("a mismatched send does not tell the receiver", "tx/drive.rs",
+     "let _ = self.post_group(nic, &group, Some(code));", ""),
+    ("a done send's profiler events left open", "tx/drive.rs",
+     "            nic.ev_stop_req(id);\n            return Ok(Some(self.release(id).unwrap_or(0)));",
+     "            return Ok(Some(self.release(id).unwrap_or(0)));"),
+    ("eager credits read after the FIFO head", "tx/drive.rs",
+     "let freed = self.read_credits(nic.fifo());\n        if self.head_ready(nic)? {",
+     "let ready = self.head_ready(nic)?;\n        let freed = self.read_credits(nic.fifo());\n        if ready {"),
+    ("the eager fence at close not posted", "tx/drive.rs",
+     "        if let Some(count) = self.close_eager() {", "        if let Some(count) = None::<u64> {"),
+]
+
+
+def run_model():
+    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target", "mutants"))
+    p = subprocess.run(
+        ["cargo", "test", "--release", "-q", "-p", "rustnet-proto", "--test", "verbs_model"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = p.stdout + p.stderr
+    if "error[" in out or "error:" in out and "test result" not in out:
+        return None, next((l for l in out.splitlines() if l.startswith("error")), "build failed")
+    why = next((l.strip() for l in out.splitlines() if "model run failed" in l or "panicked" in l or "the transport calls" in l), "")
+    m = re.search(r"model run failed \(rerun with VERBS_MODEL_SEED=\d+, fault [^)]*\): (.*)", out)
+    return p.returncode != 0, (m.group(1) if m else why)[:110]
+
+
+def main():
+    want = sys.argv[1:]
+    rows, survived = [], 0
+    for name, rel, old, new in MUTANTS:
+        if want and not any(w in name for w in want):
+            continue
+        path = os.path.join(SRC, rel)
+        text = open(path).read()
+        if text.count(old) != 1:
+            rows.append((name, "STALE", f"the text to mutate is not in {rel} exactly once: update this table"))
+            survived += 1
+            continue
+        open(path, "w").write(text.replace(old, new))
+        try:
+            caught, why = run_model()
+        finally:
+            open(path, "w").write(text)
+        if caught is None:
+            rows.append((name, "NO BUILD", why))
+            survived += 1
+        else:
+            rows.append((name, "caught" if caught else "SURVIVED", why))
+            survived += not caught
+        print(f"{rows[-1][1]:>8}  {name}: {rows[-1][2]}", flush=True)
+    print("\n| mutation | result | how |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2].replace('|', '/')} |")
+    print(f"\n{len(rows) - survived} of {len(rows)} caught")
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()
