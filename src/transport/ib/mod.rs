@@ -17,7 +17,7 @@
 //! - [`topo`]: PCI path and NUMA node of each device (helper thread and control memory placement);
 //! - [`iwarp`] / [`rdmacm`] (types in [`cmffi`]): iWARP connection set-up through librdmacm
 //!   (iWARP QPs are connected by the CM, not by hand); [`notice_path`]: iWARP's connection
-//!   and completions without immediates (rules in [`crate::proto::notice`]), hooked into [`p2p`].
+//!   and completions without immediates (rules in [`crate::proto::notice`]), used by [`p2p`]'s executor.
 pub mod cmffi;
 pub mod comm;
 pub mod device;
