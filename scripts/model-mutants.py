@@ -10,14 +10,18 @@ Exit status 1 if any mutation survives. Run from anywhere:
     scripts/model-mutants.py            # all (about 30 s each: a rebuild and 1000 seeds)
     scripts/model-mutants.py mailbox    # those whose name contains "mailbox"
 
-It builds in target/mutants so the normal target directory stays as it was.
+It mutates a copy of the checkout (under target/mutants/src), never the
+checkout itself, and builds in target/mutants/target.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORK = os.path.join(CHECKOUT, "target", "mutants")
+ROOT = os.path.join(WORK, "src")
 SRC = os.path.join(ROOT, "crates", "rustnet-proto", "src")
 
 # (name, file under crates/rustnet-proto/src, text, replacement)
@@ -54,7 +58,7 @@ MUTANTS = [
 
 
 def run_model():
-    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target", "mutants"))
+    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(WORK, "target"))
     p = subprocess.run(
         ["cargo", "test", "--release", "-q", "-p", "rustnet-proto", "--test", "verbs_model"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -66,8 +70,16 @@ def run_model():
     return p.returncode != 0, (m.group(1) if m else why)[:110]
 
 
+def copy_checkout():
+    """The checkout as it is now (edits included), without build outputs."""
+    shutil.rmtree(ROOT, ignore_errors=True)
+    skip = shutil.ignore_patterns("target", "out", ".git", "fuzz", "__pycache__")
+    shutil.copytree(CHECKOUT, ROOT, ignore=skip, symlinks=True)
+
+
 def main():
     want = sys.argv[1:]
+    copy_checkout()
     rows, survived = [], 0
     for name, rel, old, new in MUTANTS:
         if want and not any(w in name for w in want):

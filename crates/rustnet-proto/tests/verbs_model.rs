@@ -366,6 +366,12 @@ impl nic::Link for RNic<'_> {
     fn poll_cq(&mut self, out: &mut [Cqe; POLL_BATCH]) -> Result<usize, Stop> {
         let mut n = 0;
         let seed = self.0.seed;
+        // iWARP: notice receives taken by the last poll are posted again now
+        // (an executor may repost late; the notice gate must allow for it)
+        for r in self.0.notices.iter_mut().flatten() {
+            let end = r.to_post().end;
+            r.posted(end);
+        }
         while n < POLL_BATCH {
             let Some((t, qp, rid)) = self.0.rcq.pop_front() else { break };
             out[n] = match t {
@@ -373,10 +379,8 @@ impl nic::Link for RNic<'_> {
                 Tag::Flush(id) => Cqe { wr: WrId::Flush(id), qp: None, ok: true, word: None },
                 Tag::Word(word) => {
                     if let (Some(rings), Some(q)) = (&mut self.0.notices, qp) {
-                        // iWARP: the receive it used is taken and posted again
+                        // iWARP: the receive it used is taken (posted again by the next poll)
                         rings[q].take(rid).unwrap_or_else(|e| panic!("seed {seed}: notice receive {rid} on QP {q}: {e}"));
-                        let end = rings[q].to_post().end;
-                        rings[q].posted(end);
                     }
                     Cqe { wr: WrId::Recv(rid), qp, ok: true, word: Some(word) }
                 }

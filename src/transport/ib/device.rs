@@ -34,16 +34,19 @@ impl Health {
         (self.fatal.load(Ordering::Relaxed), self.port_err[port as usize & 7].load(Ordering::Relaxed))
     }
 
-    /// What happened since `snap`, if anything.
-    pub fn changed_since(&self, port: u8, snap: (u32, u32)) -> Option<&'static str> {
-        let now = self.snapshot(port);
-        if now.0 != snap.0 {
-            Some("the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)")
-        } else if now.1 != snap.1 {
-            Some("the port went down (IBV_EVENT_PORT_ERR)")
-        } else {
-            None
-        }
+    /// What happened since `snap` that ends every comm of this context, if
+    /// anything: only a fatal device error (the PD and every registration
+    /// are gone). A port going down (PORT_ERR) is not: as NCCL's net_ib
+    /// does, the comms keep their QPs and the HCA retransmits; a comm fails
+    /// only when a work request then fails, or its peer is gone.
+    pub fn changed_since(&self, _port: u8, snap: (u32, u32)) -> Option<&'static str> {
+        let now = self.fatal.load(Ordering::Relaxed);
+        (now != snap.0).then_some("the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)")
+    }
+
+    /// PORT_ERR events seen on `port` so far.
+    pub fn port_errors(&self, port: u8) -> u32 {
+        self.port_err[port as usize & 7].load(Ordering::Relaxed)
     }
 }
 
@@ -193,8 +196,17 @@ fn watch_async_events(ctx: Context, health: Weak<Health>, mut numa: Option<i32>)
                     tracing::warn!("{}: async event {}: comms on this device fail", ctx.name(), ev.name);
                 }
                 Port(port) if ev.kind == super::ffi::IBV_EVENT_PORT_ERR => {
-                    h.port_err[port as usize & 7].fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("{}:{port}: async event {}: comms on this port fail", ctx.name(), ev.name);
+                    let n = h.port_err[port as usize & 7].fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::warn!(
+                        "{}:{port}: async event {} (link down, #{n}): comms on this port keep their QPs and the HCA retransmits \
+                         for up to NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT+1) per message; a comm fails only if a work request then fails \
+                         or its peer is gone",
+                        ctx.name(),
+                        ev.name
+                    );
+                }
+                Port(port) if ev.kind == super::ffi::IBV_EVENT_PORT_ACTIVE => {
+                    tracing::warn!("{}:{port}: async event {}: the link is up again", ctx.name(), ev.name)
                 }
                 Port(port) => tracing::info!("{}:{port}: async event {}", ctx.name(), ev.name),
                 Qp(qpn) => tracing::warn!("{}: async event {} on QP {qpn:#x}", ctx.name(), ev.name),
@@ -350,6 +362,9 @@ mod tests {
         h.port_err[2].fetch_add(1, Ordering::Relaxed);
         assert!(h.changed_since(1, s).is_none());
         h.port_err[1].fetch_add(1, Ordering::Relaxed);
-        assert!(h.changed_since(1, s).unwrap().contains("PORT_ERR"));
+        assert!(h.changed_since(1, s).is_none(), "a port going down fails no comm by itself (as NCCL's net_ib)");
+        assert_eq!(h.port_errors(1), 1);
+        h.fatal.fetch_add(1, Ordering::Relaxed);
+        assert!(h.changed_since(1, s).unwrap().contains("DEVICE_FATAL"));
     }
 }
