@@ -253,7 +253,10 @@ impl Setup {
         let local = local_addr(dev, cc)?;
         let nqps = cc.nqps;
         let lanes = if cc.split { nqps } else { 1 };
-        let cqe = (2 * FIFO_DEPTH * lanes + RECV_SQ_DEPTH + 64).min(dev.max_cqe.max(64) as usize) as i32;
+        // completions per lane and FIFO slot: the write that ends the lane and
+        // its send's (2); iWARP signals every data write and the notice
+        let per_slot = if cc.notices { MAX_LANE_WRS + 1 } else { 2 };
+        let cqe = (per_slot * FIFO_DEPTH * lanes + RECV_SQ_DEPTH + 64).min(dev.max_cqe.max(64) as usize) as i32;
         let cq = Cq::new(&dev.ctx, cqe)?;
         let wr_cap = |v: usize| v.min(dev.max_qp_wr.max(16) as usize) as u32;
         let caps = if sender {

@@ -282,15 +282,18 @@ impl NoticeTx {
                 k += 1;
             }
         }
-        // siw sends an unsignaled write zero-copy, and then each FPDU's
-        // 4-byte CRC trailer leaves as a TCP segment of its own (twice the
-        // segments per byte); a signaled one goes out copied, one full
-        // segment per FPDU (docs/iwarp.md, Bandwidth). Only the last data
-        // write is signaled, so the CQ still sees at most two completions
-        // per lane and slot; the sender's poll skips it (DATA_DONE_FLAG).
-        if k > 0 {
-            wrs[k - 1].signaled = true;
-            wrs[k - 1].wr_id = WrId::DataDone(g.seq).encode();
+        // Every data write is signaled, so siw sends it by its copy path.
+        // siw sends an unsignaled write zero-copy: from NCCL's pages, read
+        // when TCP transmits them, which can be after the notice behind it
+        // completed and NCCL reused the buffer (seen as a grouped receive's
+        // earlier buffers arriving with newer bytes on a loaded host); and
+        // each FPDU's 4-byte CRC trailer then leaves as a TCP segment of its
+        // own (twice the segments per byte, docs/iwarp.md). The completions
+        // carry no news: the sender's poll skips them (WrId::DataDone), and
+        // the CQ is sized for a completion per WR (handshake::Setup).
+        for w in &mut wrs[..k] {
+            w.signaled = true;
+            w.wr_id = WrId::DataDone(g.seq).encode();
         }
         let (bytes, len) = notice.encode();
         let off = ((g.seq % FIFO_DEPTH as u64) as usize * self.nqps + qi) * NOTICE_BYTES;
