@@ -134,7 +134,7 @@ fn traffic(ctx: &PeerCtx, live: &mut Live, my_seed: u64, peer_seed: u64, rounds:
     let mut spin = 0u32;
     while recv_done < rounds || sent_rounds_done < rounds {
         spin = spin.wrapping_add(1);
-        if spin % 64 == 0 && ctx.aborted() {
+        if spin.is_multiple_of(64) && ctx.aborted() {
             return Outcome::Aborted("traffic");
         }
         while next_recv < rounds && live.recvs.len() < window {
@@ -373,7 +373,7 @@ fn peer_main(role: String) {
                     }
                 }
                 spin = spin.wrapping_add(1);
-                if spin % 64 == 0 && ctx.aborted() {
+                if spin.is_multiple_of(64) && ctx.aborted() {
                     break 'cycle Outcome::Aborted("setup");
                 }
                 if live.s.is_none() || live.r.is_none() {

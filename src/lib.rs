@@ -7,8 +7,10 @@
 //!   pools, matching; no I/O: the crate `rustnet-proto`, re-exported here),
 //!   [`plugin`] (the comm objects and operations), [`context`]
 //!   (per-communicator plugin contexts, ABI v11+);
-//! - the system ring: [`transport`] (sockets, verbs), where `unsafe` lives
-//!   with a `// SAFETY:` line on each block.
+//! - the system ring: [`transport`] (sockets, verbs) and [`gpu`], where most
+//!   `unsafe` lives; the rest is in [`abi`] and in the system files of `src/`
+//!   (`thread`, `unload`, `log`, `random`, ...: `git grep -l unsafe src`),
+//!   each block with a `// SAFETY:` line.
 //!
 //! The operator tool (`rustnet`: bench, doctor, agent, bisect, watch) and the
 //! stand-in for NCCL (`driver`) are the crate `rustnet-tools`: none of it is
@@ -22,11 +24,11 @@ pub mod context;
 pub mod error;
 pub mod fault;
 pub mod gpu;
+pub mod intern;
 pub mod log;
 pub mod plugin;
 pub mod profiler;
 pub mod random;
-pub mod registry;
 pub mod stats;
 mod teardown;
 pub mod thread;

@@ -5,7 +5,7 @@
 //!
 //! This is the safe half. The C callback itself lives in
 //! [`crate::abi::profiler`], which hands the core a [`Sink`] (its start and
-//! stop functions) with the callback's address through [`install`]: the
+//! stop functions) with the callback's address through `install`: the
 //! core never names the abi ring. The core only sees:
 //! - [`Profiler::enabled`]: one relaxed atomic load (no callback, or NCCL
 //!   passed NULL: false, and nothing else runs);

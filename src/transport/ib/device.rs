@@ -11,7 +11,7 @@ use super::reg::MrCache;
 use super::verbs::{Context, Lib, Pd, PortAttr};
 use crate::config::{Config, NameList};
 use crate::error::{Error, Result};
-use crate::registry::intern;
+use crate::intern::intern;
 use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS};
 
 pub use super::port::{port_state_name, LINK_ETH, LINK_IB};

@@ -1,7 +1,7 @@
 //! The verbs transport: NCCL traffic over InfiniBand and RoCE RC QPs,
 //! receiver-driven and zero-copy. Laid out like NCCL's `net_ib/`:
 //!
-//! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (all `unsafe` is there);
+//! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (most of the `unsafe`; the rest sits beside the calls it wraps, each with a `// SAFETY:` line);
 //! - [`device`]: discovery, filtering, ordering, properties, async events ([`port`]: link layer and state words);
 //! - [`gid`]: the RoCE GID choice;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
@@ -25,6 +25,9 @@ pub mod gid;
 pub mod handshake;
 pub mod iwarp;
 pub mod notice_path;
+// rust-version 1.88 lets clippy suggest is_multiple_of (p2p.rs:290); p2p.rs is
+// being rewritten on another branch, which can drop this allow
+#[allow(clippy::manual_is_multiple_of)]
 pub mod p2p;
 pub mod port;
 pub mod rdmacm;
