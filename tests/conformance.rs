@@ -482,7 +482,7 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
     p.close_listen(l3).unwrap();
     // SAFETY: ncclNetAttr_v11_t is a C struct of integers (bindgen), for
     // which all-zero bytes are a valid value.
-    let mut attr: rustnet::abi::sys::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
+    let mut attr: rustnet::for_tools::sys::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
     attr.sendCommAttr.maxConcurrentPeers = 8;
     attr.op = 1 << 2;
     out.push(format!("setNetAttr={}", code(p.set_net_attr(c0, &attr))));
@@ -1729,7 +1729,7 @@ fn reload_stats_case() -> Result<String, String> {
         .ok_or_else(|| format!("no <host>-{pid}.prom in {d}"))?;
     let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_dir_all(&dir);
-    let e = rustnet::stats::prom::parse(&text)?;
+    let e = rustnet::for_tools::stats::prom::parse(&text)?;
     let sent = e.sum("rustnet_device_bytes_total", &[("dir", "send")]);
     if !e.complete || e.sum("rustnet_device_comms_open", &[]) != 0.0 || sent < 8.0 {
         return Err(format!("the last cycle's final write is not in the file:\n{text}"));

@@ -16,7 +16,7 @@
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::Path;
 
-use rustnet::abi::sys::*;
+use rustnet::for_tools::sys::*;
 
 /// An `ncclResult_t` other than success, with the slot that returned it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -483,7 +483,7 @@ impl Plugin {
     pub fn irecv(&self, comm: Ptr, bufs: &[(*mut u8, usize, i32, Ptr)]) -> R<Option<Ptr>> {
         // fixed arrays, as NCCL's proxy: no allocation per receive (a test
         // harness that allocates distorts latency under emulation)
-        const N: usize = rustnet::transport::MAX_RECVS;
+        const N: usize = rustnet::for_tools::transport::MAX_RECVS;
         let k = bufs.len().min(N);
         let n = bufs.len() as c_int;
         let mut data: [*mut c_void; N] = [std::ptr::null_mut(); N];

@@ -139,7 +139,7 @@ pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
 }
 
 /// sysfs PCI path of device `dev` (realpath of its `device` link); None for
-/// virtual devices such as rxe (see [`super::topo`]).
+/// virtual devices such as rxe (see `topo`).
 pub fn pci_path(sysfs: &Path, dev: &str) -> Option<String> {
     super::topo::pci_path(sysfs, dev)
 }

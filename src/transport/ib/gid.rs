@@ -106,6 +106,7 @@ pub fn is_link_local(g: &[u8; 16]) -> bool {
 }
 
 /// Configured and not link-local.
+#[cfg(test)]
 pub fn is_valid(g: &[u8; 16]) -> bool {
     !is_zero(g) && !is_link_local(g)
 }

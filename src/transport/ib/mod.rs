@@ -63,7 +63,7 @@ pub(crate) unsafe fn release() {
     gdr::release();
 }
 
-pub use comm::{Connecting, IbRecv, IbReg, IbSend, Listen, RegPlan, Side};
+pub use comm::{Connecting, IbRecv, IbReg, IbSend, Listen, Side};
 pub use device::IbDev;
 pub use establish::{IbConnecting, IbListen};
 pub use handshake::ConnCfg;

@@ -534,7 +534,7 @@ impl Pd {
     ///
     /// # Safety
     /// The range must be mapped memory of this process that stays mapped
-    /// while the returned [`Mr`] lives (the NIC reads or writes it at any
+    /// while the returned `Mr` lives (the NIC reads or writes it at any
     /// time while registered).
     pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         let lib = self.0.ctx.0.lib;
@@ -582,7 +582,7 @@ impl Pd {
     /// dma-buf: the caller may close `fd` right after (NCCL does).
     ///
     /// # Safety
-    /// The dma-buf's memory must stay allocated while the returned [`Mr`]
+    /// The dma-buf's memory must stay allocated while the returned `Mr`
     /// lives (the exporter may move it; the kernel re-pins it for the MR).
     pub unsafe fn reg_dmabuf_mr(&self, offset: u64, len: usize, iova: u64, fd: i32, access: Access) -> Result<Mr> {
         let lib = self.0.ctx.0.lib;
@@ -1038,7 +1038,7 @@ impl Qp<Init> {
 impl Qp<Init> {
     /// For iWARP: the QP, named to rdma_cm by number, is connected: the
     /// kernel's iw_cm moved it to RTS when rdma_cm reported ESTABLISHED
-    /// ([`super::rdmacm`]), so only our type changes.
+    /// (`rdmacm`), so only our type changes.
     pub fn connected_by_cm(self) -> Qp<Rts> {
         self.into_state()
     }
@@ -1196,7 +1196,7 @@ impl Qp<Rts> {
         Ok(())
     }
 
-    /// Post up to [`MAX_CHAIN`] RDMA writes as one chain.
+    /// Post up to `MAX_CHAIN` RDMA writes as one chain.
     ///
     /// # Safety
     /// For every WR that is not inline, the local range must lie in memory

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use rustnet::abi::profiler::{IbDescrV1, SockDescrV1, DESCR_TYPE, DESCR_VER, NET_TYPE_IB, NET_TYPE_SOCK};
-use rustnet::abi::sys::ncclResult_t;
-use rustnet::profiler::{OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV, OP_RECV_RDMA_WITH_IMM, OP_SEND, SOCK_RECV, SOCK_SEND};
+use rustnet::for_tools::profiler::{IbDescrV1, SockDescrV1, DESCR_TYPE, DESCR_VER, NET_TYPE_IB, NET_TYPE_SOCK};
+use rustnet::for_tools::profiler::{OP_RDMA_WRITE, OP_RDMA_WRITE_WITH_IMM, OP_RECV, OP_RECV_RDMA_WITH_IMM, OP_SEND, SOCK_RECV, SOCK_SEND};
+use rustnet::for_tools::sys::ncclResult_t;
 
 /// 0 off, 1 count, 2 check (3: not read from the environment yet).
 static MODE: AtomicU8 = AtomicU8::new(3);
@@ -199,7 +199,7 @@ pub(crate) fn ended(req: *mut c_void, how: &str) {
 }
 
 /// What `init` passes (v10+): the callback, or NULL when off.
-pub(crate) fn callback_for_init() -> rustnet::abi::sys::ncclProfilerCallback_t {
+pub(crate) fn callback_for_init() -> rustnet::for_tools::sys::ncclProfilerCallback_t {
     if mode() == Mode::Off {
         None
     } else {
