@@ -5,7 +5,8 @@
 #   scripts/soak.sh                 30 min over TCP, then 5 min over verbs in the VM
 #   SOAK_SECONDS=180 SOAK_VM_SECONDS=60 scripts/soak.sh     (what CI runs)
 #
-# The driver is examples/soak.rs (its header lists every SOAK_* knob). Parts:
+# The driver is crates/rustnet-rigs/src/soak/main.rs, the binary rustnet-soak (its
+# header lists every SOAK_* knob). Parts:
 #   TCP   two network namespaces joined by a veth (root + iproute2; else
 #         loopback, and the link faults are skipped loudly); faults: peer B
 #         SIGKILLed and restarted, link cut for 2 x RUSTNET_SOCKET_TIMEOUT + 2 s
@@ -29,13 +30,13 @@ cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 out=${SOAK_OUT:-$ROOT/target/soak}
 case $out in /*) ;; *) out=$ROOT/$out ;; esac
-echo "[soak] cargo build --release --examples"
-cargo build --release --examples --quiet || exit 2
+echo "[soak] cargo build --release (the plugin and target/release/rustnet-soak)"
+cargo build --release --quiet || exit 2
 rc=0
 if [ "${SOAK_TCP:-1}" != 0 ]; then
   echo "[soak] TCP part: ${SOAK_SECONDS:-1800} s"
   mkdir -p "$out/tcp"
-  SOAK_OUT=$out/tcp RUSTNET_TRANSPORT=socket target/release/examples/soak || rc=1
+  SOAK_OUT=$out/tcp RUSTNET_TRANSPORT=socket target/release/rustnet-soak || rc=1
 fi
 vm_secs=${SOAK_VM_SECONDS:-300}
 if [ "$vm_secs" != 0 ]; then
@@ -49,8 +50,15 @@ if [ "$vm_secs" != 0 ]; then
       "SOAK_MAX_BIG=${SOAK_VM_MAX_BIG:-1048576}" "SOAK_MAX_ROUNDS=${SOAK_VM_MAX_ROUNDS:-8}" \
       "SOAK_CYCLE_TIMEOUT_S=${SOAK_VM_CYCLE_TIMEOUT_S:-300}" "SOAK_FAULT_EVERY_S=${SOAK_VM_FAULT_EVERY_S:-30}" \
       "SOAK_SAMPLE_S=5" "SOAK_SEED=${SOAK_SEED:-1}" \
-      "$ROOT/target/release/examples/soak")
-    RXE_VM_RW="$out/vm" RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=$((vm_secs + 600)) \
+      "$ROOT/target/release/rustnet-soak")
+    # The guest sees the host's / read-only but has its own /tmp, /run and
+    # /var/tmp: a checkout under one of them must be shared explicitly (as
+    # verbs-suite.sh and loss.sh do). Only target/release, where the binary
+    # and librustnet.so lie: the VM mounts RW folders first, so sharing all
+    # of $ROOT would hide $out/vm when it lies inside $ROOT (the default).
+    vm_ro=${RXE_VM_RO:-}
+    case $ROOT in /tmp|/tmp/*|/run|/run/*|/var/tmp|/var/tmp/*) vm_ro+=" $ROOT/target/release" ;; esac
+    RXE_VM_RO=$vm_ro RXE_VM_RW="$out/vm" RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=$((vm_secs + 600)) \
       flock /tmp/rxe-vm.lock tests/rxe-vm/run.sh "$guest"
     vrc=$?
     if [ $vrc = 125 ]; then rc=125; elif [ $vrc != 0 ]; then [ $rc = 0 ] && rc=1; fi

@@ -22,7 +22,7 @@ use crate::transport::{Completion, DeviceProps, MemKind, RawBuf, RecvBuf};
 pub enum Net {
     /// TCP sockets.
     Tcp(TcpNet),
-    /// ibverbs RC QPs (InfiniBand, RoCE).
+    /// ibverbs RC QPs (InfiniBand, RoCE, and iWARP through librdmacm).
     Ib(IbNet),
 }
 

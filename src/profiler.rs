@@ -5,12 +5,12 @@
 //!
 //! This is the safe half. The C callback itself lives in
 //! [`crate::abi::profiler`], which hands the core a [`Sink`] (its start and
-//! stop functions) with the callback's address through [`install`]: the
+//! stop functions) with the callback's address through `install`: the
 //! core never names the abi ring. The core only sees:
 //! - [`Profiler::enabled`]: one relaxed atomic load (no callback, or NCCL
 //!   passed NULL: false, and nothing else runs);
 //! - [`Profiler::start`] -> [`OpenEvent`]: an open event that is stopped
-//!   exactly once, when it is dropped (or [`OpenEvent::stop`]ped), so every
+//!   exactly once, when it is dropped, so every
 //!   path that ends an event (completion, failure, close) pairs it by
 //!   construction;
 //! - [`EventSlots`]: the open events of one comm, preallocated when the
@@ -143,12 +143,6 @@ impl Profiler {
         let handle = (SINK.get()?.start)(cb, parent, f)?;
         Some(OpenEvent { cb, handle })
     }
-
-    /// Stop an event (the same as dropping it).
-    #[inline]
-    pub fn stop(ev: OpenEvent) {
-        drop(ev)
-    }
 }
 
 /// A started event: stopped exactly once, when dropped. Carries the callback
@@ -158,11 +152,6 @@ impl Profiler {
 pub struct OpenEvent {
     pub(crate) cb: NonZeroUsize,
     pub(crate) handle: usize,
-}
-
-impl OpenEvent {
-    /// Stop it now.
-    pub fn stop(self) {}
 }
 
 impl Drop for OpenEvent {
@@ -199,11 +188,6 @@ impl EventSlots {
         })
     }
 
-    /// Events per request.
-    pub fn per(&self) -> usize {
-        self.per
-    }
-
     /// Remember the parents of a request just posted (stops anything a
     /// previous request of the slot left open).
     pub fn set_parents(&mut self, id: ReqId, parents: &[Option<Parent>]) {
@@ -238,6 +222,7 @@ impl EventSlots {
     }
 
     /// Is event `k` of `id` open?
+    #[cfg(test)]
     pub fn is_open(&self, id: ReqId, k: usize) -> bool {
         k < self.per && matches!(self.open.get(id.slot as usize * self.per + k), Some(Some((g, _))) if *g == id.gen)
     }
@@ -279,6 +264,7 @@ impl EventSlots {
     }
 
     /// Events open now.
+    #[cfg(test)]
     pub fn open_count(&self) -> usize {
         self.open.iter().filter(|x| x.is_some()).count()
     }

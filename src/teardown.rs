@@ -28,7 +28,7 @@ extern "C" fn on_unload() {
             crate::transport::ib::release();
             crate::gpu::release();
             crate::fault::release();
-            crate::registry::release();
+            crate::intern::release();
         }
     });
 }

@@ -3,7 +3,7 @@
 //! nccl-headers/ cannot pass unnoticed.
 use std::mem::{offset_of, size_of};
 
-use rustnet::abi::sys::*;
+use rustnet::for_tools::sys::*;
 
 #[test]
 fn properties_layouts() {

@@ -17,6 +17,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::proc::{env_u64, peer_command, sh, spawn_piped, StderrLog};
+use common::traffic::{Counters, InFlight, Traffic};
 use common::*;
 use rustnet_tools::driver::{self, hex, unhex, Plugin, Ptr};
 
@@ -80,25 +82,10 @@ fn prof_summary() -> String {
     )
 }
 
-fn env_u64(k: &str, d: u64) -> u64 {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
-}
-
-struct SendSlot {
-    req: Ptr,
-    buf: Vec<u8>,
-    mh: Ptr,
-}
-
-struct RecvSlot {
-    round: usize,
-    req: Ptr,
-    bufs: Vec<Vec<u8>>,
-    mhs: Vec<Ptr>,
-}
-
-/// Both directions at once: send our plan, receive the peer's plan, verify
-/// every byte, the canary behind it and the reported sizes.
+/// Both directions at once (the shared loop, tests/common/traffic.rs): the
+/// bytes received and checked, or what went wrong. After a failure the
+/// buffers still posted are leaked, not freed: the comm may still write
+/// into them until it is closed (the peer process ends soon after).
 #[allow(clippy::too_many_arguments)] // the test's knobs, named at each call site
 fn traffic(
     p: &Plugin,
@@ -110,119 +97,15 @@ fn traffic(
     max_recvs: usize,
     max_big: usize,
 ) -> Result<u64, String> {
-    let send_plan = plan(my_seed, rounds, max_recvs, max_big);
-    let recv_plan = plan(peer_seed, rounds, max_recvs, max_big);
-    let window = 4usize;
-    let mut sends: Vec<SendSlot> = Vec::new();
-    let mut next_send = (0usize, 0usize); // (round, k in send_order)
-    let mut recvs: Vec<RecvSlot> = Vec::new();
-    let mut next_recv = 0usize;
-    let mut recv_done = 0usize;
-    let mut sent_rounds_done = 0usize;
-    let mut bytes = 0u64;
-    let t0 = Instant::now();
-    let mut sends_done_per_round = vec![0usize; rounds];
-    let mut sends_inflight_round: Vec<usize> = Vec::new();
-    while recv_done < rounds || sent_rounds_done < rounds {
-        if t0.elapsed() > Duration::from_secs(180) {
-            return Err(format!("traffic stuck: recv {recv_done}/{rounds}, send rounds {sent_rounds_done}/{rounds}"));
-        }
-        // post receives
-        while next_recv < rounds && recvs.len() < window {
-            let rd = &recv_plan[next_recv];
-            let mut bufs: Vec<Vec<u8>> = rd.msgs.iter().map(|m| vec![CANARY; m.cap + CANARY_LEN]).collect();
-            let mut mhs = Vec::new();
-            for b in &mut bufs {
-                mhs.push(p.reg_mr(r, b.as_mut_ptr(), b.len()).map_err(|e| e.to_string())?);
-            }
-            let spec: Vec<_> =
-                rd.msgs.iter().zip(bufs.iter_mut()).zip(&mhs).map(|((m, b), mh)| (b.as_mut_ptr(), m.cap, m.tag, *mh)).collect();
-            match p.irecv(r, &spec).map_err(|e| e.to_string())? {
-                Some(req) => {
-                    recvs.push(RecvSlot { round: next_recv, req, bufs, mhs });
-                    next_recv += 1;
-                }
-                None => {
-                    for mh in mhs {
-                        p.dereg_mr(r, mh).map_err(|e| e.to_string())?;
-                    }
-                    break;
-                }
-            }
-        }
-        // post sends (the sender may run at most `window` rounds ahead)
-        while next_send.0 < rounds && next_send.0 < sent_rounds_done + window {
-            let (ri, k) = next_send;
-            let rd = &send_plan[ri];
-            let idx = rd.send_order[k];
-            let m = rd.msgs[idx];
-            let mut buf = vec![0u8; m.size.max(1)];
-            fill(&mut buf[..m.size], my_seed, ri, idx);
-            let mh = p.reg_mr(s, buf.as_mut_ptr(), buf.len()).map_err(|e| e.to_string())?;
-            match p.isend(s, buf.as_mut_ptr(), m.size, m.tag, mh).map_err(|e| e.to_string())? {
-                Some(req) => {
-                    sends.push(SendSlot { req, buf, mh });
-                    sends_inflight_round.push(ri);
-                    next_send = if k + 1 == rd.send_order.len() { (ri + 1, 0) } else { (ri, k + 1) };
-                }
-                None => {
-                    p.dereg_mr(s, mh).map_err(|e| e.to_string())?;
-                    break;
-                }
-            }
-        }
-        // test sends
-        let mut i = 0;
-        while i < sends.len() {
-            let mut sz = [0i32; 1];
-            if p.test(sends[i].req, &mut sz).map_err(|e| e.to_string())? {
-                let ss = sends.swap_remove(i);
-                let ri = sends_inflight_round.swap_remove(i);
-                p.dereg_mr(s, ss.mh).map_err(|e| e.to_string())?;
-                drop(ss.buf);
-                sends_done_per_round[ri] += 1;
-                while sent_rounds_done < rounds && sends_done_per_round[sent_rounds_done] == send_plan[sent_rounds_done].msgs.len() {
-                    sent_rounds_done += 1;
-                }
-            } else {
-                i += 1;
-            }
-        }
-        // test receives in order
-        let mut i = 0;
-        while i < recvs.len() {
-            let mut sizes = [-1i32; 8];
-            if p.test(recvs[i].req, &mut sizes).map_err(|e| e.to_string())? {
-                let rs = recvs.remove(i);
-                let rd = &recv_plan[rs.round];
-                for (j, m) in rd.msgs.iter().enumerate() {
-                    if sizes[j] != m.size as i32 {
-                        return Err(format!("round {} buffer {j}: test reported {} bytes, peer sent {}", rs.round, sizes[j], m.size));
-                    }
-                    if let Some(off) = check(&rs.bufs[j][..m.size], peer_seed, rs.round, j) {
-                        return Err(format!(
-                            "round {} buffer {j} (tag {}, {} bytes): data differs at offset {off}",
-                            rs.round, m.tag, m.size
-                        ));
-                    }
-                    if let Some(off) = rs.bufs[j][m.size..].iter().position(|&b| b != CANARY) {
-                        return Err(format!(
-                            "round {} buffer {j}: canary overwritten {off} bytes past the {}-byte message",
-                            rs.round, m.size
-                        ));
-                    }
-                    bytes += m.size as u64;
-                }
-                for mh in rs.mhs {
-                    p.dereg_mr(r, mh).map_err(|e| e.to_string())?;
-                }
-                recv_done += 1;
-            } else {
-                i += 1;
-            }
+    let t = Traffic { p, s, r, my_seed, peer_seed, rounds, max_recvs, max_big, deadline: Some(Duration::from_secs(180)) };
+    let (mut fl, mut c) = (InFlight::default(), Counters::default());
+    match t.run(&mut fl, &mut c, &|| false) {
+        Ok(()) => Ok(c.bytes_checked),
+        Err(e) => {
+            std::mem::forget(fl);
+            Err(e.to_string())
         }
     }
-    Ok(bytes)
 }
 
 fn open_plugin(version: u32) -> Plugin {
@@ -482,7 +365,7 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
     p.close_listen(l3).unwrap();
     // SAFETY: ncclNetAttr_v11_t is a C struct of integers (bindgen), for
     // which all-zero bytes are a valid value.
-    let mut attr: rustnet::abi::sys::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
+    let mut attr: rustnet::for_tools::sys::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
     attr.sendCommAttr.maxConcurrentPeers = 8;
     attr.op = 1 << 2;
     out.push(format!("setNetAttr={}", code(p.set_net_attr(c0, &attr))));
@@ -498,14 +381,73 @@ fn two_contexts(p: &Plugin, dev: i32, version: u32) {
     say(format!("DONE v{version} {}", out.join(" ")));
 }
 
+/// What a peer process knows besides its half: its role, ABI version and seeds.
+struct PeerEnv {
+    role: String,
+    version: u32,
+    my_seed: u64,
+    peer_seed: u64,
+}
+
+/// How a peer half runs: on its own (it opens the plugin itself), or on a
+/// peer whose plugin is open and initialised.
+enum PeerRun {
+    Bare(fn(&PeerEnv)),
+    Plugin(fn(&mut Peer, &PeerEnv)),
+}
+
+/// One peer half of a case: what a peer process does. The coordinator half
+/// names it as a value (`spawn(.., &TRAFFIC, ..)`); `name` only carries it to
+/// the child (RUSTNET_CONF_SCENARIO), which finds it in [`PEER_HALVES`].
+struct PeerHalf {
+    name: &'static str,
+    run: PeerRun,
+}
+
+const RELOAD_MANY: PeerHalf = PeerHalf { name: "reload_many", run: PeerRun::Bare(|e| reload_many(e.version)) };
+const INIT: PeerHalf = PeerHalf { name: "init", run: PeerRun::Plugin(peer_init) };
+const TRAFFIC: PeerHalf = PeerHalf { name: "traffic", run: PeerRun::Plugin(peer_traffic) };
+const KILLED_SENDER: PeerHalf = PeerHalf { name: "killed_sender", run: PeerRun::Plugin(peer_killed_sender) };
+const VDEVICE: PeerHalf = PeerHalf { name: "vdevice", run: PeerRun::Plugin(peer_vdevice) };
+const CROSS_ROUND_TAGS: PeerHalf = PeerHalf { name: "cross_round_tags", run: PeerRun::Plugin(peer_cross_round_tags) };
+const CUT_SENDER: PeerHalf = PeerHalf { name: "cut_sender", run: PeerRun::Plugin(peer_cut_sender) };
+const KILLED_RECEIVER_SIDE: PeerHalf = PeerHalf { name: "killed_receiver_side", run: PeerRun::Plugin(peer_killed_receiver_side) };
+const PANIC: PeerHalf = PeerHalf { name: "panic", run: PeerRun::Plugin(peer_panic) };
+const TWO_CONTEXTS: PeerHalf = PeerHalf { name: "two_contexts", run: PeerRun::Plugin(peer_two_contexts) };
+const MISUSE: PeerHalf = PeerHalf { name: "misuse", run: PeerRun::Plugin(peer_misuse) };
+const CONNECT_CHURN: PeerHalf = PeerHalf { name: "connect_churn", run: PeerRun::Plugin(peer_connect_churn) };
+const HANDLE_MISUSE: PeerHalf = PeerHalf { name: "handle_misuse", run: PeerRun::Plugin(peer_handle_misuse) };
+const PANIC_MID: PeerHalf = PeerHalf { name: "panic_mid", run: PeerRun::Plugin(peer_panic_mid) };
+
+/// Every peer half, for the child to find its own by name.
+const PEER_HALVES: &[&PeerHalf] = &[
+    &RELOAD_MANY,
+    &INIT,
+    &TRAFFIC,
+    &KILLED_SENDER,
+    &VDEVICE,
+    &CROSS_ROUND_TAGS,
+    &CUT_SENDER,
+    &KILLED_RECEIVER_SIDE,
+    &PANIC,
+    &TWO_CONTEXTS,
+    &MISUSE,
+    &CONNECT_CHURN,
+    &HANDLE_MISUSE,
+    &PANIC_MID,
+];
+
 fn peer_main(role: String) {
     let version = env_u64("RUSTNET_CONF_VERSION", 8) as u32;
     let scenario = std::env::var("RUSTNET_CONF_SCENARIO").unwrap_or_default();
     let seed = env_u64("RUSTNET_CONF_SEED", 1);
     let (my_seed, peer_seed) = if role == "A" { (seed, seed + 1) } else { (seed + 1, seed) };
-    if scenario == "reload_many" {
-        return reload_many(version);
-    }
+    let e = PeerEnv { role, version, my_seed, peer_seed };
+    let half = PEER_HALVES.iter().find(|h| h.name == scenario).unwrap_or_else(|| panic!("unknown peer half {scenario:?}"));
+    let run = match half.run {
+        PeerRun::Bare(f) => return f(&e),
+        PeerRun::Plugin(f) => f,
+    };
     let p = open_plugin(version);
     let stdin: &'static std::io::Stdin = Box::leak(Box::new(std::io::stdin()));
     let mut peer = Peer { p, dev: env_u64("RUSTNET_CONF_DEV", 0) as i32, out: std::io::stdout(), input: stdin.lock().lines() };
@@ -516,504 +458,525 @@ fn peer_main(role: String) {
         peer.say(&format!("INITFAIL {}", e.code));
         return;
     }
-    match scenario.as_str() {
-        "init" => {
-            let n = peer.p.devices().unwrap();
-            peer.say(&format!("DONE devices={n}"));
-        }
-        "traffic" => {
-            let n = peer.p.devices().unwrap();
-            assert!(n >= 1, "no devices");
-            let props = peer.p.properties(peer.dev).unwrap();
-            assert!(!props.name.is_empty());
-            assert_eq!(props.max_recvs, 8, "maxRecvs");
-            assert!(props.ptr_support & 1 != 0, "ptrSupport lacks HOST");
-            assert_eq!(props.net_device_type, 0, "netDeviceType must be HOST");
-            if version >= 9 {
-                assert!(props.max_p2p_bytes > 0 && props.max_p2p_bytes <= 1 << 40);
-            }
-            assert_eq!(props.max_multi_request_size, 1, "maxMultiRequestSize (v11+; 1 = no multi-requests)");
-            if version >= 12 {
-                let verbs = std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib");
-                // a physical verbs port is its own rail (a self-merged one spans
-                // rails: undefined); planes and TCP interfaces: undefined
-                let plain = verbs && std::env::var_os("RUSTNET_IB_MERGE_NICS").is_none();
-                let want = (if plain { peer.dev as i16 } else { -1 }, -1);
-                assert_eq!(props.rail_plane, want, "railId/planeId of device {}", peer.dev);
-            }
-            let cycles = env_u64("RUSTNET_CONF_CYCLES", 3) as usize;
-            let rounds = env_u64("RUSTNET_CONF_ROUNDS", 40) as usize;
-            let max_big = env_u64("RUSTNET_CONF_MAX_BIG", 6 << 20) as usize;
-            let mut base = None;
-            let mut total = 0;
-            for c in 0..cycles {
-                let (s, r, l) = peer.connect_pair();
-                let res = traffic(&peer.p, s, r, my_seed + 10 * c as u64, peer_seed + 10 * c as u64, rounds, 8, max_big);
-                let bytes = match res {
-                    Ok(b) => b,
-                    Err(e) => {
-                        peer.say(&format!("FAIL cycle {c}: {e}"));
-                        std::process::exit(1);
-                    }
-                };
-                total += bytes;
-                peer.p.close_send(s).unwrap();
-                peer.p.close_recv(r).unwrap();
-                peer.p.close_listen(l).unwrap();
-                // both sides finished receiving before anyone closes for good
-                peer.say("CYCLE");
-                peer.hear("GO");
-                if c == 0 {
-                    base = Some((fd_count(), thread_count(), rss_kib()));
-                }
-            }
-            let (fd0, th0, rss0) = base.unwrap();
-            let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
-            if fd1 > fd0 || th1 > th0 || rss1 > rss0 + 64 * 1024 {
-                peer.say(&format!("FAIL growth after {cycles} cycles: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB"));
-                std::process::exit(1);
-            }
-            peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}{}", prof_summary()));
-        }
-        "killed_sender" => {
-            // B sends big messages forever and gets SIGKILLed by the coordinator.
-            let (s, _r, _l) = peer.connect_pair();
-            let mut buf = vec![7u8; 8 << 20];
-            let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
-            let mut told = false;
-            let mut inflight = Vec::new();
-            loop {
-                if let Some(req) = peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh).unwrap() {
-                    inflight.push(req);
-                }
-                inflight.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
-                if !told {
-                    peer.say("STARTED");
-                    told = true;
-                }
-            }
-        }
-        "vdevice" => {
-            // ABI v9+: NCCL fuses devices through makeVDevice. Two or more
-            // devices: fuse the first two and move traffic over the result;
-            // one: fuse it alone (verbs) or see the refusal (TCP stripes over
-            // streams instead of fusing).
-            let n = peer.p.devices().unwrap();
-            let members: Vec<i32> = if n >= 2 { vec![0, 1] } else { vec![0] };
-            match peer.p.make_vdevice(&members) {
-                Err(e) => {
-                    peer.say(&format!("REFUSED {} n={n}", e.code));
-                    return;
-                }
-                Ok(v) => {
-                    assert_eq!(v, n, "the fused device comes after the {n} physical ones");
-                    assert_eq!(peer.p.devices().unwrap(), n + 1, "devices() counts the fused one");
-                    let fused = peer.p.properties(v).unwrap();
-                    let parts: Vec<_> = members.iter().map(|&m| peer.p.properties(m).unwrap()).collect();
-                    let speed: i32 = parts.iter().map(|p| p.speed).sum();
-                    assert_eq!(fused.speed, speed, "a fused device's speed is its members' sum");
-                    for p in &parts {
-                        assert!(fused.name.contains(&p.name), "{} names member {}", fused.name, p.name);
-                    }
-                    peer.say(&format!("FUSED {} ({} Mbps) from {n} device(s)", fused.name, fused.speed));
-                    peer.dev = v;
-                }
-            }
-            let (s, r, l) = peer.connect_pair();
-            if let Err(e) = traffic(&peer.p, s, r, my_seed, peer_seed, 20, 8, 2 << 20) {
-                peer.say(&format!("FAIL {e}"));
-                std::process::exit(1);
-            }
-            peer.p.close_send(s).unwrap();
-            peer.p.close_recv(r).unwrap();
-            peer.p.close_listen(l).unwrap();
-            peer.say("CYCLE");
-            peer.hear("GO");
-            peer.say(&format!("DONE traffic over the fused device{}", prof_summary()));
-        }
-        "cross_round_tags" => {
-            // Shared-comm pattern (PXN): two grouped receives of tags [1, 2];
-            // the sender's tag-1 message of round 1 comes before round 0's
-            // tag-2 message. Per tag, messages land in posting order.
-            let (s, r, l) = peer.connect_pair();
-            let mut out = String::new();
-            if role == "A" {
-                let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 64]).collect();
-                let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(r, b.as_mut_ptr(), 64).unwrap()).collect();
-                let mut reqs = Vec::new();
-                for round in 0..2 {
-                    let (b0, b1) = bufs.split_at_mut(2 * round + 1);
-                    let spec = [(b0[2 * round].as_mut_ptr(), 64, 1, mhs[2 * round]), (b1[0].as_mut_ptr(), 64, 2, mhs[2 * round + 1])];
-                    reqs.push(loop {
-                        if let Some(q) = peer.p.irecv(r, &spec).unwrap() {
-                            break q;
-                        }
-                    });
-                }
-                for q in reqs {
-                    let mut sz = [0i32; 8];
-                    let t0 = Instant::now();
-                    while !peer.p.test(q, &mut sz).unwrap() {
-                        assert!(t0.elapsed() < Duration::from_secs(30), "cross-round receive never completed");
-                    }
-                    out += &format!("[{},{}]", sz[0], sz[1]);
-                }
-                for (i, b) in bufs.iter().enumerate() {
-                    out += &format!(" b{i}={}", b[0]);
-                }
-                for mh in mhs {
-                    peer.p.dereg_mr(r, mh).unwrap();
-                }
-            } else {
-                // (round, tag, size, fill byte) in the order the sender tries them
-                let plan = [(1usize, 1i32, 11usize, 0x11u8), (1, 1, 12, 0x12), (0, 2, 21, 0x21), (1, 2, 22, 0x22)];
-                let mut bufs: Vec<Vec<u8>> = plan.iter().map(|p| vec![p.3; p.2]).collect();
-                let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap()).collect();
-                let mut pending: Vec<usize> = (0..plan.len()).collect();
-                let mut reqs = Vec::new();
-                let t0 = Instant::now();
-                while !pending.is_empty() {
-                    // like NCCL's proxy: each tag (rank) posts its steps in
-                    // order, and the tags are tried on their own; "not yet"
-                    // moves on to the next tag
-                    let mut blocked: Vec<i32> = Vec::new();
-                    pending.retain(|&k| {
-                        if blocked.contains(&plan[k].1) {
-                            return true; // an earlier step of this tag is not posted yet
-                        }
-                        match peer.p.isend(s, bufs[k].as_mut_ptr(), plan[k].2, plan[k].1, mhs[k]).unwrap() {
-                            Some(q) => {
-                                reqs.push(q);
-                                false
-                            }
-                            None => {
-                                blocked.push(plan[k].1);
-                                true
-                            }
-                        }
-                    });
-                    reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
-                    assert!(t0.elapsed() < Duration::from_secs(30), "sends never started: {pending:?}");
-                }
-                while !reqs.is_empty() {
-                    reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
-                }
-                for mh in mhs {
-                    peer.p.dereg_mr(s, mh).unwrap();
-                }
-            }
-            peer.say("CYCLE");
-            peer.hear("GO");
-            peer.p.close_send(s).unwrap();
-            peer.p.close_recv(r).unwrap();
-            peer.p.close_listen(l).unwrap();
-            peer.say(&format!("DONE {out}"));
-        }
-        "cut_sender" => {
-            // B sends until the link is cut under it; reports the error.
-            let (s, _r, _l) = peer.connect_pair();
-            let mut buf = vec![7u8; 1 << 20];
-            let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
-            let mut inflight: Vec<Ptr> = Vec::new();
-            let mut told = false;
-            let code = 'outer: loop {
-                match peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh) {
-                    Ok(Some(q)) => inflight.push(q),
-                    Ok(None) => {}
-                    Err(e) => break e.code,
-                }
-                let mut i = 0;
-                while i < inflight.len() {
-                    match peer.p.test(inflight[i], &mut [0]) {
-                        Ok(true) => {
-                            inflight.swap_remove(i);
-                        }
-                        Ok(false) => i += 1,
-                        Err(e) => break 'outer e.code,
-                    }
-                }
-                if !told {
-                    peer.say("STARTED");
-                    told = true;
-                }
-            };
-            peer.say(&format!("DONE send_error={code}"));
-        }
-        "killed_receiver_side" => {
-            // A: receives from B (which gets killed); must fail, not hang.
-            let (s, r, l) = peer.connect_pair();
-            let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 8 << 20]).collect();
-            let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(r, b.as_mut_ptr(), b.len()).unwrap()).collect();
-            let post = |p: &Plugin, b: &mut Vec<u8>, mh: Ptr| loop {
-                if let Some(q) = p.irecv(r, &[(b.as_mut_ptr(), b.len(), 100, mh)]).unwrap() {
-                    break q;
-                }
-            };
-            let mut reqs: Vec<Ptr> = (0..4).map(|i| post(&peer.p, &mut bufs[i], mhs[i])).collect();
-            peer.say("POSTED");
-            let t0 = Instant::now();
-            let mut err = None;
-            'outer: while t0.elapsed() < Duration::from_secs(60) {
-                for i in 0..reqs.len() {
-                    match peer.p.test(reqs[i], &mut [0; 8]) {
-                        // a completed 8 MiB receive: post its buffer again
-                        Ok(true) => reqs[i] = post(&peer.p, &mut bufs[i], mhs[i]),
-                        Ok(false) => {}
-                        Err(e) => {
-                            err = Some(e);
-                            break 'outer;
-                        }
-                    }
-                }
-            }
-            let Some(e) = err else {
-                peer.say("FAIL no error 60 s after the peer was killed");
-                std::process::exit(1);
-            };
-            // the failed comm ended its events before test reported the failure
-            let open_at_fail = driver::prof::report().open;
-            // the send side towards the dead peer fails too (maybe after a few sends)
-            let mut sbuf = vec![1u8; 1 << 20];
-            let smh = peer.p.reg_mr(s, sbuf.as_mut_ptr(), sbuf.len()).unwrap();
-            let t1 = Instant::now();
-            let mut send_err = None;
-            while t1.elapsed() < Duration::from_secs(30) && send_err.is_none() {
-                match peer.p.isend(s, sbuf.as_mut_ptr(), sbuf.len(), 1, smh) {
-                    Err(e) => send_err = Some(e),
-                    Ok(Some(q)) => loop {
-                        match peer.p.test(q, &mut [0]) {
-                            Ok(true) => break,
-                            Ok(false) => {}
-                            Err(e) => {
-                                send_err = Some(e);
-                                break;
-                            }
-                        }
-                    },
-                    Ok(None) => {}
-                }
-            }
-            for mh in mhs {
-                peer.p.dereg_mr(r, mh).unwrap();
-            }
-            peer.p.dereg_mr(s, smh).unwrap();
-            peer.p.close_recv(r).unwrap();
-            peer.p.close_send(s).unwrap();
-            peer.p.close_listen(l).unwrap();
-            peer.say(&format!(
-                "DONE recv_error={} after_ms={} send_error={} open_at_fail={open_at_fail}{}",
-                e.code,
-                t0.elapsed().as_millis(),
-                send_err.map_or(-1, |e| e.code),
-                prof_summary()
-            ));
-        }
-        "panic" => {
-            let (s, r, l) = peer.connect_pair();
-            let mut buf = vec![0u8; 64];
-            let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), 64).unwrap();
-            let e = peer.p.isend(s, buf.as_mut_ptr(), 64, 1, mh).unwrap_err();
-            // still alive: other slots keep working
-            let n = peer.p.devices().unwrap();
-            peer.p.dereg_mr(s, mh).unwrap();
-            peer.p.close_send(s).unwrap();
-            peer.p.close_recv(r).unwrap();
-            peer.p.close_listen(l).unwrap();
-            peer.say(&format!("DONE isend_code={} devices_after={n}", e.code));
-        }
-        "two_contexts" => two_contexts(&peer.p, peer.dev, version),
-        "misuse" => {
-            let mut out = Vec::new();
-            out.push(format!("devices_null={}", peer.p.devices_null().unwrap_err().code));
-            let mut junk = [0x5au8; 128];
-            out.push(format!("connect_garbage={}", peer.p.connect(0, &mut junk).unwrap_err().code));
-            out.push(format!("props_bad_dev={}", peer.p.properties(999).unwrap_err().code));
-            let (s, r, l) = peer.connect_pair();
-            let mut b = [0u8; 16];
-            let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
-            // Post the receive first: a receiver-driven transport (verbs)
-            // only lets a send start once the peer's receive is posted.
-            let mut rb = [0u8; 16];
-            let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
-            let rq = loop {
-                if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, rmh)]).unwrap() {
-                    break q;
-                }
-            };
-            let (mut q, mut rdone) = (None, false);
-            while q.is_none() {
-                q = peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).unwrap();
-                if !rdone {
-                    rdone = peer.p.test(rq, &mut [0; 8]).unwrap();
-                }
-            }
-            let q = q.unwrap();
-            while !peer.p.test(q, &mut [0]).unwrap() {}
-            while !rdone {
-                rdone = peer.p.test(rq, &mut [0; 8]).unwrap();
-            }
-            out.push(format!("stale_test={}", peer.p.test(q, &mut [0]).unwrap_err().code));
-            let many: Vec<_> = (0..9).map(|_| (rb.as_mut_ptr(), 16usize, 1, rmh)).collect();
-            out.push(format!("irecv_n9={}", peer.p.irecv(r, &many).unwrap_err().code));
-            out.push(format!("regmr_cuda={}", peer.p.reg_mr_typed(s, b.as_mut_ptr(), 16, 2).map(|_| 0).unwrap_or_else(|e| e.code)));
-            peer.p.dereg_mr(s, mh).unwrap();
-            peer.p.dereg_mr(r, rmh).unwrap();
-            peer.p.close_send(s).unwrap();
-            peer.p.close_recv(r).unwrap();
-            peer.p.close_listen(l).unwrap();
-            peer.say(&format!("DONE {}", out.join(" ")));
-        }
-        "connect_churn" => {
-            // One process, one plugin: N listen/connect/accept/one message/close
-            // cycles over loopback; fds, threads and RSS flat after a warm-up.
-            let n = (env_u64("RUSTNET_CONF_CONNECTS", 10000) as usize).max(2);
-            let warm = (n / 10).clamp(10, 500).min(n - 1);
-            let mut base = None;
-            let t0 = Instant::now();
-            for c in 0..n {
-                let (mut h, l) = peer.p.listen(peer.dev).expect("listen");
-                let (s, r) = peer.p.connect_accept(peer.dev, &mut h, l, Duration::from_secs(30)).expect("connect/accept");
-                if let Err(e) = one_message(&peer.p, s, r, c as u8) {
-                    peer.say(&format!("FAIL cycle {c}: {e}"));
-                    std::process::exit(1);
-                }
-                peer.p.close_send(s).unwrap();
-                peer.p.close_recv(r).unwrap();
-                peer.p.close_listen(l).unwrap();
-                if c + 1 == warm {
-                    base = Some((fd_count(), thread_count(), rss_kib()));
-                }
-            }
-            let (fd0, th0, rss0) = base.unwrap();
-            let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
-            let line = format!(
-                "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%) after {warm} warm-up cycles",
-                t0.elapsed().as_secs_f64(),
-                (rss1 as f64 - rss0 as f64) * 100.0 / rss0 as f64
-            );
-            if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * 1.01 {
-                peer.say(&format!("FAIL growth: {line}"));
-                std::process::exit(1);
-            }
-            peer.say(&format!("DONE {line}"));
-        }
-        "handle_misuse" => {
-            // Every handle kind used the wrong way: each call must return an
-            // error (and the process must live), the right call still works.
-            let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
-            let mut out = Vec::new();
-            let (s, r, l) = peer.connect_pair();
-            let mut b = [0u8; 16];
-            let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
-            let mut rb = [0u8; 16];
-            let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
-            out.push(format!("closeSend_on_recv={}", code(peer.p.close_send(r))));
-            out.push(format!("closeRecv_on_send={}", code(peer.p.close_recv(s))));
-            out.push(format!("closeListen_on_send={}", code(peer.p.close_listen(s))));
-            out.push(format!("closeSend_on_listen={}", code(peer.p.close_send(l))));
-            out.push(format!("closeSend_on_mhandle={}", code(peer.p.close_send(mh))));
-            out.push(format!("regMr_on_listen={}", code(peer.p.reg_mr(l, b.as_mut_ptr(), 16).map(|_| ()))));
-            out.push(format!("regMr_on_mhandle={}", code(peer.p.reg_mr(mh, b.as_mut_ptr(), 16).map(|_| ()))));
-            out.push(format!("deregMr_of_comm={}", code(peer.p.dereg_mr(s, s))));
-            out.push(format!("isend_on_recv={}", code(peer.p.isend(r, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
-            let mut local = 0u64;
-            out.push(format!("test_foreign={}", code(peer.p.test(&mut local as *mut u64 as Ptr, &mut [0]).map(|_| ()))));
-            out.push(format!("test_on_comm={}", code(peer.p.test(s, &mut [0]).map(|_| ()))));
-            // the same comms still work after all that: one message each way
-            if let Err(e) = one_message(&peer.p, s, r, 9) {
-                peer.say(&format!("FAIL after misuse the comms no longer work: {e}"));
-                std::process::exit(1);
-            }
-            // after close / deregistration
-            let mh2 = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
-            peer.p.dereg_mr(s, mh2).unwrap();
-            out.push(format!("deregMr_twice={}", code(peer.p.dereg_mr(s, mh2))));
-            out.push(format!("isend_stale_mhandle={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh2).map(|_| ()))));
-            let q = loop {
-                if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, rmh)]).unwrap() {
-                    break q;
-                }
-            };
-            peer.p.dereg_mr(s, mh).unwrap();
-            peer.p.dereg_mr(r, rmh).unwrap();
-            peer.p.close_recv(r).unwrap();
-            out.push(format!("test_after_close={}", code(peer.p.test(q, &mut [0; 8]).map(|_| ()))));
-            out.push(format!("closeRecv_twice={}", code(peer.p.close_recv(r))));
-            out.push(format!("irecv_after_close={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, std::ptr::null_mut())]).map(|_| ()))));
-            peer.p.close_send(s).unwrap();
-            out.push(format!("isend_after_close={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, std::ptr::null_mut()).map(|_| ()))));
-            out.push(format!("closeSend_twice={}", code(peer.p.close_send(s))));
-            peer.p.close_listen(l).unwrap();
-            out.push(format!("accept_after_close={}", code(peer.p.accept(l).map(|_| ()))));
-            out.push(format!("closeListen_twice={}", code(peer.p.close_listen(l))));
-            peer.say(&format!("DONE {}", out.join(" ")));
-        }
-        "panic_mid" => {
-            // RUSTNET_FAULT_PANIC names a point inside isend or test, after
-            // the transport changed its state. A sends and checks: the call
-            // fails with ncclInternalError, every later call on that comm
-            // fails too (naming the panic), its other comm carries on, close
-            // frees it all. B only receives (driving its receive with test,
-            // as NCCL does: a receiver-driven transport needs it to move).
-            let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
-            let (s, r, l) = peer.connect_pair();
-            let mut b = vec![5u8; 64 << 10];
-            let mh = peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap();
-            let mut rb = vec![0u8; 64 << 10];
-            let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), rb.len()).unwrap();
-            let mut out = Vec::new();
-            if role == "A" {
-                // the failing call: isend itself, or the test of a started send
-                let t0 = Instant::now();
-                let first = 'outer: loop {
-                    match peer.p.isend(s, b.as_mut_ptr(), b.len(), 1, mh) {
-                        Ok(None) => {}
-                        Ok(Some(q)) => loop {
-                            match peer.p.test(q, &mut [0]) {
-                                Ok(true) => break 'outer ("none", 0),
-                                Ok(false) => {}
-                                Err(e) => break 'outer ("test", e.code),
-                            }
-                            assert!(t0.elapsed() < Duration::from_secs(60), "send never completed");
-                        },
-                        Err(e) => break ("isend", e.code),
-                    }
-                    assert!(t0.elapsed() < Duration::from_secs(60), "isend never started");
-                };
-                out.push(format!("{}={}", first.0, first.1));
-                out.push(format!("later_isend={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
-                out.push(format!("later_regMr={}", code(peer.p.reg_mr(s, b.as_mut_ptr(), 16).map(|_| ()))));
-                // the receive comm is another comm: the sender's panic does not fail it
-                out.push(format!("recv_comm_irecv={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 2, rmh)]).map(|_| ()))));
-            } else {
-                let rq = loop {
-                    if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), rb.len(), 1, rmh)]).unwrap() {
-                        break q;
-                    }
-                };
-                // until it completes (or fails: an armed test:progressed panics here too)
-                let t0 = Instant::now();
-                let end = loop {
-                    match peer.p.test(rq, &mut [0; 8]) {
-                        Ok(true) => break 0,
-                        Ok(false) if t0.elapsed() < Duration::from_secs(15) => {}
-                        Ok(false) => break -1,
-                        Err(e) => break e.code,
-                    }
-                };
-                out.push(format!("recv={end}"));
-            }
-            peer.say("CYCLE");
-            peer.hear("GO");
-            out.push(format!("deregMr={}", code(peer.p.dereg_mr(s, mh))));
-            out.push(format!("closeSend={}", code(peer.p.close_send(s))));
-            peer.p.dereg_mr(r, rmh).unwrap();
-            out.push(format!("closeRecv={}", code(peer.p.close_recv(r))));
-            peer.p.close_listen(l).unwrap();
-            peer.say(&format!("DONE {} fds={}", out.join(" "), fd_count()));
-        }
-        other => panic!("unknown scenario {other:?}"),
+    run(&mut peer, &e);
+}
+
+fn peer_init(peer: &mut Peer, _e: &PeerEnv) {
+    let n = peer.p.devices().unwrap();
+    peer.say(&format!("DONE devices={n}"));
+}
+
+fn peer_traffic(peer: &mut Peer, e: &PeerEnv) {
+    let version = e.version;
+    let my_seed = e.my_seed;
+    let peer_seed = e.peer_seed;
+    let n = peer.p.devices().unwrap();
+    assert!(n >= 1, "no devices");
+    let props = peer.p.properties(peer.dev).unwrap();
+    assert!(!props.name.is_empty());
+    assert_eq!(props.max_recvs, 8, "maxRecvs");
+    assert!(props.ptr_support & 1 != 0, "ptrSupport lacks HOST");
+    assert_eq!(props.net_device_type, 0, "netDeviceType must be HOST");
+    if version >= 9 {
+        assert!(props.max_p2p_bytes > 0 && props.max_p2p_bytes <= 1 << 40);
     }
+    assert_eq!(props.max_multi_request_size, 1, "maxMultiRequestSize (v11+; 1 = no multi-requests)");
+    if version >= 12 {
+        let verbs = std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib");
+        // a physical verbs port is its own rail (a self-merged one spans
+        // rails: undefined); planes and TCP interfaces: undefined
+        let plain = verbs && std::env::var_os("RUSTNET_IB_MERGE_NICS").is_none();
+        let want = (if plain { peer.dev as i16 } else { -1 }, -1);
+        assert_eq!(props.rail_plane, want, "railId/planeId of device {}", peer.dev);
+    }
+    let cycles = env_u64("RUSTNET_CONF_CYCLES", 3) as usize;
+    let rounds = env_u64("RUSTNET_CONF_ROUNDS", 40) as usize;
+    let max_big = env_u64("RUSTNET_CONF_MAX_BIG", 6 << 20) as usize;
+    let mut base = None;
+    let mut total = 0;
+    for c in 0..cycles {
+        let (s, r, l) = peer.connect_pair();
+        let res = traffic(&peer.p, s, r, my_seed + 10 * c as u64, peer_seed + 10 * c as u64, rounds, 8, max_big);
+        let bytes = match res {
+            Ok(b) => b,
+            Err(e) => {
+                peer.say(&format!("FAIL cycle {c}: {e}"));
+                std::process::exit(1);
+            }
+        };
+        total += bytes;
+        peer.p.close_send(s).unwrap();
+        peer.p.close_recv(r).unwrap();
+        peer.p.close_listen(l).unwrap();
+        // both sides finished receiving before anyone closes for good
+        peer.say("CYCLE");
+        peer.hear("GO");
+        if c == 0 {
+            base = Some((fd_count(), thread_count(), rss_kib()));
+        }
+    }
+    let (fd0, th0, rss0) = base.unwrap();
+    let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+    if fd1 > fd0 || th1 > th0 || rss1 > rss0 + 64 * 1024 {
+        peer.say(&format!("FAIL growth after {cycles} cycles: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB"));
+        std::process::exit(1);
+    }
+    peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}{}", prof_summary()));
+}
+
+fn peer_killed_sender(peer: &mut Peer, _e: &PeerEnv) {
+    // B sends big messages forever and gets SIGKILLed by the coordinator.
+    let (s, _r, _l) = peer.connect_pair();
+    let mut buf = vec![7u8; 8 << 20];
+    let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
+    let mut told = false;
+    let mut inflight = Vec::new();
+    loop {
+        if let Some(req) = peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh).unwrap() {
+            inflight.push(req);
+        }
+        inflight.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
+        if !told {
+            peer.say("STARTED");
+            told = true;
+        }
+    }
+}
+
+fn peer_vdevice(peer: &mut Peer, e: &PeerEnv) {
+    let my_seed = e.my_seed;
+    let peer_seed = e.peer_seed;
+    // ABI v9+: NCCL fuses devices through makeVDevice. Two or more
+    // devices: fuse the first two and move traffic over the result;
+    // one: fuse it alone (verbs) or see the refusal (TCP stripes over
+    // streams instead of fusing).
+    let n = peer.p.devices().unwrap();
+    let members: Vec<i32> = if n >= 2 { vec![0, 1] } else { vec![0] };
+    match peer.p.make_vdevice(&members) {
+        Err(e) => {
+            peer.say(&format!("REFUSED {} n={n}", e.code));
+            return;
+        }
+        Ok(v) => {
+            assert_eq!(v, n, "the fused device comes after the {n} physical ones");
+            assert_eq!(peer.p.devices().unwrap(), n + 1, "devices() counts the fused one");
+            let fused = peer.p.properties(v).unwrap();
+            let parts: Vec<_> = members.iter().map(|&m| peer.p.properties(m).unwrap()).collect();
+            let speed: i32 = parts.iter().map(|p| p.speed).sum();
+            assert_eq!(fused.speed, speed, "a fused device's speed is its members' sum");
+            for p in &parts {
+                assert!(fused.name.contains(&p.name), "{} names member {}", fused.name, p.name);
+            }
+            peer.say(&format!("FUSED {} ({} Mbps) from {n} device(s)", fused.name, fused.speed));
+            peer.dev = v;
+        }
+    }
+    let (s, r, l) = peer.connect_pair();
+    if let Err(e) = traffic(&peer.p, s, r, my_seed, peer_seed, 20, 8, 2 << 20) {
+        peer.say(&format!("FAIL {e}"));
+        std::process::exit(1);
+    }
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_listen(l).unwrap();
+    peer.say("CYCLE");
+    peer.hear("GO");
+    peer.say(&format!("DONE traffic over the fused device{}", prof_summary()));
+}
+
+fn peer_cross_round_tags(peer: &mut Peer, e: &PeerEnv) {
+    let role = e.role.as_str();
+    // Shared-comm pattern (PXN): two grouped receives of tags [1, 2];
+    // the sender's tag-1 message of round 1 comes before round 0's
+    // tag-2 message. Per tag, messages land in posting order.
+    let (s, r, l) = peer.connect_pair();
+    let mut out = String::new();
+    if role == "A" {
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 64]).collect();
+        let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(r, b.as_mut_ptr(), 64).unwrap()).collect();
+        let mut reqs = Vec::new();
+        for round in 0..2 {
+            let (b0, b1) = bufs.split_at_mut(2 * round + 1);
+            let spec = [(b0[2 * round].as_mut_ptr(), 64, 1, mhs[2 * round]), (b1[0].as_mut_ptr(), 64, 2, mhs[2 * round + 1])];
+            reqs.push(loop {
+                if let Some(q) = peer.p.irecv(r, &spec).unwrap() {
+                    break q;
+                }
+            });
+        }
+        for q in reqs {
+            let mut sz = [0i32; 8];
+            let t0 = Instant::now();
+            while !peer.p.test(q, &mut sz).unwrap() {
+                assert!(t0.elapsed() < Duration::from_secs(30), "cross-round receive never completed");
+            }
+            out += &format!("[{},{}]", sz[0], sz[1]);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            out += &format!(" b{i}={}", b[0]);
+        }
+        for mh in mhs {
+            peer.p.dereg_mr(r, mh).unwrap();
+        }
+    } else {
+        // (round, tag, size, fill byte) in the order the sender tries them
+        let plan = [(1usize, 1i32, 11usize, 0x11u8), (1, 1, 12, 0x12), (0, 2, 21, 0x21), (1, 2, 22, 0x22)];
+        let mut bufs: Vec<Vec<u8>> = plan.iter().map(|p| vec![p.3; p.2]).collect();
+        let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap()).collect();
+        let mut pending: Vec<usize> = (0..plan.len()).collect();
+        let mut reqs = Vec::new();
+        let t0 = Instant::now();
+        while !pending.is_empty() {
+            // like NCCL's proxy: each tag (rank) posts its steps in
+            // order, and the tags are tried on their own; "not yet"
+            // moves on to the next tag
+            let mut blocked: Vec<i32> = Vec::new();
+            pending.retain(|&k| {
+                if blocked.contains(&plan[k].1) {
+                    return true; // an earlier step of this tag is not posted yet
+                }
+                match peer.p.isend(s, bufs[k].as_mut_ptr(), plan[k].2, plan[k].1, mhs[k]).unwrap() {
+                    Some(q) => {
+                        reqs.push(q);
+                        false
+                    }
+                    None => {
+                        blocked.push(plan[k].1);
+                        true
+                    }
+                }
+            });
+            reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
+            assert!(t0.elapsed() < Duration::from_secs(30), "sends never started: {pending:?}");
+        }
+        while !reqs.is_empty() {
+            reqs.retain(|&q| !peer.p.test(q, &mut [0]).unwrap());
+        }
+        for mh in mhs {
+            peer.p.dereg_mr(s, mh).unwrap();
+        }
+    }
+    peer.say("CYCLE");
+    peer.hear("GO");
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_listen(l).unwrap();
+    peer.say(&format!("DONE {out}"));
+}
+
+fn peer_cut_sender(peer: &mut Peer, _e: &PeerEnv) {
+    // B sends until the link is cut under it; reports the error.
+    let (s, _r, _l) = peer.connect_pair();
+    let mut buf = vec![7u8; 1 << 20];
+    let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
+    let mut inflight: Vec<Ptr> = Vec::new();
+    let mut told = false;
+    let code = 'outer: loop {
+        match peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh) {
+            Ok(Some(q)) => inflight.push(q),
+            Ok(None) => {}
+            Err(e) => break e.code,
+        }
+        let mut i = 0;
+        while i < inflight.len() {
+            match peer.p.test(inflight[i], &mut [0]) {
+                Ok(true) => {
+                    inflight.swap_remove(i);
+                }
+                Ok(false) => i += 1,
+                Err(e) => break 'outer e.code,
+            }
+        }
+        if !told {
+            peer.say("STARTED");
+            told = true;
+        }
+    };
+    peer.say(&format!("DONE send_error={code}"));
+}
+
+fn peer_killed_receiver_side(peer: &mut Peer, _e: &PeerEnv) {
+    // A: receives from B (which gets killed); must fail, not hang.
+    let (s, r, l) = peer.connect_pair();
+    let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 8 << 20]).collect();
+    let mhs: Vec<Ptr> = bufs.iter_mut().map(|b| peer.p.reg_mr(r, b.as_mut_ptr(), b.len()).unwrap()).collect();
+    let post = |p: &Plugin, b: &mut Vec<u8>, mh: Ptr| loop {
+        if let Some(q) = p.irecv(r, &[(b.as_mut_ptr(), b.len(), 100, mh)]).unwrap() {
+            break q;
+        }
+    };
+    let mut reqs: Vec<Ptr> = (0..4).map(|i| post(&peer.p, &mut bufs[i], mhs[i])).collect();
+    peer.say("POSTED");
+    let t0 = Instant::now();
+    let mut err = None;
+    'outer: while t0.elapsed() < Duration::from_secs(60) {
+        for i in 0..reqs.len() {
+            match peer.p.test(reqs[i], &mut [0; 8]) {
+                // a completed 8 MiB receive: post its buffer again
+                Ok(true) => reqs[i] = post(&peer.p, &mut bufs[i], mhs[i]),
+                Ok(false) => {}
+                Err(e) => {
+                    err = Some(e);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let Some(e) = err else {
+        peer.say("FAIL no error 60 s after the peer was killed");
+        std::process::exit(1);
+    };
+    // the failed comm ended its events before test reported the failure
+    let open_at_fail = driver::prof::report().open;
+    // the send side towards the dead peer fails too (maybe after a few sends)
+    let mut sbuf = vec![1u8; 1 << 20];
+    let smh = peer.p.reg_mr(s, sbuf.as_mut_ptr(), sbuf.len()).unwrap();
+    let t1 = Instant::now();
+    let mut send_err = None;
+    while t1.elapsed() < Duration::from_secs(30) && send_err.is_none() {
+        match peer.p.isend(s, sbuf.as_mut_ptr(), sbuf.len(), 1, smh) {
+            Err(e) => send_err = Some(e),
+            Ok(Some(q)) => loop {
+                match peer.p.test(q, &mut [0]) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => {
+                        send_err = Some(e);
+                        break;
+                    }
+                }
+            },
+            Ok(None) => {}
+        }
+    }
+    for mh in mhs {
+        peer.p.dereg_mr(r, mh).unwrap();
+    }
+    peer.p.dereg_mr(s, smh).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_send(s).unwrap();
+    peer.p.close_listen(l).unwrap();
+    peer.say(&format!(
+        "DONE recv_error={} after_ms={} send_error={} open_at_fail={open_at_fail}{}",
+        e.code,
+        t0.elapsed().as_millis(),
+        send_err.map_or(-1, |e| e.code),
+        prof_summary()
+    ));
+}
+
+fn peer_panic(peer: &mut Peer, _e: &PeerEnv) {
+    let (s, r, l) = peer.connect_pair();
+    let mut buf = vec![0u8; 64];
+    let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), 64).unwrap();
+    let e = peer.p.isend(s, buf.as_mut_ptr(), 64, 1, mh).unwrap_err();
+    // still alive: other slots keep working
+    let n = peer.p.devices().unwrap();
+    peer.p.dereg_mr(s, mh).unwrap();
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_listen(l).unwrap();
+    peer.say(&format!("DONE isend_code={} devices_after={n}", e.code));
+}
+
+fn peer_two_contexts(peer: &mut Peer, e: &PeerEnv) {
+    let version = e.version;
+    two_contexts(&peer.p, peer.dev, version);
+}
+
+fn peer_misuse(peer: &mut Peer, _e: &PeerEnv) {
+    let mut out = Vec::new();
+    out.push(format!("devices_null={}", peer.p.devices_null().unwrap_err().code));
+    let mut junk = [0x5au8; 128];
+    out.push(format!("connect_garbage={}", peer.p.connect(0, &mut junk).unwrap_err().code));
+    out.push(format!("props_bad_dev={}", peer.p.properties(999).unwrap_err().code));
+    let (s, r, l) = peer.connect_pair();
+    let mut b = [0u8; 16];
+    let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
+    // Post the receive first: a receiver-driven transport (verbs)
+    // only lets a send start once the peer's receive is posted.
+    let mut rb = [0u8; 16];
+    let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
+    let rq = loop {
+        if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, rmh)]).unwrap() {
+            break q;
+        }
+    };
+    let (mut q, mut rdone) = (None, false);
+    while q.is_none() {
+        q = peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).unwrap();
+        if !rdone {
+            rdone = peer.p.test(rq, &mut [0; 8]).unwrap();
+        }
+    }
+    let q = q.unwrap();
+    while !peer.p.test(q, &mut [0]).unwrap() {}
+    while !rdone {
+        rdone = peer.p.test(rq, &mut [0; 8]).unwrap();
+    }
+    out.push(format!("stale_test={}", peer.p.test(q, &mut [0]).unwrap_err().code));
+    let many: Vec<_> = (0..9).map(|_| (rb.as_mut_ptr(), 16usize, 1, rmh)).collect();
+    out.push(format!("irecv_n9={}", peer.p.irecv(r, &many).unwrap_err().code));
+    out.push(format!("regmr_cuda={}", peer.p.reg_mr_typed(s, b.as_mut_ptr(), 16, 2).map(|_| 0).unwrap_or_else(|e| e.code)));
+    peer.p.dereg_mr(s, mh).unwrap();
+    peer.p.dereg_mr(r, rmh).unwrap();
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_listen(l).unwrap();
+    peer.say(&format!("DONE {}", out.join(" ")));
+}
+
+fn peer_connect_churn(peer: &mut Peer, _e: &PeerEnv) {
+    // One process, one plugin: N listen/connect/accept/one message/close
+    // cycles over loopback; fds, threads and RSS flat after a warm-up.
+    let n = (env_u64("RUSTNET_CONF_CONNECTS", 10000) as usize).max(2);
+    let warm = (n / 10).clamp(10, 500).min(n - 1);
+    let mut base = None;
+    let t0 = Instant::now();
+    for c in 0..n {
+        let (mut h, l) = peer.p.listen(peer.dev).expect("listen");
+        let (s, r) = peer.p.connect_accept(peer.dev, &mut h, l, Duration::from_secs(30)).expect("connect/accept");
+        if let Err(e) = one_message(&peer.p, s, r, c as u8) {
+            peer.say(&format!("FAIL cycle {c}: {e}"));
+            std::process::exit(1);
+        }
+        peer.p.close_send(s).unwrap();
+        peer.p.close_recv(r).unwrap();
+        peer.p.close_listen(l).unwrap();
+        if c + 1 == warm {
+            base = Some((fd_count(), thread_count(), rss_kib()));
+        }
+    }
+    let (fd0, th0, rss0) = base.unwrap();
+    let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+    let line = format!(
+        "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%) after {warm} warm-up cycles",
+        t0.elapsed().as_secs_f64(),
+        (rss1 as f64 - rss0 as f64) * 100.0 / rss0 as f64
+    );
+    if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * 1.01 {
+        peer.say(&format!("FAIL growth: {line}"));
+        std::process::exit(1);
+    }
+    peer.say(&format!("DONE {line}"));
+}
+
+fn peer_handle_misuse(peer: &mut Peer, _e: &PeerEnv) {
+    // Every handle kind used the wrong way: each call must return an
+    // error (and the process must live), the right call still works.
+    let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
+    let mut out = Vec::new();
+    let (s, r, l) = peer.connect_pair();
+    let mut b = [0u8; 16];
+    let mh = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
+    let mut rb = [0u8; 16];
+    let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), 16).unwrap();
+    out.push(format!("closeSend_on_recv={}", code(peer.p.close_send(r))));
+    out.push(format!("closeRecv_on_send={}", code(peer.p.close_recv(s))));
+    out.push(format!("closeListen_on_send={}", code(peer.p.close_listen(s))));
+    out.push(format!("closeSend_on_listen={}", code(peer.p.close_send(l))));
+    out.push(format!("closeSend_on_mhandle={}", code(peer.p.close_send(mh))));
+    out.push(format!("regMr_on_listen={}", code(peer.p.reg_mr(l, b.as_mut_ptr(), 16).map(|_| ()))));
+    out.push(format!("regMr_on_mhandle={}", code(peer.p.reg_mr(mh, b.as_mut_ptr(), 16).map(|_| ()))));
+    out.push(format!("deregMr_of_comm={}", code(peer.p.dereg_mr(s, s))));
+    out.push(format!("isend_on_recv={}", code(peer.p.isend(r, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
+    let mut local = 0u64;
+    out.push(format!("test_foreign={}", code(peer.p.test(&mut local as *mut u64 as Ptr, &mut [0]).map(|_| ()))));
+    out.push(format!("test_on_comm={}", code(peer.p.test(s, &mut [0]).map(|_| ()))));
+    // the same comms still work after all that: one message each way
+    if let Err(e) = one_message(&peer.p, s, r, 9) {
+        peer.say(&format!("FAIL after misuse the comms no longer work: {e}"));
+        std::process::exit(1);
+    }
+    // after close / deregistration
+    let mh2 = peer.p.reg_mr(s, b.as_mut_ptr(), 16).unwrap();
+    peer.p.dereg_mr(s, mh2).unwrap();
+    out.push(format!("deregMr_twice={}", code(peer.p.dereg_mr(s, mh2))));
+    out.push(format!("isend_stale_mhandle={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh2).map(|_| ()))));
+    let q = loop {
+        if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, rmh)]).unwrap() {
+            break q;
+        }
+    };
+    peer.p.dereg_mr(s, mh).unwrap();
+    peer.p.dereg_mr(r, rmh).unwrap();
+    peer.p.close_recv(r).unwrap();
+    out.push(format!("test_after_close={}", code(peer.p.test(q, &mut [0; 8]).map(|_| ()))));
+    out.push(format!("closeRecv_twice={}", code(peer.p.close_recv(r))));
+    out.push(format!("irecv_after_close={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 1, std::ptr::null_mut())]).map(|_| ()))));
+    peer.p.close_send(s).unwrap();
+    out.push(format!("isend_after_close={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, std::ptr::null_mut()).map(|_| ()))));
+    out.push(format!("closeSend_twice={}", code(peer.p.close_send(s))));
+    peer.p.close_listen(l).unwrap();
+    out.push(format!("accept_after_close={}", code(peer.p.accept(l).map(|_| ()))));
+    out.push(format!("closeListen_twice={}", code(peer.p.close_listen(l))));
+    peer.say(&format!("DONE {}", out.join(" ")));
+}
+
+fn peer_panic_mid(peer: &mut Peer, e: &PeerEnv) {
+    let role = e.role.as_str();
+    // RUSTNET_FAULT_PANIC names a point inside isend or test, after
+    // the transport changed its state. A sends and checks: the call
+    // fails with ncclInternalError, every later call on that comm
+    // fails too (naming the panic), its other comm carries on, close
+    // frees it all. B only receives (driving its receive with test,
+    // as NCCL does: a receiver-driven transport needs it to move).
+    let code = |r: Result<(), driver::NcclErr>| r.map_or_else(|e| e.code, |_| 0);
+    let (s, r, l) = peer.connect_pair();
+    let mut b = vec![5u8; 64 << 10];
+    let mh = peer.p.reg_mr(s, b.as_mut_ptr(), b.len()).unwrap();
+    let mut rb = vec![0u8; 64 << 10];
+    let rmh = peer.p.reg_mr(r, rb.as_mut_ptr(), rb.len()).unwrap();
+    let mut out = Vec::new();
+    if role == "A" {
+        // the failing call: isend itself, or the test of a started send
+        let t0 = Instant::now();
+        let first = 'outer: loop {
+            match peer.p.isend(s, b.as_mut_ptr(), b.len(), 1, mh) {
+                Ok(None) => {}
+                Ok(Some(q)) => loop {
+                    match peer.p.test(q, &mut [0]) {
+                        Ok(true) => break 'outer ("none", 0),
+                        Ok(false) => {}
+                        Err(e) => break 'outer ("test", e.code),
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(60), "send never completed");
+                },
+                Err(e) => break ("isend", e.code),
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "isend never started");
+        };
+        out.push(format!("{}={}", first.0, first.1));
+        out.push(format!("later_isend={}", code(peer.p.isend(s, b.as_mut_ptr(), 16, 1, mh).map(|_| ()))));
+        out.push(format!("later_regMr={}", code(peer.p.reg_mr(s, b.as_mut_ptr(), 16).map(|_| ()))));
+        // the receive comm is another comm: the sender's panic does not fail it
+        out.push(format!("recv_comm_irecv={}", code(peer.p.irecv(r, &[(rb.as_mut_ptr(), 16, 2, rmh)]).map(|_| ()))));
+    } else {
+        let rq = loop {
+            if let Some(q) = peer.p.irecv(r, &[(rb.as_mut_ptr(), rb.len(), 1, rmh)]).unwrap() {
+                break q;
+            }
+        };
+        // until it completes (or fails: an armed test:progressed panics here too)
+        let t0 = Instant::now();
+        let end = loop {
+            match peer.p.test(rq, &mut [0; 8]) {
+                Ok(true) => break 0,
+                Ok(false) if t0.elapsed() < Duration::from_secs(15) => {}
+                Ok(false) => break -1,
+                Err(e) => break e.code,
+            }
+        };
+        out.push(format!("recv={end}"));
+    }
+    peer.say("CYCLE");
+    peer.hear("GO");
+    out.push(format!("deregMr={}", code(peer.p.dereg_mr(s, mh))));
+    out.push(format!("closeSend={}", code(peer.p.close_send(s))));
+    peer.p.dereg_mr(r, rmh).unwrap();
+    out.push(format!("closeRecv={}", code(peer.p.close_recv(r))));
+    peer.p.close_listen(l).unwrap();
+    peer.say(&format!("DONE {} fds={}", out.join(" "), fd_count()));
 }
 
 // ------------------------------------------------------------- coordinator
@@ -1022,7 +985,7 @@ struct Proc {
     child: Child,
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: StderrLog,
 }
 
 impl Proc {
@@ -1037,8 +1000,7 @@ impl Proc {
                     }
                     if l.starts_with("FAIL") {
                         std::thread::sleep(Duration::from_millis(200));
-                        let e = self.stderr.lock().unwrap();
-                        let tail = &e[e.len().saturating_sub(3000)..];
+                        let tail = self.stderr.tail_chars(3000);
                         return Err(format!("{l}\n    its stderr (tail):\n{tail}"));
                     }
                     if l.starts_with("INITFAIL") {
@@ -1047,7 +1009,7 @@ impl Proc {
                 }
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(200));
-                    return Err(format!("peer ended or timed out waiting for {prefix:?}; its stderr:\n{}", self.stderr.lock().unwrap()));
+                    return Err(format!("peer ended or timed out waiting for {prefix:?}; its stderr:\n{}", self.stderr.text()));
                 }
             }
         }
@@ -1078,26 +1040,16 @@ fn libdir() -> PathBuf {
     .clone()
 }
 
-fn spawn(role: &str, version: u32, scenario: &str, extra: &[(&str, &str)]) -> Proc {
-    spawn_in(None, role, version, scenario, extra)
+fn spawn(role: &str, version: u32, half: &PeerHalf, extra: &[(&str, &str)]) -> Proc {
+    spawn_in(None, role, version, half, extra)
 }
 
-fn spawn_in(netns: Option<&str>, role: &str, version: u32, scenario: &str, extra: &[(&str, &str)]) -> Proc {
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(std::env::current_exe().unwrap());
-            c
-        }
-        None => Command::new(std::env::current_exe().unwrap()),
-    };
+fn spawn_in(netns: Option<&str>, role: &str, version: u32, half: &PeerHalf, extra: &[(&str, &str)]) -> Proc {
+    let mut cmd = peer_command(netns);
     cmd.env("RUSTNET_CONF_ROLE", role)
         .env("RUSTNET_CONF_VERSION", version.to_string())
-        .env("RUSTNET_CONF_SCENARIO", scenario)
-        .env("LD_LIBRARY_PATH", libdir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("RUSTNET_CONF_SCENARIO", half.name)
+        .env("LD_LIBRARY_PATH", libdir());
     if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
         cmd.env("NCCL_SOCKET_IFNAME", "lo");
     }
@@ -1110,32 +1062,9 @@ fn spawn_in(netns: Option<&str>, role: &str, version: u32, scenario: &str, extra
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("spawn peer");
-    let stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let e2 = err.clone();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stderr).lines() {
-            let Ok(l) = l else { break };
-            let mut g = e2.lock().unwrap();
-            if g.len() < 200_000 {
-                g.push_str(&l);
-                g.push('\n');
-            }
-        }
-    });
-    Proc { child, stdin, lines: rx, stderr: err }
+    let (child, stdin, stderr) = spawn_piped(cmd, move |l| tx.send(l).is_ok());
+    Proc { child, stdin, lines: rx, stderr }
 }
 
 fn swap_handles(a: &mut Proc, b: &mut Proc, t: Duration) -> Result<(), String> {
@@ -1155,8 +1084,8 @@ fn finish(mut a: Proc) -> Result<String, String> {
 
 fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(240);
-    let mut a = spawn("A", version, "traffic", env);
-    let mut b = spawn("B", version, "traffic", env);
+    let mut a = spawn("A", version, &TRAFFIC, env);
+    let mut b = spawn("B", version, &TRAFFIC, env);
     let cycles = env
         .iter()
         .find(|(k, _)| *k == "RUSTNET_CONF_CYCLES")
@@ -1180,8 +1109,8 @@ fn killed_peer_case() -> Result<String, String> {
 
 fn killed_peer_case_with(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", version, "killed_receiver_side", env);
-    let mut b = spawn("B", version, "killed_sender", env);
+    let mut a = spawn("A", version, &KILLED_RECEIVER_SIDE, env);
+    let mut b = spawn("B", version, &KILLED_SENDER, env);
     swap_handles(&mut a, &mut b, t)?;
     a.expect("POSTED", t)?;
     b.expect("STARTED", t)?;
@@ -1262,8 +1191,8 @@ fn profiler_killed_case() -> Result<String, String> {
 
 fn garbage_case() -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", 8, "traffic", &[("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "5")]);
-    let mut b = spawn("B", 8, "traffic", &[("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "5")]);
+    let mut a = spawn("A", 8, &TRAFFIC, &[("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "5")]);
+    let mut b = spawn("B", 8, &TRAFFIC, &[("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "5")]);
     let ha = a.expect("HANDLE ", t)?;
     let hb = b.expect("HANDLE ", t)?;
     // Speak garbage at A's listener before B connects, and drop a half hello.
@@ -1290,15 +1219,10 @@ fn garbage_case() -> Result<String, String> {
     let ea = a.stderr.clone();
     let ra = finish(a)?;
     finish(b)?;
-    if !garbage_warned(&ea.lock().unwrap()) {
-        return Err(format!("no WARN naming the rejected connection; A's stderr: {}", ea.lock().unwrap()));
+    if !garbage_warned(&ea.text()) {
+        return Err(format!("no WARN naming the rejected connection; A's stderr: {}", ea.text()));
     }
     Ok(ra)
-}
-
-/// Runs `cmd` and says whether it succeeded.
-fn sh(cmd: &str) -> bool {
-    Command::new("sh").arg("-c").arg(cmd).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 /// Two network namespaces joined by a veth pair; removed on drop.
@@ -1351,9 +1275,9 @@ fn link_cut_case() -> Result<String, String> {
     let t = Duration::from_secs(30);
     let env_a = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", "rnA")];
     let env_b = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", "rnB")];
-    let mut a = spawn_in(Some(&ns.a), "A", 8, "killed_receiver_side", &env_a);
-    let mut b = spawn_in(Some(&ns.b), "B", 8, "cut_sender", &env_b);
-    swap_handles(&mut a, &mut b, t).map_err(|e| format!("{e}; A: {}; B: {}", a.stderr.lock().unwrap(), b.stderr.lock().unwrap()))?;
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &KILLED_RECEIVER_SIDE, &env_a);
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &CUT_SENDER, &env_b);
+    swap_handles(&mut a, &mut b, t).map_err(|e| format!("{e}; A: {}; B: {}", a.stderr.text(), b.stderr.text()))?;
     a.expect("POSTED", t)?;
     b.expect("STARTED", t)?;
     std::thread::sleep(Duration::from_millis(300));
@@ -1391,8 +1315,8 @@ fn ipv6_case() -> Result<String, String> {
     let ns = NetnsPair::new()?;
     let t = Duration::from_secs(60);
     let common = [("NCCL_SOCKET_FAMILY", "AF_INET6"), ("RUSTNET_CONF_CYCLES", "1"), ("RUSTNET_CONF_ROUNDS", "20")];
-    let mut a = spawn_in(Some(&ns.a), "A", 10, "traffic", &[common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", "rnA")]);
-    let mut b = spawn_in(Some(&ns.b), "B", 10, "traffic", &[common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", "rnB")]);
+    let mut a = spawn_in(Some(&ns.a), "A", 10, &TRAFFIC, &[common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", "rnA")]);
+    let mut b = spawn_in(Some(&ns.b), "B", 10, &TRAFFIC, &[common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", "rnB")]);
     let ha = a.expect("HANDLE ", t)?;
     let hb = b.expect("HANDLE ", t)?;
     if unhex(&ha).map(|h| h[11]) != Some(6) {
@@ -1418,8 +1342,8 @@ fn vdevice_case(version: u32) -> Result<String, String> {
 
 fn vdevice_case_with(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
     let t = Duration::from_secs(240);
-    let mut a = spawn("A", version, "vdevice", env);
-    let mut b = spawn("B", version, "vdevice", env);
+    let mut a = spawn("A", version, &VDEVICE, env);
+    let mut b = spawn("B", version, &VDEVICE, env);
     let (fa, fb) = (a.expect("", t)?, b.expect("", t)?);
     if fa.starts_with("REFUSED") || fb.starts_with("REFUSED") {
         // only TCP refuses, with ncclInvalidUsage, and both ends alike
@@ -1455,8 +1379,8 @@ fn profiler_fused_case() -> Result<String, String> {
 fn cross_round_case() -> Result<String, String> {
     let t = Duration::from_secs(60);
     // v8: the version whose merged devices (RUSTNET_IB_MERGE_NICS) the VM suite also runs this through
-    let mut a = spawn("A", 8, "cross_round_tags", &[]);
-    let mut b = spawn("B", 8, "cross_round_tags", &[]);
+    let mut a = spawn("A", 8, &CROSS_ROUND_TAGS, &[]);
+    let mut b = spawn("B", 8, &CROSS_ROUND_TAGS, &[]);
     swap_handles(&mut a, &mut b, t)?;
     a.expect("CYCLE", t)?;
     b.expect("CYCLE", t)?;
@@ -1474,9 +1398,9 @@ fn cross_round_case() -> Result<String, String> {
 
 /// Two plugin contexts with different traffic classes in one process (v11, v12).
 fn two_contexts_case(version: u32) -> Result<String, String> {
-    let a = spawn("A", version, "two_contexts", &[]);
+    let a = spawn("A", version, &TWO_CONTEXTS, &[]);
     let ea = a.stderr.clone();
-    let r = finish_within(a, Duration::from_secs(120)).map_err(|e| format!("{e}\n    stderr: {}", ea.lock().unwrap()))?;
+    let r = finish_within(a, Duration::from_secs(120)).map_err(|e| format!("{e}\n    stderr: {}", ea.text()))?;
     for want in [
         "tc300=4",
         "finalize_open=5",
@@ -1494,7 +1418,7 @@ fn two_contexts_case(version: u32) -> Result<String, String> {
         "finalize_unused=0",
     ] {
         if !r.split_whitespace().any(|x| x == want) {
-            return Err(format!("expected {want}: {r}\n    stderr: {}", ea.lock().unwrap()));
+            return Err(format!("expected {want}: {r}\n    stderr: {}", ea.text()));
         }
     }
     // -1: the connect finished in one call (nothing to resume)
@@ -1502,7 +1426,7 @@ fn two_contexts_case(version: u32) -> Result<String, String> {
         return Err(format!("a connect resumed under another context was not refused: {r}"));
     }
     std::thread::sleep(Duration::from_millis(100));
-    let err = ea.lock().unwrap().clone();
+    let err = ea.text().clone();
     for want in [
         "still has 3 listen/send/receive comm(s) open",
         "which was already finalized: only close works now",
@@ -1533,11 +1457,12 @@ fn bad_env_case() -> Result<String, String> {
         ("NCCL_SOCKET_IFNAME", "=nosuchif0", "matches no running interface"),
         ("NCCL_SOCKET_FAMILY", "AF_UNIX", "NCCL_SOCKET_FAMILY"),
     ] {
-        let a = spawn("A", 8, "init", &[(k, v)]);
+        let a = spawn("A", 8, &INIT, &[(k, v)]);
         let code = a.expect("INITFAIL", Duration::from_secs(30)).unwrap_or_else(|e| e);
-        let _ = a.lines.recv_timeout(Duration::from_millis(300));
-        std::thread::sleep(Duration::from_millis(100));
-        let err = a.stderr.lock().unwrap().clone();
+        // the peer exits after INITFAIL: its stderr is complete once closed
+        // (a fixed sleep lost the WARN under load)
+        a.stderr.wait_eof(Duration::from_secs(30));
+        let err = a.stderr.text();
         if code != "5" {
             return Err(format!("{k}={v}: expected init to fail with ncclInvalidUsage (5), got {code:?}; stderr: {err}"));
         }
@@ -1551,8 +1476,8 @@ fn bad_env_case() -> Result<String, String> {
 
 fn panic_case() -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", 8, "panic", &[("RUSTNET_FAULT_PANIC", "isend")]);
-    let mut b = spawn("B", 8, "panic", &[("RUSTNET_FAULT_PANIC", "isend")]);
+    let mut a = spawn("A", 8, &PANIC, &[("RUSTNET_FAULT_PANIC", "isend")]);
+    let mut b = spawn("B", 8, &PANIC, &[("RUSTNET_FAULT_PANIC", "isend")]);
     swap_handles(&mut a, &mut b, t)?;
     let ea = a.stderr.clone();
     let r = finish(a)?;
@@ -1561,7 +1486,7 @@ fn panic_case() -> Result<String, String> {
         return Err(format!("expected ncclInternalError (3) from a panicking isend: {r}"));
     }
     std::thread::sleep(Duration::from_millis(100));
-    if !ea.lock().unwrap().contains("panic caught at the NCCL boundary") {
+    if !ea.text().contains("panic caught at the NCCL boundary") {
         return Err("the panic was not reported through the logger".into());
     }
     Ok(r)
@@ -1569,8 +1494,8 @@ fn panic_case() -> Result<String, String> {
 
 fn misuse_case() -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", 8, "misuse", &[]);
-    let mut b = spawn("B", 8, "misuse", &[]);
+    let mut a = spawn("A", 8, &MISUSE, &[]);
+    let mut b = spawn("B", 8, &MISUSE, &[]);
     swap_handles(&mut a, &mut b, t)?;
     let r = finish(a)?;
     finish(b)?;
@@ -1614,11 +1539,11 @@ fn reload_case() -> Result<String, String> {
 /// comm used to close it and succeed).
 fn handle_misuse_case() -> Result<String, String> {
     let t = Duration::from_secs(60);
-    let mut a = spawn("A", 8, "handle_misuse", &[]);
-    let mut b = spawn("B", 8, "handle_misuse", &[]);
+    let mut a = spawn("A", 8, &HANDLE_MISUSE, &[]);
+    let mut b = spawn("B", 8, &HANDLE_MISUSE, &[]);
     swap_handles(&mut a, &mut b, t)?;
     let ea = a.stderr.clone();
-    let r = finish(a).map_err(|e| format!("{e}\n    A's stderr: {}", ea.lock().unwrap()))?;
+    let r = finish(a).map_err(|e| format!("{e}\n    A's stderr: {}", ea.text()))?;
     finish(b)?;
     for kv in r.split_whitespace() {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -1627,7 +1552,7 @@ fn handle_misuse_case() -> Result<String, String> {
         }
     }
     std::thread::sleep(Duration::from_millis(100));
-    let err = ea.lock().unwrap().clone();
+    let err = ea.text().clone();
     for want in ["is a receive comm", "already closed", "not a librustnet request", "already deregistered"] {
         if !err.contains(want) {
             return Err(format!("no WARN saying {want:?}; A's stderr: {err}"));
@@ -1642,8 +1567,8 @@ fn handle_misuse_case() -> Result<String, String> {
 fn panic_mid_case(site: &str) -> Result<String, String> {
     let t = Duration::from_secs(60);
     let env = [("RUSTNET_FAULT_PANIC", site)];
-    let mut a = spawn("A", 8, "panic_mid", &env);
-    let mut b = spawn("B", 8, "panic_mid", &env);
+    let mut a = spawn("A", 8, &PANIC_MID, &env);
+    let mut b = spawn("B", 8, &PANIC_MID, &env);
     swap_handles(&mut a, &mut b, t)?;
     a.expect("CYCLE", t)?;
     b.expect("CYCLE", t)?;
@@ -1661,7 +1586,7 @@ fn panic_mid_case(site: &str) -> Result<String, String> {
         }
     }
     std::thread::sleep(Duration::from_millis(100));
-    let err = ea.lock().unwrap().clone();
+    let err = ea.text().clone();
     if !err.contains(&format!("failed by an earlier panic in {slot}")) {
         return Err(format!("later calls do not name the earlier panic; A's stderr: {err}"));
     }
@@ -1671,7 +1596,7 @@ fn panic_mid_case(site: &str) -> Result<String, String> {
 /// 500 (RUSTNET_CONF_RELOADS) dlopen/init/connect/close/dlclose cycles in
 /// one process: unmapped each time, fds/threads flat, RSS within 1%.
 fn reload_many_case() -> Result<String, String> {
-    let a = spawn("A", 8, "reload_many", &[]);
+    let a = spawn("A", 8, &RELOAD_MANY, &[]);
     finish_within(a, Duration::from_secs(600))
 }
 
@@ -1692,7 +1617,7 @@ fn reload_tcp_helper_case() -> Result<String, String> {
     if std::env::var("RUSTNET_TRANSPORT").as_deref() == Ok("ib") {
         return Ok("SKIPPED: the TCP helper thread is a TCP transport feature".into());
     }
-    let a = spawn("A", 8, "reload_many", &[("RUSTNET_CONF_RELOADS", "200"), ("RUSTNET_SOCKET_HELPER", "1")]);
+    let a = spawn("A", 8, &RELOAD_MANY, &[("RUSTNET_CONF_RELOADS", "200"), ("RUSTNET_SOCKET_HELPER", "1")]);
     let line = finish_within(a, Duration::from_secs(300))?;
     if !line.contains("unmapped after every dlclose") {
         return Err(format!("with the TCP helper thread the library stayed mapped: {line}"));
@@ -1712,7 +1637,7 @@ fn reload_stats_case() -> Result<String, String> {
     let a = spawn(
         "A",
         8,
-        "reload_many",
+        &RELOAD_MANY,
         &[
             ("RUSTNET_CONF_RELOADS", "500"),
             ("RUSTNET_STATS_DIR", &d),
@@ -1729,7 +1654,7 @@ fn reload_stats_case() -> Result<String, String> {
         .ok_or_else(|| format!("no <host>-{pid}.prom in {d}"))?;
     let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_dir_all(&dir);
-    let e = rustnet::stats::prom::parse(&text)?;
+    let e = rustnet::for_tools::stats::prom::parse(&text)?;
     let sent = e.sum("rustnet_device_bytes_total", &[("dir", "send")]);
     if !e.complete || e.sum("rustnet_device_comms_open", &[]) != 0.0 || sent < 8.0 {
         return Err(format!("the last cycle's final write is not in the file:\n{text}"));
@@ -1745,7 +1670,7 @@ fn reload_stats_case() -> Result<String, String> {
 /// cycles over loopback through the .so: fds/threads flat, RSS within 1%
 /// (about 2 s here, so CI runs the full count).
 fn connect_churn_case() -> Result<String, String> {
-    let a = spawn("A", 8, "connect_churn", &[]);
+    let a = spawn("A", 8, &CONNECT_CHURN, &[]);
     finish_within(a, Duration::from_secs(900))
 }
 
@@ -1756,7 +1681,19 @@ fn finish_within(mut a: Proc, t: Duration) -> Result<String, String> {
     r
 }
 
-type Case = (String, Box<dyn Fn() -> Result<String, String>>);
+/// One case of the suite: its name and its coordinator half, which spawns
+/// the peers it needs by naming their halves (`&TRAFFIC`, `&KILLED_SENDER`,
+/// ... above), so nothing joins the two by a string the compiler cannot check.
+struct Case {
+    name: String,
+    run: Box<dyn Fn() -> Result<String, String>>,
+}
+
+impl Case {
+    fn new(name: impl Into<String>, run: impl Fn() -> Result<String, String> + 'static) -> Case {
+        Case { name: name.into(), run: Box::new(run) }
+    }
+}
 
 fn main() {
     if let Ok(role) = std::env::var("RUSTNET_CONF_ROLE") {
@@ -1778,63 +1715,58 @@ fn main() {
     }
     let mut cases: Vec<Case> = Vec::new();
     for v in VERSIONS {
-        cases.push((format!("traffic_v{v}"), Box::new(move || traffic_case(v, &[]))));
+        cases.push(Case::new(format!("traffic_v{v}"), move || traffic_case(v, &[])));
     }
     // TCP striping: 4 streams, small chunks, so every split path runs.
-    cases.push((
-        "traffic_v8_tcp_4_streams".into(),
-        Box::new(|| traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])),
-    ));
-    cases.push(("grouped_tags_across_rounds".into(), Box::new(cross_round_case)));
+    cases.push(Case::new("traffic_v8_tcp_4_streams", || {
+        traffic_case(8, &[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_CONF_CYCLES", "2")])
+    }));
+    cases.push(Case::new("grouped_tags_across_rounds", cross_round_case));
     for v in [10u32, 11, 12] {
-        cases.push((format!("profiler_events_v{v}"), Box::new(move || profiler_case_with(v, &[], true))));
+        cases.push(Case::new(format!("profiler_events_v{v}"), move || profiler_case_with(v, &[], true)));
     }
     if !on_verbs() {
         // several pieces per message, moved by helper threads
-        cases.push((
-            "profiler_events_v10_tcp_4_streams_helper".into(),
-            Box::new(|| {
-                profiler_case(&[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_SOCKET_HELPER", "1")])
-            }),
-        ));
+        cases.push(Case::new("profiler_events_v10_tcp_4_streams_helper", || {
+            profiler_case(&[("NCCL_NSOCKS_PERTHREAD", "4"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K"), ("RUSTNET_SOCKET_HELPER", "1")])
+        }));
         // 12 pieces per large message: at most 8 events under one parent
-        cases.push((
-            "profiler_events_v10_tcp_12_streams_capped".into(),
-            Box::new(|| profiler_case_with(10, &[("NCCL_NSOCKS_PERTHREAD", "12"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K")], false)),
-        ));
+        cases.push(Case::new("profiler_events_v10_tcp_12_streams_capped", || {
+            profiler_case_with(10, &[("NCCL_NSOCKS_PERTHREAD", "12"), ("RUSTNET_SOCKET_MIN_CHUNK", "4K")], false)
+        }));
     }
-    cases.push(("profiler_events_peer_killed".into(), Box::new(profiler_killed_case)));
-    cases.push(("profiler_knob_off_no_events".into(), Box::new(profiler_off_case)));
+    cases.push(Case::new("profiler_events_peer_killed", profiler_killed_case));
+    cases.push(Case::new("profiler_knob_off_no_events", profiler_off_case));
     if on_verbs() {
-        cases.push(("profiler_events_fused_device".into(), Box::new(profiler_fused_case)));
+        cases.push(Case::new("profiler_events_fused_device", profiler_fused_case));
     }
     for v in [9u32, 10, 11, 12] {
-        cases.push((format!("vdevice_v{v}"), Box::new(move || vdevice_case(v))));
+        cases.push(Case::new(format!("vdevice_v{v}"), move || vdevice_case(v)));
     }
     for v in [11u32, 12] {
-        cases.push((format!("two_contexts_traffic_classes_v{v}"), Box::new(move || two_contexts_case(v))));
+        cases.push(Case::new(format!("two_contexts_traffic_classes_v{v}"), move || two_contexts_case(v)));
     }
-    cases.push(("peer_killed_mid_transfer".into(), Box::new(killed_peer_case)));
-    cases.push(("garbage_on_listen_port".into(), Box::new(garbage_case)));
-    cases.push(("invalid_env_values".into(), Box::new(bad_env_case)));
-    cases.push(("injected_panic".into(), Box::new(panic_case)));
-    cases.push(("null_stale_and_bad_arguments".into(), Box::new(misuse_case)));
-    cases.push(("dlclose_dlopen_cycles".into(), Box::new(reload_case)));
-    cases.push(("handle_kinds_checked".into(), Box::new(handle_misuse_case)));
-    cases.push(("panic_mid_isend_fails_comm".into(), Box::new(|| panic_mid_case("isend:queued"))));
-    cases.push(("panic_mid_test_fails_comm".into(), Box::new(|| panic_mid_case("test:progressed"))));
-    cases.push(("load_unload_500_flat".into(), Box::new(reload_many_case)));
-    cases.push(("load_unload_stats_dir".into(), Box::new(reload_stats_case)));
-    cases.push(("load_unload_tcp_helper".into(), Box::new(reload_tcp_helper_case)));
-    cases.push(("connect_close_churn_flat".into(), Box::new(connect_churn_case)));
+    cases.push(Case::new("peer_killed_mid_transfer", killed_peer_case));
+    cases.push(Case::new("garbage_on_listen_port", garbage_case));
+    cases.push(Case::new("invalid_env_values", bad_env_case));
+    cases.push(Case::new("injected_panic", panic_case));
+    cases.push(Case::new("null_stale_and_bad_arguments", misuse_case));
+    cases.push(Case::new("dlclose_dlopen_cycles", reload_case));
+    cases.push(Case::new("handle_kinds_checked", handle_misuse_case));
+    cases.push(Case::new("panic_mid_isend_fails_comm", || panic_mid_case("isend:queued")));
+    cases.push(Case::new("panic_mid_test_fails_comm", || panic_mid_case("test:progressed")));
+    cases.push(Case::new("load_unload_500_flat", reload_many_case));
+    cases.push(Case::new("load_unload_stats_dir", reload_stats_case));
+    cases.push(Case::new("load_unload_tcp_helper", reload_tcp_helper_case));
+    cases.push(Case::new("connect_close_churn_flat", connect_churn_case));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
-        cases.push(("tcp_link_cut_silent_peer".into(), Box::new(link_cut_case)));
-        cases.push(("tcp_ipv6_between_namespaces".into(), Box::new(ipv6_case)));
+        cases.push(Case::new("tcp_link_cut_silent_peer", link_cut_case));
+        cases.push(Case::new("tcp_ipv6_between_namespaces", ipv6_case));
     }
     let t0 = Instant::now();
     let (mut pass, mut fail, mut filtered, mut skipped, mut flaky) = (0, 0, 0, 0, 0);
     println!("\nrunning conformance over {}", driver::default_plugin_path().display());
-    for (name, f) in &cases {
+    for Case { name, run: f } in &cases {
         if (!filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str()))) || skips.iter().any(|x| name.contains(x.as_str())) {
             filtered += 1;
             continue;

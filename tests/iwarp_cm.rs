@@ -12,11 +12,11 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use rustnet::for_tools::ib::ffi::{ibv_wc, IBV_TRANSPORT_IWARP, IBV_WC_RECV, IBV_WC_SUCCESS};
+use rustnet::for_tools::ib::rdmacm::{CmConn, CmListener, Progress};
+use rustnet::for_tools::ib::verbs::{empty_wc, Access, Context, Cq, HostRegion, Lib, Pd, Qp, QpCaps, Rts, SendWr};
 use rustnet::proto::fifo::{sizes_from_imm, ImmKind, FIFO_DEPTH};
 use rustnet::proto::notice::{self, Assembler, Notice, RecvRing, NOTICE_BYTES, RECV_DEPTH};
-use rustnet::transport::ib::ffi::{ibv_wc, IBV_TRANSPORT_IWARP, IBV_WC_RECV, IBV_WC_SUCCESS};
-use rustnet::transport::ib::rdmacm::{CmConn, CmListener, Progress};
-use rustnet::transport::ib::verbs::{empty_wc, Access, Context, Cq, HostRegion, Lib, Pd, Qp, QpCaps, Rts, SendWr};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const LEN: usize = 1 << 16;
@@ -63,7 +63,7 @@ fn open(dev: &str, ip: IpAddr) -> Side {
 }
 
 impl Side {
-    fn qp(&self) -> Qp<rustnet::transport::ib::verbs::Init> {
+    fn qp(&self) -> Qp<rustnet::for_tools::ib::verbs::Init> {
         let caps = QpCaps { max_send_wr: 128, max_recv_wr: RECV_DEPTH as u32 + 8, max_inline: 64 };
         Qp::create(&self.pd, &self.cq, caps, 1, 0, Access::REMOTE_WRITE.with(Access::REMOTE_READ)).unwrap()
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// Threads of this process named as the statistics writer.
 fn writers() -> usize {
-    let name = rustnet::stats::WRITER_NAME.to_str().unwrap();
+    let name = rustnet::for_tools::stats::WRITER_NAME.to_str().unwrap();
     std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter(|t| {
@@ -22,7 +22,7 @@ fn writers() -> usize {
         })
         .count()
 }
-use rustnet::stats::prom;
+use rustnet::for_tools::stats::prom;
 use rustnet_tools::driver::{default_plugin_path, Plugin, Ptr};
 
 fn ck<T>(r: Result<T, impl std::fmt::Display>, what: &str) -> T {
@@ -103,7 +103,7 @@ fn the_stats_file_counts_what_moved_and_its_thread_ends_with_the_last_comm() {
     // the newest ABI: its init names NCCL's communicator, which labels the comm series
     let p = ck(Plugin::open(&default_plugin_path(), 12), "open the plugin");
     ck(p.init(), "init");
-    let host = rustnet::stats::hostname();
+    let host = rustnet::for_tools::stats::hostname();
     let path = dir.join(format!("{host}-{}.prom", std::process::id()));
     let threads0 = writers();
     assert_eq!(threads0, 0, "no writer before the first comm");

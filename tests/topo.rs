@@ -7,8 +7,8 @@
 //! doctor's answer).
 use std::path::{Path, PathBuf};
 
-use rustnet::transport::ib::device::{order_and_name, Candidate};
-use rustnet::transport::ib::topo;
+use rustnet::for_tools::ib::device::{order_and_name, Candidate};
+use rustnet::for_tools::ib::topo;
 
 struct Tree(PathBuf);
 

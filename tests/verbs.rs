@@ -18,12 +18,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ib::{captured, device, device2, net, one_by_one, pair, reg, until, Buf, DEADLINE};
-use rustnet::config::Config;
-use rustnet::error::Error;
-use rustnet::plugin::{select_net, Net};
+use rustnet::for_tools::config::Config;
+use rustnet::for_tools::ib::{handshake, Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::for_tools::plugin::{select_net, Net};
+use rustnet::for_tools::transport::{MemKind, RawBuf, RecvBuf, PTR_HOST};
 use rustnet::proto::pool::ReqId;
-use rustnet::transport::ib::{handshake, Access, IbMr, IbNet, RecvComm, SendComm};
-use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_HOST};
+use rustnet::Error;
 
 const SIZES: [usize; 10] = [0, 1, 8, 127, 4095, 4096, 65536, 65537, 1 << 20, (4 << 20) + 3];
 
@@ -89,9 +89,9 @@ fn device_found_with_sane_properties_and_ipv4_roce_v2_gid() {
     assert!(p.speed_mbps > 0 && p.max_comms > 0);
     assert_eq!((p.max_recvs, p.ptr_support, p.reg_is_global), (8, PTR_HOST, true));
     let a = handshake::local_addr(dev, n.conn_cfg()).expect("local address");
-    eprintln!("{}: GID index {} = {}, MTU code {}", dev.describe(), a.gid_index, rustnet::transport::ib::gid::show(&a.gid), a.mtu);
-    if dev.link_layer == rustnet::transport::ib::device::LINK_ETH {
-        assert!(rustnet::transport::ib::gid::is_v4(&a.gid), "RoCE: want the IPv4 RoCE v2 GID");
+    eprintln!("{}: GID index {} = {}, MTU code {}", dev.describe(), a.gid_index, rustnet::for_tools::ib::gid::show(&a.gid), a.mtu);
+    if dev.link_layer == rustnet::for_tools::ib::device::LINK_ETH {
+        assert!(rustnet::for_tools::ib::gid::is_v4(&a.gid), "RoCE: want the IPv4 RoCE v2 GID");
     }
 }
 
@@ -108,7 +108,7 @@ fn gid_index_knob_is_honoured_and_an_empty_index_is_an_error() {
     // and traffic over the explicit index
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     one_by_one(&n, &mut s, &mut r, &[8, 4096]);
-    if n.devices()[idx[0]].link_layer == rustnet::transport::ib::device::LINK_ETH {
+    if n.devices()[idx[0]].link_layer == rustnet::for_tools::ib::device::LINK_ETH {
         let (n, idx) = net(&[&d], &[("NCCL_IB_GID_INDEX", "1000")]);
         let e = handshake::local_addr(&n.devices()[idx[0]], n.conn_cfg()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("GID index 1000") && e.contains("NCCL_IB_GID_INDEX"), "{e}");

@@ -17,9 +17,9 @@
 mod ib;
 
 use ib::{config, device, device2_or_first, net, pair, until};
-use rustnet::gpu::DmabufProbe;
-use rustnet::transport::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
-use rustnet::transport::{MemKind, RawBuf, RecvBuf, PTR_DMABUF, PTR_HOST};
+use rustnet::for_tools::gpu::DmabufProbe;
+use rustnet::for_tools::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::for_tools::transport::{MemKind, RawBuf, RecvBuf, PTR_DMABUF, PTR_HOST};
 
 /// Page-aligned host memory (mmap), so registrations cover exactly it.
 struct Pages {
@@ -84,7 +84,7 @@ fn dmabuf_probe_and_ptr_support_on_device() {
     let props = n.props(idx[0]).unwrap();
     assert_eq!(props.ptr_support, g.decision.ptr_support);
     assert!(!props.force_flush);
-    let cuda = rustnet::gpu::cuda::info();
+    let cuda = rustnet::for_tools::gpu::cuda::info();
     if let Some(why) = cuda.unusable_reason() {
         assert_eq!(props.ptr_support, PTR_HOST, "{}", g.describe());
         assert_eq!(g.decision.reason, format!("GDR off: {why}"));
@@ -98,7 +98,7 @@ fn dmabuf_probe_and_ptr_support_on_device() {
         }
         assert_eq!(props.ptr_support & PTR_DMABUF, 0);
     }
-    assert!(rustnet::transport::ib::gdr::decisions().iter().any(|x| x.dev == d && x == g));
+    assert!(rustnet::for_tools::ib::gdr::decisions().iter().any(|x| x.dev == d && x == g));
 }
 
 /// The child half of `decision_logged_at_info_once_per_device`: two IbNets
@@ -109,7 +109,7 @@ fn gdr_log_child() {
     if std::env::var("RUSTNET_GDR_LOG_CHILD").is_err() {
         return;
     }
-    rustnet::log::install();
+    rustnet::for_tools::log::install();
     let d = device();
     let a = net(&[&d], &[]);
     let b = net(&[&d], &[]);
@@ -144,7 +144,7 @@ fn cuda_reg_mr_refused_with_the_decision_reason() {
     let d = device();
     let (n, idx) = net(&[&d], &[]);
     let g = n.devices()[idx[0]].gdr.clone();
-    if g.decision.ptr_support & rustnet::transport::PTR_CUDA != 0 {
+    if g.decision.ptr_support & rustnet::for_tools::transport::PTR_CUDA != 0 {
         eprintln!("NOTE: {d} supports CUDA pointers here ({}); nothing to refuse", g.describe());
         return;
     }
@@ -368,12 +368,12 @@ fn iflush_forced_over_device_completes_and_keeps_data() {
 /// with errors that say so (runs on every host: loopback only).
 #[test]
 fn tcp_rejects_cuda_memory_with_a_clear_error() {
-    use rustnet::plugin::{select_net, Plugin};
+    use rustnet::for_tools::plugin::{select_net, Plugin};
     let cfg = config(&[("RUSTNET_TRANSPORT", "socket"), ("NCCL_SOCKET_IFNAME", "lo")]);
     let p = Plugin { net: select_net(&cfg).expect("TCP over lo"), cfg };
     assert_eq!(p.properties(0).unwrap().ptr_support, PTR_HOST);
     let mut h = [0u8; 128];
-    let ctx = rustnet::context::implicit();
+    let ctx = rustnet::for_tools::context::implicit();
     let l = p.listen(ctx, 0, &mut h).expect("listen");
     let (mut s, mut r) = (None, None);
     until("TCP connect/accept", || {

@@ -12,8 +12,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use ib::{device, net, reg, until, Buf};
+use rustnet::for_tools::ib::Access;
 use rustnet::proto::handle::{Handle, HandleKind};
-use rustnet::transport::ib::Access;
 
 /// A program that takes the out-of-band connection but is not a librustnet
 /// receiver (it reads and never answers): no send completes, and the send

@@ -13,10 +13,10 @@ mod ib;
 use std::sync::{Arc, Mutex};
 
 use ib::{device, ib_net, index_of, pair, reg, until, Buf, Capture};
+use rustnet::for_tools::ib::p2p::QpStat;
+use rustnet::for_tools::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::for_tools::transport::RecvBuf;
 use rustnet::proto::fifo;
-use rustnet::transport::ib::p2p::QpStat;
-use rustnet::transport::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
-use rustnet::transport::RecvBuf;
 
 /// Send `sizes` one message at a time (tag 3, 256 bytes of slack behind each receive); check payload and sizes.
 fn one_by_one(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, sizes: &[usize]) {
@@ -63,8 +63,8 @@ fn striping_counters_show_every_qp_used_with_1_2_4_qps_both_modes() {
             one_by_one(&n, &mut s, &mut r, &SIZES);
             let (ss, rs) = (s.qp_stats().to_vec(), r.qp_stats().to_vec());
             let want = expected(&SIZES, nqps, split);
-            eprintln!("{nqps} QP(s), split={sp}: send {}", rustnet::transport::ib::p2p::format_stats(&ss));
-            eprintln!("{nqps} QP(s), split={sp}: recv {}", rustnet::transport::ib::p2p::format_stats(&rs));
+            eprintln!("{nqps} QP(s), split={sp}: send {}", rustnet::for_tools::ib::p2p::format_stats(&ss));
+            eprintln!("{nqps} QP(s), split={sp}: recv {}", rustnet::for_tools::ib::p2p::format_stats(&rs));
             assert_eq!(ss.len(), nqps, "send comm has {nqps} QPs");
             assert_eq!(rs.len(), nqps, "recv comm has {nqps} QPs");
             assert_eq!(counts(&ss), want, "sender counters, {nqps} QPs split={sp}");
@@ -103,7 +103,7 @@ fn stats_dump_prints_one_info_line_per_comm_on_close() {
         let q = (s.qpns(), r.qpns());
         drop(s);
         drop(r);
-        rustnet::transport::ib::p2p::set_stats_dump(false);
+        rustnet::for_tools::ib::p2p::set_stats_dump(false);
         q
     });
     let lines: Vec<String> =
@@ -120,8 +120,8 @@ fn stats_dump_prints_one_info_line_per_comm_on_close() {
 
 // ---------------------------------------------------------------- merged devices
 
-use rustnet::transport::ib::vdev::{self, MultiRecv, MultiSend};
-use rustnet::transport::ib::{IbRecv, IbSend};
+use rustnet::for_tools::ib::vdev::{self, MultiRecv, MultiSend};
+use rustnet::for_tools::ib::{IbRecv, IbSend};
 
 /// `RUSTNET_TEST_RAILS="rxe0,rxe2;rxe1,rxe3"`: the sender's members, then
 /// the receiver's (member i of one is cabled to member i of the other).
@@ -196,8 +196,8 @@ fn check_rails(n: &IbNet, s: &MultiSend, r: &MultiRecv, sizes: &[usize], nqps: u
             "member {} -> {}: send {} | recv {}",
             name(*sd),
             name(*rd),
-            rustnet::transport::ib::p2p::format_stats(sq),
-            rustnet::transport::ib::p2p::format_stats(rq)
+            rustnet::for_tools::ib::p2p::format_stats(sq),
+            rustnet::for_tools::ib::p2p::format_stats(rq)
         );
         assert_eq!(sq.len(), nqps, "QPs per member");
         let sb: u64 = sq.iter().map(|q| q.bytes).sum();

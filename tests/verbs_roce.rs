@@ -18,8 +18,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ib::{captured, device, device2, net, pair_tc, reg, until, Buf, DEADLINE};
-use rustnet::transport::ib::{gid, handshake, Access, IbNet, RecvComm, SendComm};
-use rustnet::transport::RecvBuf;
+use rustnet::for_tools::ib::{gid, handshake, Access, IbNet, RecvComm, SendComm};
+use rustnet::for_tools::transport::RecvBuf;
 use rustnet_tools::driver::{self, Plugin, Ptr};
 
 /// Move `sizes` one by one and check every byte.

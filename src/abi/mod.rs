@@ -1,7 +1,8 @@
 //! The C boundary: the only code that touches NCCL's pointers.
 //!
-//! Every vtable slot is a few lines: [`guard`] catches panics and maps errors,
-//! the `ptr_*` helpers reject NULLs and decode, and the core does the work.
+//! Every vtable slot is a few lines: `guard` catches panics and maps errors,
+//! `out` and `nonnull` reject NULLs (and `out` hands back the
+//! out-parameter), and the core does the work.
 //! Comms, listen comms and memory handles are numbered slots of one table
 //! (`handles.rs`), checked per kind without touching freed memory; request
 //! values name (comm slot, comm generation, request slot, request generation).

@@ -16,7 +16,7 @@
 //! The thread lives while comms are open: the first comm starts it, the
 //! last close stops it after one last write (so a short job is captured) and
 //! joins it. With no comm open no thread is left, and `dlclose` unloads the
-//! library as before; [`release`], called at unload, frees what the
+//! library as before; `release`, called at unload, frees what the
 //! registry holds. Two things would pin the library in memory after
 //! `dlclose` (glibc keeps a library mapped while any thread holds a
 //! thread-local destructor registered by it): `std::thread::spawn`, which

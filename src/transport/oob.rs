@@ -177,6 +177,7 @@ impl Listener {
     }
 
     /// Accepted connections still without a valid hello.
+    #[cfg(test)]
     pub fn strangers(&self) -> usize {
         self.pending.len()
     }

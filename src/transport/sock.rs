@@ -221,7 +221,7 @@ impl Socket {
     /// connection whose receiver is alive but has not read for that long
     /// (zero window), which is a rank busy elsewhere, not a failure; a send
     /// side with data in flight and no acknowledgement is watched by
-    /// [`SendComm`](super::p2p::SendComm) instead.
+    /// TCP's [`SendComm`](super::tcp::SendComm) instead.
     pub fn tune_stream(&self, timeout_s: i64, bufsize: u64) -> Result<()> {
         self.setopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1 as libc::c_int, "TCP_NODELAY")?;
         self.setopt(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1 as libc::c_int, "SO_KEEPALIVE")?;

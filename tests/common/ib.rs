@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustnet::config::Config;
-use rustnet::transport::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
-use rustnet::transport::{MemKind, RawBuf, RecvBuf};
+use rustnet::for_tools::config::Config;
+use rustnet::for_tools::ib::{Access, IbMr, IbNet, RecvComm, SendComm};
+use rustnet::for_tools::transport::{MemKind, RawBuf, RecvBuf};
 
 pub const DEADLINE: Duration = Duration::from_secs(60);
 

@@ -1,6 +1,9 @@
 //! Shared pieces of the two-process tests: deterministic traffic plans and
-//! byte patterns, process helpers.
+//! byte patterns, the traffic loop (`traffic`), the process harness (`proc`).
 #![allow(dead_code)]
+
+pub mod proc;
+pub mod traffic;
 
 /// xorshift64*: deterministic, seedable, good enough for test data.
 #[derive(Clone)]

@@ -4,7 +4,7 @@
 #
 #   flock /tmp/rxe-vm.lock tests/rxe-vm/loss.sh
 #
-# Each scenario runs examples/loss.rs: one process, rxe0/veth0 <-> rxe1/veth1,
+# Each scenario runs rustnet-loss (crates/rustnet-rigs/src/loss.rs): one process, rxe0/veth0 <-> rxe1/veth1,
 # one connection each way, both directions at once, every byte checked. Once
 # both connections are up it puts netem on LOSS_DEVS (default veth1: rxe1's
 # data and the ACKs of rxe0's data leave there) and moves LOSS_BYTES each way.
@@ -71,7 +71,7 @@ if [ "${1:-}" = --in-vm ]; then
     fi
     env NCCL_IB_TIMEOUT="$to" NCCL_IB_RETRY_CNT="$rc" LOSS_MODE="$mode" LOSS_APPLY="$apply" \
       RUSTNET_STATS_DIR="$dir" RUSTNET_STATS_INTERVAL=1 LOSS_BYTES="${LOSS_BYTES:-33554432}" \
-      timeout 300 "$T/examples/loss" > $out.out 2> $out.err
+      timeout 300 "$T/rustnet-loss" > $out.out 2> $out.err
     local prc=$?
     [ -n "$watch_pid" ] && { sleep 1.2; kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
     for d in $devs; do tc qdisc del dev "$d" root 2>/dev/null; done
@@ -134,7 +134,7 @@ fi
 # ---- on the host ---------------------------------------------------------------
 cd "$ROOT" || exit 2
 if [ "${LOSS_NO_BUILD:-0}" != 1 ]; then
-  cargo build --release --quiet && cargo build --release --examples --quiet || exit 2
+  cargo build --release --quiet || exit 2  # the plugin, rustnet and rustnet-loss
 fi
 case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}

@@ -163,7 +163,7 @@ if [ "${1:-}" = --in-vm ]; then
   # or VERBS_LOSS=1 / 0.
   loss=${VERBS_LOSS:-auto}
   if [ "$loss" = 1 ] || { [ "$loss" = auto ] && [ -z "${VERBS_TEST_ARGS:-}" ] && { [ $# = 0 ] || [[ " $* " == *conformance* ]]; }; }; then
-    if [ -x "${VERBS_RUSTNET%/*}/examples/loss" ]; then
+    if [ -x "${VERBS_RUSTNET%/*}/rustnet-loss" ]; then
       echo "=== loss: tests/rxe-vm/loss.sh --in-vm"
       t0=$EPOCHREALTIME
       LOSS_TARGET=${VERBS_RUSTNET%/*} timeout -k 10 300 bash "$HERE/loss.sh" --in-vm < /dev/null
@@ -171,9 +171,9 @@ if [ "${1:-}" = --in-vm ]; then
       dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
       if [ $rc = 0 ]; then results+=("PASS loss (${dt} s)"); else results+=("FAIL loss (exit $rc, ${dt} s)"); fails=$((fails + 1)); fi
     else
-      # cargo test --no-run builds the examples: missing means a broken build
-      echo "=== loss: ${VERBS_RUSTNET%/*}/examples/loss not built"
-      results+=("FAIL loss (examples/loss not built)"); fails=$((fails + 1))
+      # cargo build --release builds the rigs: missing means a broken build
+      echo "=== loss: ${VERBS_RUSTNET%/*}/rustnet-loss not built"
+      results+=("FAIL loss (rustnet-loss not built)"); fails=$((fails + 1))
     fi
   fi
   echo "=== verbs-suite results"

@@ -3,7 +3,7 @@
 //! eager ring's bookkeeping and the send-queue budget of the control
 //! writes. The transport (`transport::ib::p2p`) feeds it what happened (a
 //! receive posted, an immediate or notice word, the ring memory, a control
-//! write completed) and posts what it plans ([`Receiver::poll_ctl`]: CTS
+//! write completed) and posts what it plans (`Receiver::poll_ctl`: CTS
 //! and credit writes, as runs of the staging area, in chains). No I/O, no
 //! clock, no allocation after [`Receiver::new`].
 //!
@@ -63,7 +63,7 @@ pub struct CtlWr {
     /// Bytes.
     pub len: usize,
     /// `Some(count)`: signal it, and hand `count` to
-    /// [`Receiver::on_ctl_done`] when its completion comes.
+    /// `Receiver::on_ctl_done` when its completion comes.
     pub signal: Option<u64>,
 }
 
@@ -104,7 +104,7 @@ pub struct Deliver {
     pub i: usize,
 }
 
-/// A receive was taken ([`Receiver::take_recv`]).
+/// A receive was taken (`Receiver::take_recv`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Taken {
     /// Its request.
@@ -117,7 +117,7 @@ pub struct Taken {
     pub nlanes: usize,
 }
 
-/// What a completion word did ([`Receiver::on_imm`]).
+/// What a completion word did (`Receiver::on_imm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImmEvent {
     /// The receive it belongs to.
@@ -131,7 +131,7 @@ pub struct ImmEvent {
     pub n: usize,
 }
 
-/// A finished request ([`Receiver::finish`]).
+/// A finished request (`Receiver::finish`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Finished {
     /// Sizes reported (0 for a flush).
@@ -273,7 +273,7 @@ impl Receiver {
 
     /// The lanes the next receive's writes will use: `(seq, first QP, count)`
     /// (a transport that must prepare for them before advertising, iWARP's
-    /// notice receives, asks before [`Receiver::take_recv`]).
+    /// notice receives, asks before `Receiver::take_recv`).
     #[inline]
     pub fn next_lanes(&self) -> (u64, usize, usize) {
         let seq = self.cts.next();
@@ -295,7 +295,7 @@ impl Receiver {
         self.by_slot[slot].is_none() && self.cts.can_post()
     }
 
-    /// Would [`Receiver::take_recv`] take a receive now?
+    /// Would `Receiver::take_recv` take a receive now?
     #[inline]
     pub fn can_take(&self) -> bool {
         self.slot_free() && self.reqs.len() < RECV_POOL - MAX_REQUESTS
@@ -487,7 +487,7 @@ impl Receiver {
         Ok(ImmEvent { id, seq, sizes: Some(std::array::from_fn(|i| sizes[i].unwrap_or(0))), n })
     }
 
-    /// Will [`Receiver::poll_ctl`] plan anything now? A cheap test for the
+    /// Will `Receiver::poll_ctl` plan anything now? A cheap test for the
     /// polling loop: false when no CTS is due (deferred ones wait for their
     /// batch), no credit and no chain is pending, or before READY.
     #[inline]
@@ -504,7 +504,7 @@ impl Receiver {
     /// Plan the next chain of control writes due now (CTS slots in order,
     /// the credit word), writing their bytes into `stage` (same layout as
     /// the sender's FIFO region). Call until it returns false, posting each
-    /// chain before the next call. Nothing before [`Receiver::on_ready`].
+    /// chain before the next call. Nothing before `Receiver::on_ready`.
     /// (iWARP's gate, enough notice receives for what a CTS allows, is
     /// applied before a receive is taken, not here: a taken receive's CTS
     /// may always go.)
@@ -634,7 +634,7 @@ impl Receiver {
         }
     }
 
-    /// A flush request (completed by [`Receiver::on_flush_done`]); `None`
+    /// A flush request (completed by `Receiver::on_flush_done`); `None`
     /// only if the pool is full, which the receive limit rules out.
     pub(crate) fn add_flush(&mut self) -> Option<ReqId> {
         let req = Req {

@@ -49,7 +49,7 @@ pub struct Config {
     pub mailbox_after: Duration,
 }
 
-/// Where the head FIFO slot stands ([`Sender::head`]).
+/// Where the head FIFO slot stands (`Sender::head`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
     /// The slot's previous lap still awaits its completions (poll, retry).
@@ -60,11 +60,11 @@ pub enum Head {
     Ready,
 }
 
-/// What a send did ([`Sender::send`]).
+/// What a send did (`Sender::send`).
 #[derive(Debug, Clone)]
 pub enum Sent {
     /// Matched a buffer; `group` is the slot, complete now: post its writes,
-    /// then [`Sender::on_posted`].
+    /// then `Sender::on_posted`.
     Taken {
         /// The send's request.
         id: ReqId,
@@ -87,7 +87,7 @@ pub enum Sent {
     },
 }
 
-/// One eager write to post on QP 0 ([`Sender::plan_eager`]): `len` bytes at
+/// One eager write to post on QP 0 (`Sender::plan_eager`): `len` bytes at
 /// `off` of the staging (header and trailer written, the payload to copy to
 /// `off + HDR_BYTES` first) to the same offset of the receiver's ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +106,7 @@ pub struct EagerWr {
     pub signaled: bool,
 }
 
-/// What the eager path says about a send ([`Sender::plan_eager`]).
+/// What the eager path says about a send (`Sender::plan_eager`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EagerPlan {
     /// Not eagerly (tag, size, credits, request slots, or no eager path).
@@ -127,7 +127,7 @@ pub struct MailboxWr {
     pub value: u64,
 }
 
-/// A data write of slot `seq` completed ([`Sender::on_write_done`]).
+/// A data write of slot `seq` completed (`Sender::on_write_done`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteDone {
     /// The sends of the group (`n` entries, `None` for eager elements).
@@ -240,7 +240,7 @@ impl Sender {
     }
 
     /// The receiver's credit counter, read from the word after the FIFO
-    /// (0 without the eager path). Read it before [`Sender::head`]: the
+    /// (0 without the eager path). Read it before `Sender::head`: the
     /// receiver writes CTS before credits on the same QP, so every CTS that
     /// came before these credits is then loaded, and the head an eager
     /// message reports is as fresh as the credits it spends.
@@ -403,7 +403,7 @@ impl Sender {
     }
 
     /// Should a send of `tag`/`size` go into the receiver's ring now, with
-    /// `freed` the credit counter read before [`Sender::head`]? On
+    /// `freed` the credit counter read before `Sender::head`? On
     /// [`EagerPlan::Go`] the header and trailer are in `stage` (the ring's
     /// layout); copy the payload, post, and the send is done.
     pub(crate) fn plan_eager(
@@ -473,7 +473,7 @@ impl Sender {
         Some(MailboxWr { count, value: head + 1 })
     }
 
-    /// When [`Sender::on_blocked`] would write the mailbox (a blocked
+    /// When `Sender::on_blocked` would write the mailbox (a blocked
     /// sender that has not told the receiver yet), if ever. (The transport
     /// has no timer: every `isend` that could not go asks `on_blocked`.)
     #[cfg(test)]

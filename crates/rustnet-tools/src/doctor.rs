@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use rustnet::config::{Config, KnobValue, NameList};
-use rustnet::transport::ib::gid::GidTable as _;
-use rustnet::transport::ib::{device, gid};
+use rustnet::for_tools::config::{Config, KnobValue, NameList};
+use rustnet::for_tools::ib::gid::GidTable as _;
+use rustnet::for_tools::ib::{device, gid, iwarp, rdmacm};
 
 pub use crate::status::Status;
 
@@ -190,7 +190,7 @@ pub fn read_port(sysfs: &Path, dev: &str, port: u8) -> PortInfo {
         pci: device::pci_path(sysfs, dev).filter(|p| p.contains("/pci")),
         numa: read(&devdir.join("numa_node")).and_then(|s| s.parse().ok()).filter(|&n: &i32| n >= 0),
         selected: true,
-        iwarp: rustnet::transport::ib::iwarp::sysfs_is_iwarp(sysfs, dev),
+        iwarp: iwarp::sysfs_is_iwarp(sysfs, dev),
     }
 }
 
@@ -200,7 +200,35 @@ pub fn rdma_ports(sysfs: &Path) -> Vec<PortInfo> {
 }
 
 /// GPUs (NVIDIA display/3D controllers) on the PCI bus (shared with the verbs transport: `topo`).
-pub use rustnet::transport::ib::topo::{gpus, nearest_nic};
+/// The detail for an ACTIVE iWARP port: the port's facts, that iWARP
+/// connects through rdma_cm, and whether librdmacm loads here.
+fn iwarp_line(port_detail: &str) -> String {
+    let cm = match rdmacm::CmLib::get() {
+        Ok(_) => format!("{} loads (RDMACM_1.0)", rdmacm::LIBRDMACM),
+        Err(e) => format!("librdmacm NOT usable: {e}"),
+    };
+    let plugin = if !iwarp::IWARP_DATA_PATH {
+        format!("the plugin leaves it out ({})", iwarp::IWARP_WHY)
+    } else if rdmacm::CmLib::get().is_ok() {
+        format!("the plugin uses it: {}", iwarp::IWARP_HOW)
+    } else {
+        "the plugin cannot connect it without librdmacm".to_string()
+    };
+    format!("{port_detail}: iWARP connects only through rdma_cm; {cm}; {plugin}")
+}
+
+/// The fix for an ACTIVE iWARP port the plugin cannot use (empty when it can).
+fn iwarp_fix() -> String {
+    if rdmacm::CmLib::get().is_err() {
+        "install librdmacm1 (rdma-core); meanwhile NCCL uses the other ports or TCP".into()
+    } else if !iwarp::IWARP_DATA_PATH {
+        "nothing to do: NCCL uses the other ports or TCP (exclude it explicitly with NCCL_IB_HCA=^dev to silence this)".into()
+    } else {
+        String::new()
+    }
+}
+
+pub use rustnet::for_tools::ib::topo::{gpus, nearest_nic};
 
 fn env_get(o: &Opts) -> impl Fn(&str) -> Option<String> + '_ {
     move |k| o.env.get(k).cloned()
@@ -227,7 +255,7 @@ fn env_checks(o: &Opts, r: &mut Report) -> Config {
     let names: Vec<&str> = bad
         .iter()
         .map(|e| match e {
-            rustnet::error::Error::Config { name, .. } => *name,
+            rustnet::Error::Config { name, .. } => *name,
             _ => "?",
         })
         .collect();
@@ -240,8 +268,8 @@ fn env_checks(o: &Opts, r: &mut Report) -> Config {
     );
     for e in &bad {
         match e {
-            rustnet::error::Error::Config { name, value, accepts } => {
-                let default = rustnet::config::KNOBS.iter().find(|k| k.name == *name).map(|k| k.default).unwrap_or("");
+            rustnet::Error::Config { name, value, accepts } => {
+                let default = rustnet::for_tools::config::KNOBS.iter().find(|k| k.name == *name).map(|k| k.default).unwrap_or("");
                 let default = if default.is_empty() { "(empty)".to_string() } else { default.to_string() };
                 r.add(
                     "env",
@@ -334,9 +362,9 @@ pub fn run(o: &Opts) -> Report {
             r.add(
                 "rdma",
                 label,
-                if rustnet::transport::ib::rdmacm::doctor_ok() { Status::Pass } else { Status::Warn },
-                rustnet::transport::ib::rdmacm::doctor_line(&detail),
-                rustnet::transport::ib::rdmacm::doctor_fix(),
+                if rdmacm::iwarp_usable().is_ok() { Status::Pass } else { Status::Warn },
+                iwarp_line(&detail),
+                iwarp_fix(),
             );
         } else if p.state == "ACTIVE" {
             r.add("rdma", label, Status::Pass, detail, "");
@@ -432,11 +460,11 @@ pub fn run(o: &Opts) -> Report {
         r.gpus.push(GpuInfo { pci, numa, nearest_nic: near });
     }
     // ---- GPUDirect
-    let pm = rustnet::gpu::detect_peermem(&o.sysfs);
+    let pm = rustnet::for_tools::gpu::detect_peermem(&o.sysfs);
     match (&pm, r.gpus.is_empty()) {
         (_, true) => r.add("gpu", "GPUDirect RDMA", Status::Pass, "no NVIDIA GPU on the PCI bus: host memory only", ""),
-        (rustnet::gpu::PeerMem::Loaded(f), false) => r.add("gpu", "peer memory", Status::Pass, format!("loaded ({f})"), ""),
-        (rustnet::gpu::PeerMem::Absent, false) => r.add(
+        (rustnet::for_tools::gpu::PeerMem::Loaded(f), false) => r.add("gpu", "peer memory", Status::Pass, format!("loaded ({f})"), ""),
+        (rustnet::for_tools::gpu::PeerMem::Absent, false) => r.add(
             "gpu",
             "peer memory",
             Status::Warn,
@@ -445,7 +473,7 @@ pub fn run(o: &Opts) -> Report {
         ),
     }
     if !r.gpus.is_empty() {
-        let ci = rustnet::gpu::cuda::info();
+        let ci = rustnet::for_tools::gpu::cuda::info();
         match ci.unusable_reason() {
             None => r.add(
                 "gpu",
@@ -465,8 +493,11 @@ pub fn run(o: &Opts) -> Report {
     // ---- host limits and devices
     host_checks(o, &mut r, !ports.is_empty());
     // ---- TCP path / out-of-band interfaces
-    match rustnet::transport::netif::select(
-        &rustnet::transport::netif::candidates(&rustnet::transport::sock::interfaces().unwrap_or_default(), cfg.socket_family),
+    match rustnet::for_tools::transport::netif::select(
+        &rustnet::for_tools::transport::netif::candidates(
+            &rustnet::for_tools::transport::sock::interfaces().unwrap_or_default(),
+            cfg.socket_family,
+        ),
         &cfg.socket_ifname,
     ) {
         Ok(ifs) => {
@@ -492,7 +523,7 @@ pub fn run(o: &Opts) -> Report {
     }
     // ---- what the plugin itself selects (the code NCCL runs)
     if o.probe_plugin {
-        match rustnet::plugin::init() {
+        match rustnet::for_tools::plugin::init() {
             Ok(p) => {
                 let devs: Vec<String> = (0..p.devices() as i32)
                     .filter_map(|d| p.properties(d).ok())
@@ -508,8 +539,8 @@ pub fn run(o: &Opts) -> Report {
                 r.add("plugin", "transport", Status::Pass, format!("{}: {}", p.transport_name(), devs.join(", ")), "");
                 // Per-device GPUDirect decisions, made (and the dma-buf probe run)
                 // by the init above on the devices it opened: no second open.
-                for g in rustnet::transport::ib::gdr::decisions() {
-                    let on = g.decision.ptr_support != rustnet::transport::PTR_HOST;
+                for g in rustnet::for_tools::ib::gdr::decisions() {
+                    let on = g.decision.ptr_support != rustnet::for_tools::transport::PTR_HOST;
                     let status = if on || r.gpus.is_empty() { Status::Pass } else { Status::Warn };
                     r.add(
                         "plugin",
@@ -562,7 +593,7 @@ pub fn tools(o: &Opts) -> (crate::fabric::counters::Ethtool, crate::fabric::loss
 /// Active MTU in bytes of every (device, port) verbs can open.
 fn verbs_active_mtus() -> BTreeMap<(String, u8), u32> {
     let mut m = BTreeMap::new();
-    let Ok(lib) = rustnet::transport::ib::verbs::Lib::get() else { return m };
+    let Ok(lib) = rustnet::for_tools::ib::verbs::Lib::get() else { return m };
     let Ok(devs) = lib.open_all() else { return m };
     for (name, ctx) in devs {
         let Ok(ctx) = ctx else { continue };

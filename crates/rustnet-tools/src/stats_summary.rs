@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use rustnet::stats::prom;
+use rustnet::for_tools::stats::prom;
 
 /// One device of one process.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -1,6 +1,6 @@
 //! Small SVG helpers shared by the tools that draw: the bisect heat map
 //! (`rustnet bisect --svg`) and the soak's resource plot
-//! (`examples/soak.rs`). Plain strings, no dependency.
+//! (`crates/rustnet-rigs/src/soak/main.rs`). Plain strings, no dependency.
 
 /// Escape text for an SVG/XML attribute or text node.
 pub fn xml(s: &str) -> String {

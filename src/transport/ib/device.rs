@@ -11,7 +11,7 @@ use super::reg::MrCache;
 use super::verbs::{Context, Lib, Pd, PortAttr};
 use crate::config::{Config, NameList};
 use crate::error::{Error, Result};
-use crate::registry::intern;
+use crate::intern::intern;
 use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS};
 
 pub use super::port::{port_state_name, LINK_ETH, LINK_IB};
@@ -142,7 +142,7 @@ pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
 }
 
 /// sysfs PCI path of device `dev` (realpath of its `device` link); None for
-/// virtual devices such as rxe (see [`super::topo`]).
+/// virtual devices such as rxe (see `topo`).
 pub fn pci_path(sysfs: &Path, dev: &str) -> Option<String> {
     super::topo::pci_path(sysfs, dev)
 }

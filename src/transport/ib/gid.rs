@@ -106,6 +106,7 @@ pub fn is_link_local(g: &[u8; 16]) -> bool {
 }
 
 /// Configured and not link-local.
+#[cfg(test)]
 pub fn is_valid(g: &[u8; 16]) -> bool {
     !is_zero(g) && !is_link_local(g)
 }
@@ -275,7 +276,7 @@ pub fn choose(t: &dyn GidTable, label: &str, p: &Prefs) -> Result<GidChoice> {
         let score = (bad_netdev, family_of(&g) != want_fam, ver != Some(want_ver));
         // count what loses to the final choice as we go: the reasons below
         // use the counts of entries seen before the scan stopped
-        if best.as_ref().map_or(true, |b| score < b.0) {
+        if best.as_ref().is_none_or(|b| score < b.0) {
             if let Some(b) = best.take() {
                 count_loser(&mut sk.netdev, &mut sk.other_family, &mut sk.other_version, b.0);
             }

@@ -3,8 +3,8 @@
 //! connector, with `HandleKind::Ib`) carries one [`Meta`] each way and the
 //! sender's [`READY`](crate::proto::ib_meta::READY). This module owns its
 //! steps: the connection knobs ([`ConnCfg`]), our address and GID, the QPs
-//! and their bring-up against the peer's [`Meta`] ([`connect_qps`],
-//! [`receiver_qps`]), and the non-blocking socket I/O with its timeout.
+//! and their bring-up against the peer's [`Meta`] (`connect_qps`,
+//! `receiver_qps`), and the non-blocking socket I/O with its timeout.
 //! [`super::establish`] sequences the steps and builds the comms; it imports
 //! this module, never the other way round. Everything is non-blocking, and
 //! `connect` never waits for `accept`:

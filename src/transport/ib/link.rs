@@ -282,7 +282,7 @@ impl Link {
         // During the handshake its own reads see a peer that went away; a
         // probe here could swallow the bytes it waits for (the comm would
         // then wait for them forever, silently).
-        if self.idle % LIVENESS_EVERY != 0 || self.failed.is_some() || self.handshake {
+        if !self.idle.is_multiple_of(LIVENESS_EVERY) || self.failed.is_some() || self.handshake {
             return;
         }
         let now = std::time::Instant::now();

@@ -1,7 +1,7 @@
 //! The verbs transport: NCCL traffic over InfiniBand and RoCE RC QPs,
 //! receiver-driven and zero-copy. Laid out like NCCL's `net_ib/`:
 //!
-//! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (all `unsafe` is there);
+//! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (most of the `unsafe`; the rest sits beside the calls it wraps, each with a `// SAFETY:` line);
 //! - [`device`]: discovery, filtering, ordering, properties, async events ([`port`]: link layer and state words);
 //! - [`gid`]: the RoCE GID choice;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
@@ -65,7 +65,7 @@ pub(crate) unsafe fn release() {
     gdr::release();
 }
 
-pub use comm::{Connecting, IbRecv, IbReg, IbSend, Listen, RegPlan, Side};
+pub use comm::{Connecting, IbRecv, IbReg, IbSend, Listen, Side};
 pub use device::IbDev;
 pub use establish::{IbConnecting, IbListen};
 pub use handshake::ConnCfg;

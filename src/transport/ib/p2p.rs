@@ -578,7 +578,7 @@ impl RecvNic for RecvIo {
 
     #[inline]
     fn may_advertise(&self, first: usize, nlanes: usize, in_flight: usize) -> bool {
-        self.notices.as_ref().map_or(true, |n| n.may_advertise(first, nlanes, in_flight))
+        self.notices.as_ref().is_none_or(|n| n.may_advertise(first, nlanes, in_flight))
     }
 
     fn expect(&mut self, seq: u64, nlanes: usize) -> Result<()> {

@@ -146,23 +146,6 @@ impl CmLib {
     }
 }
 
-/// `rustnet doctor`'s detail for an ACTIVE iWARP port: the port's facts,
-/// that iWARP connects through rdma_cm, and whether librdmacm loads here.
-pub fn doctor_line(port_detail: &str) -> String {
-    let cm = match CmLib::get() {
-        Ok(_) => format!("{LIBRDMACM} loads (RDMACM_1.0)"),
-        Err(e) => format!("librdmacm NOT usable: {e}"),
-    };
-    let plugin = if !super::iwarp::IWARP_DATA_PATH {
-        format!("the plugin leaves it out ({})", super::iwarp::IWARP_WHY)
-    } else if CmLib::get().is_ok() {
-        format!("the plugin uses it: {}", super::iwarp::IWARP_HOW)
-    } else {
-        "the plugin cannot connect it without librdmacm".to_string()
-    };
-    format!("{port_detail}: iWARP connects only through rdma_cm; {cm}; {plugin}")
-}
-
 /// Whether iWARP ports can be connected here, or why not: the data path is
 /// built in and librdmacm loads. Discovery leaves iWARP ports out on `Err`
 /// (the text goes into the port's seen-line), so NCCL never gets a port
@@ -172,22 +155,6 @@ pub fn iwarp_usable() -> std::result::Result<(), String> {
         return Err(super::iwarp::IWARP_WHY.to_string());
     }
     CmLib::get().map(|_| ()).map_err(|e| format!("librdmacm not loadable: {e}"))
-}
-
-/// Whether an ACTIVE iWARP port is usable by the plugin here (doctor's verdict).
-pub fn doctor_ok() -> bool {
-    iwarp_usable().is_ok()
-}
-
-/// `rustnet doctor`'s fix for an ACTIVE iWARP port.
-pub fn doctor_fix() -> String {
-    if CmLib::get().is_err() {
-        "install librdmacm1 (rdma-core); meanwhile NCCL uses the other ports or TCP".into()
-    } else if !super::iwarp::IWARP_DATA_PATH {
-        "nothing to do: NCCL uses the other ports or TCP (exclude it explicitly with NCCL_IB_HCA=^dev to silence this)".into()
-    } else {
-        String::new()
-    }
 }
 
 // ---------------------------------------------------------------- channel
@@ -501,7 +468,7 @@ pub enum Progress {
 }
 
 /// One rdma_cm connection, active (from [`CmConn::start`]) or passive (from
-/// [`CmRequest::accept`]).
+/// `CmRequest::accept`).
 pub struct CmConn {
     id: Id,
     peer: String,

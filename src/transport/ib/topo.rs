@@ -200,7 +200,7 @@ pub fn nearest_nic(gpu_pci: &str, nics: &[(String, String)]) -> Option<String> {
     let mut best: Option<(&String, usize)> = None;
     for (n, p) in nics {
         let d = pci_common(gpu_pci, p);
-        if best.map_or(true, |(_, b)| d > b) {
+        if best.is_none_or(|(_, b)| d > b) {
             best = Some((n, d));
         }
     }

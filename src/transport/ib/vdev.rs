@@ -25,11 +25,11 @@ use super::p2p::{QpStat, RecvComm, SendComm};
 use super::reg::IbMr;
 use super::topo::nic_key;
 use crate::error::{Error, Result};
+use crate::intern::intern;
 use crate::profiler::Parent;
 use crate::proto::fifo;
 use crate::proto::handle::{Handle, HANDLE_SIZE};
 use crate::proto::pool::{Pool, ReqId};
-use crate::registry::intern;
 use crate::transport::{Completion, DeviceProps, RawBuf, RecvBuf, MAX_RECVS};
 
 /// Most members of one merged device (NCCL_NET_MAX_DEVS_PER_NIC in v9..v11).

@@ -1,6 +1,8 @@
 //! The system ring of the verbs transport: libibverbs loaded at run time and
-//! RAII wrappers over its objects. Every `unsafe` block of the verbs side
-//! lives here, each with a `// SAFETY:` line.
+//! RAII wrappers over its objects: most of the verbs side's `unsafe` (the
+//! rest sits beside the calls it wraps: p2p, rdmacm, topo, comm, vdev, reg,
+//! device, notice_path and ib/mod.rs; `git grep -c 'unsafe {' src/transport/ib`),
+//! each block with a `// SAFETY:` line.
 //!
 //! - [`Lib`]: `dlopen("libibverbs.so.1", RTLD_NOW|RTLD_LOCAL)` and `dlvsym`
 //!   with the symbol versions NCCL uses (`IBVERBS_1.1`; newer optional entry
@@ -532,7 +534,7 @@ impl Pd {
     ///
     /// # Safety
     /// The range must be mapped memory of this process that stays mapped
-    /// while the returned [`Mr`] lives (the NIC reads or writes it at any
+    /// while the returned `Mr` lives (the NIC reads or writes it at any
     /// time while registered).
     pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         let lib = self.0.ctx.0.lib;
@@ -580,7 +582,7 @@ impl Pd {
     /// dma-buf: the caller may close `fd` right after (NCCL does).
     ///
     /// # Safety
-    /// The dma-buf's memory must stay allocated while the returned [`Mr`]
+    /// The dma-buf's memory must stay allocated while the returned `Mr`
     /// lives (the exporter may move it; the kernel re-pins it for the MR).
     pub unsafe fn reg_dmabuf_mr(&self, offset: u64, len: usize, iova: u64, fd: i32, access: Access) -> Result<Mr> {
         let lib = self.0.ctx.0.lib;
@@ -739,7 +741,7 @@ impl HostRegion {
     /// Volatile read of the 8-byte word at `off` (a marker the peer writes
     /// last), followed by an acquire fence so later reads see what came before it.
     pub fn read_u64(&self, off: usize) -> u64 {
-        assert!(off + 8 <= self.len() && off % 8 == 0);
+        assert!(off + 8 <= self.len() && off.is_multiple_of(8));
         // SAFETY: in bounds and aligned; volatile because the NIC writes it.
         let v = unsafe { std::ptr::read_volatile(self.mem.ptr.add(off) as *const u64) };
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
@@ -748,7 +750,7 @@ impl HostRegion {
 
     /// Volatile copy of `out.len()` bytes from `off` (8-byte aligned).
     pub fn read(&self, off: usize, out: &mut [u8]) {
-        assert!(off + out.len() <= self.len() && off % 8 == 0 && out.len() % 8 == 0);
+        assert!(off + out.len() <= self.len() && off.is_multiple_of(8) && out.len().is_multiple_of(8));
         for (i, c) in out.chunks_exact_mut(8).enumerate() {
             // SAFETY: in bounds and aligned; volatile because the NIC writes it.
             let w = unsafe { std::ptr::read_volatile(self.mem.ptr.add(off + 8 * i) as *const u64) };
@@ -1036,7 +1038,7 @@ impl Qp<Init> {
 impl Qp<Init> {
     /// For iWARP: the QP, named to rdma_cm by number, is connected: the
     /// kernel's iw_cm moved it to RTS when rdma_cm reported ESTABLISHED
-    /// ([`super::rdmacm`]), so only our type changes.
+    /// (`rdmacm`), so only our type changes.
     pub fn connected_by_cm(self) -> Qp<Rts> {
         self.into_state()
     }
@@ -1194,7 +1196,7 @@ impl Qp<Rts> {
         Ok(())
     }
 
-    /// Post up to [`MAX_CHAIN`] RDMA writes as one chain.
+    /// Post up to `MAX_CHAIN` RDMA writes as one chain.
     ///
     /// # Safety
     /// For every WR that is not inline, the local range must lie in memory

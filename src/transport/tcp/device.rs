@@ -3,7 +3,7 @@
 //! out-of-band exchange).
 use std::path::Path;
 
-use crate::registry::intern;
+use crate::intern::intern;
 use crate::transport::netif::NetIf;
 use crate::transport::{DeviceProps, MAX_P2P_BYTES, MAX_RECVS, PTR_HOST};
 

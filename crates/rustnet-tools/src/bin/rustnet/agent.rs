@@ -127,7 +127,7 @@ fn serve(o: Opts) -> Result<(), String> {
         return Err(format!("--dev {} but the plugin has {n} device(s)", o.dev));
     }
     let props = p.properties(o.dev).map_err(|e| e.to_string())?;
-    let hello = format!("AGENT 1 {} {} {} {}", rustnet::stats::hostname(), props.name.replace(' ', "_"), props.speed, o.abi);
+    let hello = format!("AGENT 1 {} {} {} {}", rustnet::for_tools::stats::hostname(), props.name.replace(' ', "_"), props.speed, o.abi);
     let agent = Arc::new(Agent { p, dev: o.dev, hello });
     let lst = TcpListener::bind(&o.listen).map_err(|e| format!("bind {}: {e}", o.listen))?;
     let addr = lst.local_addr().map_err(|e| e.to_string())?;

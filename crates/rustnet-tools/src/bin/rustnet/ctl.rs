@@ -37,5 +37,6 @@ impl Ctl {
 /// A byte count as the tools take it (`4096`, `64K`, `1M`, `1G`): the same
 /// syntax as the plugin's byte-size knobs, parsed by the same code.
 pub fn parse_size(s: &str) -> Option<usize> {
-    <rustnet::config::Bytes as rustnet::config::KnobValue>::parse_knob(s.trim()).and_then(|b| usize::try_from(b.0).ok())
+    <rustnet::for_tools::config::Bytes as rustnet::for_tools::config::KnobValue>::parse_knob(s.trim())
+        .and_then(|b| usize::try_from(b.0).ok())
 }

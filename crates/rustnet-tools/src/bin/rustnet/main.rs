@@ -116,11 +116,11 @@ fn main() {
         "watch" => watch::main(args),
         "stats" => stats::main(args),
         "knobs" if args.first().map(String::as_str) == Some("--markdown") => {
-            print!("{}", rustnet::config::knobs_markdown());
+            print!("{}", rustnet::for_tools::config::knobs_markdown());
             0
         }
         "knobs" => {
-            for k in rustnet::config::KNOBS {
+            for k in rustnet::for_tools::config::KNOBS {
                 println!("{:28} default {:8} {}\n{:28} accepts: {}", k.name, format!("{:?}", k.default), k.doc.trim(), "", k.accepts);
             }
             0

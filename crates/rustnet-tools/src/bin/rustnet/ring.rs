@@ -570,7 +570,7 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
 /// never read: the size check comes first.
 fn refuse(pnets: &mut [(NetKind, PluginNet, Ptr)], bufs: &mut Bufs, n: usize) -> Result<(), String> {
     let (_, net, _) = pnets.first_mut().ok_or("--refused-sends needs a plugin net")?;
-    let too_big = rustnet::transport::MAX_P2P_BYTES + 1;
+    let too_big = rustnet::for_tools::transport::MAX_P2P_BYTES + 1;
     for i in 0..n {
         if let Ok(r) = net.p.isend(net.sends[0], bufs.send[0].as_mut_ptr(), too_big, 0, net.smh[0]) {
             return Err(format!("refused send {i}: the plugin took a send of {too_big} bytes ({r:?})"));

@@ -48,11 +48,11 @@ pub struct Row {
 
 /// A size as the tables print it: 4K, 1M, 2G, or bytes.
 pub(crate) fn human(n: usize) -> String {
-    if n >= 1 << 30 && n % (1 << 30) == 0 {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
         format!("{}G", n >> 30)
-    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}K", n >> 10)
     } else {
         n.to_string()

@@ -1,4 +1,4 @@
-//! Strings NCCL keeps pointers to (`props.name`, `props.pciPath`) live here
+//! The string interner. Strings NCCL keeps pointers to (`props.name`, `props.pciPath`) live here
 //! for the life of the process: interned once, never freed.
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};

@@ -17,14 +17,14 @@
 //! (4 in flight per connection), LOSS_DEADLINE_S (120). The plugin's own
 //! knobs come from the environment (RUSTNET_TRANSPORT=ib, NCCL_IB_HCA,
 //! NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT, RUSTNET_STATS_DIR, ...).
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use common::proc::env_u64;
 use rustnet_tools::driver::{default_plugin_path, Plugin, Ptr};
-
-fn env_u64(k: &str, d: u64) -> u64 {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
-}
 
 fn pattern(pair: usize, idx: u64, len: usize) -> Vec<u8> {
     let mut x = (pair as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ idx.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
