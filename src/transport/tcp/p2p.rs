@@ -1,24 +1,21 @@
 //! The TCP data path: isend/irecv/test over one or more streams, driven from
-//! the caller of `test` (and eagerly from isend/irecv). No allocation after a
+//! the caller of `test` (and eagerly from isend/irecv), or by the process's
+//! helper pool ([`super::helper`]). No allocation after a
 //! comm is built; a dead or misbehaving peer fails every pending and later
 //! request of the comm with an error naming it.
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
 
-use std::sync::{Mutex, MutexGuard, TryLockError};
-
+pub use super::helper::{Drive, Helper};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN, MAX_STREAMS};
-use crate::thread::BareThread;
-use crate::transport::sock::{self as sys, EventFd, Io, Socket, MAX_IOV};
+use crate::transport::sock::{Io, Socket, MAX_IOV};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
 /// Staging buffer for stream 0 (headers and small payloads).
@@ -340,16 +337,14 @@ impl Drive for SendCore {
             self.failed = Some(e);
         }
     }
-    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
-        if self.failed.is_some() {
-            return 0;
+    fn fds(&self, out: &mut [RawFd; MAX_STREAMS]) -> usize {
+        for (o, st) in out.iter_mut().zip(&self.streams) {
+            *o = st.sock.as_raw_fd();
         }
-        let mut n = 0;
-        for st in self.streams.iter().filter(|st| !st.q.is_empty()) {
-            out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
-            n += 1;
-        }
-        n
+        self.streams.len().min(MAX_STREAMS)
+    }
+    fn sends(&self) -> bool {
+        true
     }
 }
 
@@ -703,168 +698,14 @@ impl Drive for RecvCore {
     fn fail_with(&mut self, e: Error) {
         self.fail(e)
     }
-    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
-        if self.failed.is_some() {
-            return 0;
+    fn fds(&self, out: &mut [RawFd; MAX_STREAMS]) -> usize {
+        for (o, st) in out.iter_mut().zip(&self.streams) {
+            *o = st.sock.as_raw_fd();
         }
-        let mut n = 0;
-        for (i, st) in self.streams.iter().enumerate() {
-            // stream 0 is worth waiting on while a piece is expected, or a
-            // receive is posted and no whole header is staged (a staged
-            // header that no posted receive takes waits for the next post)
-            let want = !st.q.is_empty() || i == 0 && !self.order.is_empty() && self.stage_hi - self.stage_lo < HDR_LEN;
-            if want {
-                out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                n += 1;
-            }
-        }
-        n
+        self.streams.len().min(MAX_STREAMS)
     }
-}
-
-// ---------------------------------------------------------------- helper thread
-
-/// What a helper thread needs from a comm core.
-pub trait Drive: Send + 'static {
-    /// Move what can move now without blocking.
-    fn progress(&mut self);
-    /// The sockets worth waiting on, and for what; how many were written.
-    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize;
-    /// Fail the comm (first error wins): every pending and later request reports `e`.
-    fn fail_with(&mut self, e: Error);
-}
-
-/// std's Mutex, not parking_lot's: NCCL's thread may wait on it while the
-/// helper holds it, and a thread parking_lot parks keeps thread-local state
-/// of ours that would pin the library after dlclose (see crate::thread).
-struct Shared<T> {
-    core: Mutex<T>,
-    stop: AtomicBool,
-    /// Bumped after every post: a helper about to sleep sees it changed.
-    posts: AtomicU64,
-    sleeping: AtomicBool,
-    wake: EventFd,
-}
-
-/// A comm core driven by its own thread (RUSTNET_SOCKET_HELPER=1): it sleeps
-/// in poll(2) on the sockets that can move and on an eventfd that posts
-/// ring. The caller still moves what it can when it gets the lock (`test`
-/// uses `try_lock` and says "not done" while the helper holds it). A panic
-/// in the helper fails the comm (the caller's next call reports it) and ends
-/// the thread. The thread is joined when the comm is dropped (NCCL's close).
-pub struct Helper<T: Drive> {
-    sh: Arc<Shared<T>>,
-    thread: Option<BareThread>,
-}
-
-/// Longest sleep of an idle helper (it re-checks its stop flag at least this often).
-const HELPER_NAP_MS: i32 = 100;
-
-fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
-    // the eventfd, then one per stream
-    let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 1 + MAX_STREAMS];
-    while !sh.stop.load(Ordering::SeqCst) {
-        let seen = sh.posts.load(Ordering::SeqCst);
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut c = sh.lock_core();
-            c.progress();
-            c.wait_set(&mut fds[1..])
-        }));
-        let n = match step {
-            Ok(n) => n,
-            Err(p) => {
-                // A bug: the core may be half-updated. Fail it so the caller
-                // reports an error instead of waiting on a request that can
-                // no longer finish, and stop touching NCCL's buffers.
-                let what = crate::error::panic_text(&*p);
-                tracing::warn!("TCP helper thread panicked: {what}; the comm is failed");
-                sh.lock_core().fail_with(Error::Internal(format!("the TCP helper thread panicked: {what}")));
-                return;
-            }
-        };
-        fds[0] = libc::pollfd { fd: sh.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        sh.sleeping.store(true, Ordering::SeqCst);
-        if sh.posts.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
-            // errors surface through the core on its next progress
-            let _ = sys::poll(&mut fds[..n + 1], HELPER_NAP_MS);
-        }
-        sh.sleeping.store(false, Ordering::SeqCst);
-        if fds[0].revents != 0 {
-            sh.wake.drain();
-        }
-    }
-}
-
-impl<T> Shared<T> {
-    /// The core, also after a panic while it was held (a poisoned lock): the
-    /// helper fails the comm then, and the caller must still see that.
-    fn lock_core(&self) -> MutexGuard<'_, T> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The core if nobody holds it.
-    fn try_lock_core(&self) -> Option<MutexGuard<'_, T>> {
-        match self.core.try_lock() {
-            Ok(g) => Some(g),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-}
-
-impl<T: Drive> Helper<T> {
-    /// Start the comm's helper thread; if it cannot start, the core comes
-    /// back with the reason, so the caller's thread can drive it instead.
-    fn start(core: T, what: &str) -> std::result::Result<Helper<T>, (T, Error)> {
-        let wake = match EventFd::new() {
-            Ok(w) => w,
-            Err(e) => return Err((core, e)),
-        };
-        let sh = Arc::new(Shared {
-            core: Mutex::new(core),
-            stop: AtomicBool::new(false),
-            posts: AtomicU64::new(0),
-            sleeping: AtomicBool::new(false),
-            wake,
-        });
-        let s2 = sh.clone();
-        let name: &'static std::ffi::CStr = if what == "send" { c"rustnet-tcp-snd" } else { c"rustnet-tcp-rcv" };
-        match BareThread::spawn(name, move || helper_loop(s2)) {
-            Ok(thread) => Ok(Helper { sh, thread: Some(thread) }),
-            Err(e) => {
-                let e = Error::Internal(format!("start the TCP helper thread: {e}"));
-                // the failed spawn dropped its clone: the core is ours alone again
-                match Arc::try_unwrap(sh) {
-                    Ok(sh) => Err((sh.core.into_inner().unwrap_or_else(|p| p.into_inner()), e)),
-                    Err(_) => unreachable!("no thread holds the helper's state"),
-                }
-            }
-        }
-    }
-
-    /// Stop the thread without waiting for it (a comm failed by a panic at
-    /// the boundary: its state is not trusted, so nothing moves any more).
-    pub fn halt(&self) {
-        self.sh.stop.store(true, Ordering::SeqCst);
-        self.sh.wake.notify();
-    }
-
-    /// Tell the helper there is new work.
-    fn posted(&self) {
-        self.sh.posts.fetch_add(1, Ordering::SeqCst);
-        if self.sh.sleeping.load(Ordering::SeqCst) {
-            self.sh.wake.notify();
-        }
-    }
-}
-
-impl<T: Drive> Drop for Helper<T> {
-    fn drop(&mut self) {
-        self.sh.stop.store(true, Ordering::SeqCst);
-        self.sh.wake.notify();
-        if let Some(t) = self.thread.take() {
-            t.join();
-        }
+    fn sends(&self) -> bool {
+        false
     }
 }
 
@@ -889,7 +730,7 @@ impl SendComm {
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
         let core = SendCore::new(socks, peer, cfg);
         if cfg.helper {
-            match Helper::start(core, "send") {
+            match Helper::start(core, cfg.helper_threads) {
                 Ok(h) => return SendComm::Helper(h),
                 Err((core, e)) => {
                     tracing::warn!("{e}; sending to {peer} from the caller's thread instead");
@@ -988,7 +829,7 @@ impl RecvComm {
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
         let core = RecvCore::new(socks, peer, cfg);
         if cfg.helper {
-            match Helper::start(core, "recv") {
+            match Helper::start(core, cfg.helper_threads) {
                 Ok(h) => return RecvComm::Helper(h),
                 Err((core, e)) => {
                     tracing::warn!("{e}; receiving from {peer} from the caller's thread instead");
@@ -1100,6 +941,7 @@ mod ack_tests {
 mod data_tests {
     use super::*;
     use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Arc;
 
     /// `n` connected stream pairs over loopback, optionally with tiny socket
     /// buffers so that reads and writes come back short.
@@ -1122,7 +964,16 @@ mod data_tests {
             tx.push(c);
             rx.push(a);
         }
-        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize, helper, connect_timeout_s: 60, max_strangers: 256 };
+        let cfg = StreamCfg {
+            nstreams: n,
+            min_chunk: 4096,
+            timeout_s: 10,
+            bufsize,
+            helper,
+            helper_threads: 2,
+            connect_timeout_s: 60,
+            max_strangers: 256,
+        };
         (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
     }
 
@@ -1271,48 +1122,6 @@ mod data_tests {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-    }
-
-    /// A core whose progress panics once asked to, as a bug would.
-    struct Bomb {
-        armed: Arc<AtomicBool>,
-        failed: Arc<Mutex<Option<String>>>,
-    }
-
-    impl Drive for Bomb {
-        fn progress(&mut self) {
-            if self.armed.load(Ordering::SeqCst) {
-                panic!("injected helper panic");
-            }
-        }
-        fn wait_set(&self, _out: &mut [libc::pollfd]) -> usize {
-            0
-        }
-        fn fail_with(&mut self, e: Error) {
-            *self.failed.lock().unwrap() = Some(e.to_string());
-        }
-    }
-
-    #[test]
-    fn a_panic_in_the_helper_fails_the_comm_and_ends_the_thread() {
-        let armed = Arc::new(AtomicBool::new(false));
-        let failed = Arc::new(Mutex::new(None));
-        let Ok(h) = Helper::start(Bomb { armed: armed.clone(), failed: failed.clone() }, "bomb") else { panic!("helper did not start") };
-        armed.store(true, Ordering::SeqCst);
-        h.posted();
-        let t0 = Instant::now();
-        while failed.lock().unwrap().is_none() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the helper's panic did not fail the comm");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let e = failed.lock().unwrap().clone().unwrap();
-        assert!(e.contains("helper thread panicked") && e.contains("injected helper panic"), "{e}");
-        // the thread is gone: only the comm holds the shared state
-        while Arc::strong_count(&h.sh) > 1 {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the helper thread went on after its panic");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        drop(h);
     }
 
     #[test]

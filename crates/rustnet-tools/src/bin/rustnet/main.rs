@@ -20,6 +20,7 @@ mod ctl;
 mod ncclsock;
 mod plot;
 mod ring;
+mod scale;
 // Bench's sample sets and order statistics (shared by bench, ring, plot).
 mod samples;
 // `rustnet stats DIR`: a job's statistics files.
