@@ -178,18 +178,8 @@ fn snap() -> Snap {
     let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count().saturating_sub(1)).unwrap_or(0);
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    // SAFETY: an all-zero rusage is valid; getrusage fills it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: ru is a valid out-pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    Snap {
-        rss_kib: rss_pages * page / 1024.0,
-        fds,
-        threads,
-        cpu_s: tv(ru.ru_utime) + tv(ru.ru_stime),
-        switches: (ru.ru_nvcsw + ru.ru_nivcsw) as u64,
-    }
+    let (cpu_s, switches) = usage();
+    Snap { rss_kib: rss_pages * page / 1024.0, fds, threads, cpu_s, switches }
 }
 
 /// One process's figures for one N.
@@ -321,13 +311,25 @@ fn open_all(
     Ok(Comms { listens, sends, recvs, regs })
 }
 
+/// CPU seconds and context switches of the whole process so far (cheap:
+/// no /proc walk, which at thousands of fds would be the idle CPU itself).
+fn usage() -> (f64, u64) {
+    // SAFETY: an all-zero rusage is valid; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    (tv(ru.ru_utime) + tv(ru.ru_stime), (ru.ru_nvcsw + ru.ru_nivcsw) as u64)
+}
+
 /// Sleep through the idle window; CPU % of one core and wake-ups per second.
 fn idle(secs: f64) -> (f64, f64) {
-    let a = snap();
+    let a = usage();
     let t = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let b = snap();
+    let b = usage();
     let dt = t.elapsed().as_secs_f64();
+    let (a, b) = (Snap { cpu_s: a.0, switches: a.1, ..Snap::default() }, Snap { cpu_s: b.0, switches: b.1, ..Snap::default() });
     // this thread's own sleep: one switch
     (100.0 * (b.cpu_s - a.cpu_s) / dt, (b.switches - a.switches).saturating_sub(1) as f64 / dt)
 }
