@@ -1125,6 +1125,18 @@ mod data_tests {
     }
 
     #[test]
+    fn many_helper_comms_share_a_bounded_pool() {
+        // 24 comm pairs, at most 2 pool threads (every test here asks for 2)
+        let pairs: Vec<(SendComm, RecvComm)> = (0..24).map(|_| comms(1, 0, true)).collect();
+        assert!(pairs.iter().all(|p| matches!(p, (SendComm::Helper(_), RecvComm::Helper(_)))));
+        let n = super::super::helper::pool_threads();
+        assert!((1..=2).contains(&n), "{n} pool threads for 48 comms (at most 2 wanted)");
+        // and the last pair still moves bytes exactly through the pool
+        drop(pairs);
+        replay_with(1, 0, true, MIX);
+    }
+
+    #[test]
     fn halt_stops_the_helper_before_close() {
         let (s, r) = comms(1, 0, true);
         let (SendComm::Helper(hs), RecvComm::Helper(hr)) = (&s, &r) else { panic!("RUSTNET_SOCKET_HELPER=1 gave no helper") };
