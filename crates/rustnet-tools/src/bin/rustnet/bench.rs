@@ -119,7 +119,6 @@ pub fn main(args: Vec<String>) -> i32 {
         Some("step") => return crate::ring::main(false, args[1..].to_vec()),
         Some("ring") => return crate::ring::main(true, args[1..].to_vec()),
         Some("ring-rank") => return crate::ring::rank_main(args[1..].to_vec()),
-        Some("scale") => return crate::scale::main(args[1..].to_vec()),
         _ => {}
     }
     let (o, serve) = match parse(args) {

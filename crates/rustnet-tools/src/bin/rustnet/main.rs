@@ -106,6 +106,7 @@ fn main() {
     }
     let cmd = args.remove(0);
     let code = match cmd.as_str() {
+        "bench" if args.first().map(String::as_str) == Some("scale") => scale::main(args[1..].to_vec()),
         "bench" => bench::main(args),
         "agent" => agent::main(args),
         "bisect" => bisect::main(args),

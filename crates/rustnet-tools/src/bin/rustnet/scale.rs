@@ -247,16 +247,8 @@ const REG_LEN: usize = 1 << 20;
 
 /// Listen N times, swap handles (the client's first), connect and accept
 /// every pair, register `buf` on each comm; fills the set-up figures of `side`.
-fn open_all(
-    p: &Plugin,
-    o: &Opts,
-    ctl: &mut Ctl,
-    n: usize,
-    first: bool,
-    buf: &mut [u8],
-    side: &mut Side,
-    before: &Snap,
-) -> Result<Comms, String> {
+fn open_all(p: &Plugin, o: &Opts, ctl: &mut Ctl, n: usize, first: bool, buf: &mut [u8], side: &mut Side) -> Result<Comms, String> {
+    let before = snap();
     let e = |x: driver::NcclErr| x.to_string();
     let t0 = Instant::now();
     let mut handles = Vec::with_capacity(n);
@@ -381,8 +373,7 @@ fn server(o: &Opts) -> Result<(), String> {
             Some("ROUND") => {
                 let n = num(1);
                 let mut side = Side::default();
-                let before = snap();
-                let mut c = open_all(&p, o, &mut ctl, n, false, &mut buf, &mut side, &before)?;
+                let mut c = open_all(&p, o, &mut ctl, n, false, &mut buf, &mut side)?;
                 ctl.expect("IDLE")?;
                 (side.idle_cpu_pct, side.wakeups_s) = idle(o.idle_s);
                 let net = Net::from_parts(p.clone(), c.sends[0], c.recvs[0], c.listens[0]);
@@ -476,8 +467,7 @@ fn client(o: &Opts) -> Result<(), String> {
         eprint!("  N = {n}: set-up ");
         ctl.send(&format!("ROUND {n}")).map_err(|e| e.to_string())?;
         let mut me = Side::default();
-        let before = snap();
-        let mut c = open_all(&p, o, &mut ctl, n, true, &mut buf, &mut me, &before)?;
+        let mut c = open_all(&p, o, &mut ctl, n, true, &mut buf, &mut me)?;
         eprint!("{:.1} s, idle ", me.setup_us * n as f64 / 1e6);
         ctl.send("IDLE").map_err(|e| e.to_string())?;
         (me.idle_cpu_pct, me.wakeups_s) = idle(o.idle_s);
