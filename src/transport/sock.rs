@@ -124,9 +124,10 @@ impl Socket {
         // at 2 x 4096 listeners); a process-wide cursor through the local
         // port range finds a free one at the first or second try. Two
         // sockets with SO_REUSEADDR may both bind a port while neither
-        // listens yet (another process's pick): the later listen(2) then
-        // says EADDRINUSE, and a fresh socket tries the next port.
-        for _ in 0..3 {
+        // listens yet (another process's pick, or sockets left from closed
+        // listeners): the later listen(2) then says EADDRINUSE, and a fresh
+        // socket tries the next port; after a few such ports the kernel picks.
+        for attempt in 0..=LISTEN_PICKS {
             let s = Socket::new(&addr)?;
             s.setopt(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1 as libc::c_int, "SO_REUSEADDR")?;
             let bind = |a: &SocketAddr| {
@@ -135,6 +136,7 @@ impl Socket {
                 unsafe { libc::bind(s.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }
             };
             let ours = addr.port() == 0
+                && attempt < LISTEN_PICKS
                 && ports::candidates().any(|p| {
                     let mut a = addr;
                     a.set_port(p);
@@ -155,7 +157,7 @@ impl Socket {
             let local = s.local_addr()?;
             return Ok((s, local));
         }
-        Err(Error::sys(format!("listen({addr})"), Errno(libc::EADDRINUSE)))
+        unreachable!("the last attempt lets the kernel pick, and returns")
     }
 
     /// Start a non-blocking connect; completion is seen with [`Socket::connect_done`].
@@ -492,6 +494,10 @@ pub fn read_some(sock: &Socket, buf: &mut [u8], done: &mut usize, peer: &SocketA
         Err(e) => Err(Error::Remote { peer: peer.to_string(), what: format!("receiving {what}: {e}") }),
     }
 }
+
+/// Ports of our own pick a listener on port 0 tries to listen on before the
+/// kernel picks one (each found free by bind(2) but refused by listen(2)).
+const LISTEN_PICKS: usize = 8;
 
 /// The ports a listener on port 0 tries before it leaves the choice to the
 /// kernel: the local port range (`ip_local_port_range`) minus the reserved
