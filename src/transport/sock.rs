@@ -122,14 +122,15 @@ impl Socket {
         // probes from a random offset through the ports in use, which with
         // thousands of listeners per host cost ~0.5 ms per bind (measured
         // at 2 x 4096 listeners); a process-wide cursor through the local
-        // port range finds a free one at the first or second try. Two
-        // sockets with SO_REUSEADDR may both bind a port while neither
-        // listens yet (another process's pick, or sockets left from closed
-        // listeners): the later listen(2) then says EADDRINUSE, and a fresh
-        // socket tries the next port; after a few such ports the kernel picks.
+        // port range finds a free one at the first or second try. Our pick
+        // is bound before SO_REUSEADDR is set, so a port another socket
+        // holds (bound and not yet listening included: two sockets with
+        // SO_REUSEADDR may both bind one, and the later listen(2) fails) is
+        // refused at bind; should listen(2) still say EADDRINUSE, a fresh
+        // socket tries another port, and after a few the kernel picks.
         for attempt in 0..=LISTEN_PICKS {
             let s = Socket::new(&addr)?;
-            s.setopt(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1 as libc::c_int, "SO_REUSEADDR")?;
+            let reuse = |s: &Socket| s.setopt(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1 as libc::c_int, "SO_REUSEADDR");
             let bind = |a: &SocketAddr| {
                 let (ss, len) = to_sockaddr(a);
                 // SAFETY: ss/len describe a valid address for this socket's family.
@@ -143,6 +144,7 @@ impl Socket {
                     bind(&a) == 0 || Errno::last().0 != libc::EADDRINUSE
                 })
                 && s.local_addr().is_ok_and(|a| a.port() != 0);
+            reuse(&s)?;
             if !ours {
                 cvt(bind(&addr), || format!("bind({addr})"))?;
             }
@@ -551,9 +553,13 @@ mod ports {
     /// The ports to try, in order (none where the range is unknown).
     pub fn candidates() -> impl Iterator<Item = u16> {
         let p = plan();
-        (0..p.map_or(0, |_| TRIES)).filter_map(move |_| {
+        (0..p.map_or(0, |_| TRIES)).filter_map(move |i| {
             let p = p?;
-            let k = CURSOR.fetch_add(1, Ordering::Relaxed) % p.span;
+            // after a port in use the walk goes on from a random place: two
+            // processes whose walks met would otherwise race for the same
+            // ports one after the other
+            let step = if i == 0 { 1 } else { 1 + crate::random::random_u64() as u32 % p.span };
+            let k = CURSOR.fetch_add(step, Ordering::Relaxed).wrapping_add(step - 1) % p.span;
             let half = p.span / 2;
             let off = if k < half { 2 * k + 1 } else { 2 * (k - half) };
             let port = p.lo + off % p.span;
@@ -723,4 +729,26 @@ pub fn nofile_limit() -> Option<u64> {
     // SAFETY: r is a valid out-pointer for the call.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
     (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+#[cfg(test)]
+mod listen_tests {
+    use super::*;
+
+    #[test]
+    fn listeners_on_port_0_get_distinct_ports_that_take_connections() {
+        let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let ls: Vec<(Socket, SocketAddr)> = (0..300).map(|_| Socket::listen(any).unwrap()).collect();
+        let mut ports: Vec<u16> = ls.iter().map(|(_, a)| a.port()).collect();
+        assert!(ports.iter().all(|&p| p != 0));
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), ls.len(), "two listeners on one port");
+        for (_, a) in ls.iter().step_by(50) {
+            std::net::TcpStream::connect(a).unwrap_or_else(|e| panic!("connect to {a}: {e}"));
+        }
+        // an explicit port is bound as given (here: one in use is refused)
+        let taken = ls[0].1;
+        assert!(Socket::listen(taken).is_err(), "a second listener on {taken}");
+    }
 }
