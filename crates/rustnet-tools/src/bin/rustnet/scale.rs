@@ -564,7 +564,7 @@ fn report(o: &Opts, rows: &[Row]) -> Result<(), String> {
             for (who, s) in [("a", &r.me), ("b", &r.peer)] {
                 w += &format!(
                     "{},{},{who},{:.2},{:.2},{:.2},{:.3},{},{:.3},{:.2},{:.2},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{}\n",
-                    o.label,
+                    o.label.replace([',', '\n'], ";"),
                     r.n,
                     s.setup_us,
                     s.listen_us,
