@@ -45,6 +45,16 @@ echo "== import graph: no circle between modules, no edge the wrong way between 
 python3 scripts/import-graph.py --check
 echo "== unit and integration tests (host, TCP on loopback)"
 cargo test --release 2>&1
+echo "== TCP with the helper pool forced on (RUSTNET_SOCKET_HELPER=1): conformance and hostile peers"
+RUSTNET_SOCKET_HELPER=1 cargo test --release --test conformance --test tcp_hostile 2>&1
+echo "== bench scale, short (TCP, helper 0 and 1): pool threads bounded, idle CPU flat, RSS back after close"
+for h in 0 1; do
+  RUSTNET_SOCKET_HELPER=$h timeout 300 target/release/rustnet bench scale --comms 16,256 --reps 1 --lat-iters 200 \
+    --bytes 16M --idle-s 0.5 --csv "target/scale-ci-$h.csv"
+  # threads <= 1 + the largest pool (8), idle CPU < 2% of a core, RSS within 8 MB of the start, no thread left after close
+  awk -F, -v h="$h" 'NR > 1 && ($8 > 9 || $9 > 2 || $11 > 8 || $12 != 1) { print "FAIL: bench scale helper " h ": " $0; bad = 1 } END { exit bad }' \
+    "target/scale-ci-$h.csv"
+done
 # Fuzzing and sanitizers (docs/fuzzing.md): budgets RUSTNET_FUZZ_SECS (per
 # decoder target) and RUSTNET_FUZZ_CALLS_SECS; RUSTNET_SKIP_SANITIZE=1 skips
 # ASan/valgrind (said loudly; CI never sets it).

@@ -394,6 +394,7 @@ fn close_comm(comm: VoidPtr, d: Dir, slot: &'static str) -> ncclResult_t {
         // a comm failed by a panic closes like any other: its drop frees
         // whatever state the panic left
         drop(handles::comm_take(comm, d, slot)?);
+        after_close();
         Ok(())
     })
 }
@@ -410,6 +411,15 @@ pub(crate) unsafe fn close_listen(comm: VoidPtr) -> ncclResult_t {
     guard("closeListen", || {
         nonnull(comm, "closeListen", "listenComm")?;
         drop(handles::listen_take(comm, "closeListen")?);
+        after_close();
         Ok(())
     })
+}
+
+/// The last comm closed: the heap the comms used goes back to the system
+/// (thousands of comms leave hundreds of MB that the allocator would keep).
+fn after_close() {
+    if handles::comms_open() == 0 {
+        crate::transport::give_back_heap();
+    }
 }

@@ -110,11 +110,13 @@ struct Alloc {
     next: u32,
     /// Handles alive now.
     live: usize,
+    /// Of them, listen, send and receive comms.
+    comms: usize,
     /// Set by teardown: no more handles.
     closed: bool,
 }
 
-static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, closed: false });
+static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, comms: 0, closed: false });
 
 fn slot(i: u64) -> Option<&'static Slot> {
     let i = i as usize;
@@ -154,6 +156,7 @@ fn insert(kind: Kind, obj: *mut c_void) -> Result<u64> {
     sl.obj.store(obj, Ordering::Relaxed);
     sl.state.store(gen << 8 | kind as u64, Ordering::Release);
     a.live += 1;
+    a.comms += usize::from(matches!(kind, Kind::Listen | Kind::Send | Kind::Recv));
     Ok(kind as u64 | (i as u64) << 4 | gen << (4 + SLOT_BITS))
 }
 
@@ -207,6 +210,7 @@ fn remove(v: u64, want: Kind, slot_name: &str) -> Result<*mut c_void> {
     let obj = sl.obj.swap(std::ptr::null_mut(), Ordering::Relaxed);
     a.free.push_back(i as u32);
     a.live -= 1;
+    a.comms -= usize::from(matches!(want, Kind::Listen | Kind::Send | Kind::Recv));
     Ok(obj)
 }
 
@@ -215,6 +219,11 @@ fn comm_kind(d: Dir) -> Kind {
         Dir::Send => Kind::Send,
         Dir::Recv => Kind::Recv,
     }
+}
+
+/// Listen, send and receive comms alive now.
+pub(crate) fn comms_open() -> usize {
+    ALLOC.lock().comms
 }
 
 /// A new listen comm handle.

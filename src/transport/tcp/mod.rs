@@ -1,6 +1,7 @@
 //! The TCP transport: works on every host, needs nothing but IP.
 pub mod connect;
 pub mod device;
+pub mod helper;
 pub mod p2p;
 
 use std::path::Path;
@@ -17,8 +18,8 @@ pub use connect::{TcpConnecting, TcpListen};
 pub use p2p::{RecvComm, SendComm};
 
 /// RUSTNET_SOCKET_HELPER=-1 starts helper threads when this process has at
-/// least this many CPUs per rank on its host: there a thread per comm finds
-/// a core of its own, while on a crowded host it competes with the proxy
+/// least this many CPUs per rank on its host: there the pool's threads find
+/// cores of their own, while on a crowded host it competes with the proxy
 /// threads and the application. Measured: on 2 cores the helper moved 2-4x
 /// the bytes of NCCL's loop under NCCL's pattern but spent 1.1-1.6x the CPU
 /// per byte (docs/tcp-performance.md); under real NCCL on a 16-CPU host it
@@ -51,7 +52,7 @@ pub fn helper_auto(cpus: usize, ranks: Option<(usize, &'static str)>) -> (bool, 
     (
         on,
         format!(
-            "helper thread per comm {} ({cpus} CPU(s) / {n} rank(s) on this host [{from}] = {per} per rank; on from {HELPER_AUTO_MIN_CPUS_PER_RANK}; RUSTNET_SOCKET_HELPER=0|1 forces it)",
+            "helper pool {} ({cpus} CPU(s) / {n} rank(s) on this host [{from}] = {per} per rank; on from {HELPER_AUTO_MIN_CPUS_PER_RANK}; RUSTNET_SOCKET_HELPER=0|1 forces it)",
             if on { "on" } else { "off" }
         ),
     )
@@ -62,11 +63,24 @@ pub fn helper_auto(cpus: usize, ranks: Option<(usize, &'static str)>) -> (bool, 
 pub fn helper_choice(cfg: &Config) -> (bool, String) {
     match cfg.socket_helper.get() {
         0 => (false, "helper threads off (RUSTNET_SOCKET_HELPER=0)".into()),
-        1 => (true, "helper thread per comm on (RUSTNET_SOCKET_HELPER=1)".into()),
+        1 => (true, "helper pool on (RUSTNET_SOCKET_HELPER=1)".into()),
         _ => {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
             helper_auto(cpus, local_ranks(|v| std::env::var(v).ok()))
         }
+    }
+}
+
+/// Most threads of the helper pool: RUSTNET_SOCKET_HELPER_THREADS, or with
+/// 0 [`helper::auto_threads`] of the CPUs and the launcher's ranks per host.
+pub fn helper_threads(cfg: &Config) -> usize {
+    match cfg.socket_helper_threads.get() {
+        0 => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let ranks = local_ranks(|v| std::env::var(v).ok()).map_or(1, |r| r.0);
+            helper::auto_threads(cpus, ranks)
+        }
+        n => n as usize,
     }
 }
 
@@ -81,8 +95,10 @@ pub struct StreamCfg {
     pub timeout_s: i64,
     /// SO_SNDBUF/SO_RCVBUF (0 = autotune).
     pub bufsize: u64,
-    /// One helper thread per comm moves its bytes (RUSTNET_SOCKET_HELPER).
+    /// The process's helper pool moves the comm's bytes (RUSTNET_SOCKET_HELPER).
     pub helper: bool,
+    /// Most threads of that pool (RUSTNET_SOCKET_HELPER_THREADS, or from the CPUs per rank).
+    pub helper_threads: usize,
     /// Connection set-up timeout, seconds (`RUSTNET_CONNECT_TIMEOUT`).
     pub connect_timeout_s: i64,
     /// Accepted connections without a valid hello a listener keeps (`RUSTNET_LISTEN_MAX_STRANGERS`).
@@ -109,6 +125,7 @@ impl StreamCfg {
             timeout_s: cfg.socket_timeout.get(),
             bufsize: cfg.socket_bufsize.0,
             helper: helper_choice(cfg).0,
+            helper_threads: helper_threads(cfg),
             connect_timeout_s: cfg.connect_timeout.get(),
             max_strangers: cfg.listen_max_strangers.get() as usize,
         }
@@ -154,7 +171,7 @@ impl TcpNet {
         self.cfg
     }
 
-    /// Whether comms get a helper thread, and why (for the log).
+    /// Whether comms are served by the helper pool, and why (for the log).
     pub fn helper_reason(&self) -> &str {
         &self.helper_why
     }
@@ -162,7 +179,8 @@ impl TcpNet {
     /// The init log's line: interfaces, streams per connection, helper choice.
     pub fn summary(&self) -> String {
         let list: Vec<String> = self.ifs.iter().enumerate().map(|(i, f)| format!("[{i}]{}:{}", f.name, f.addr.ip())).collect();
-        format!("using TCP on {} ({} stream(s) per connection; {})", list.join(" "), self.cfg.nstreams, self.helper_why)
+        let pool = if self.cfg.helper { format!(", at most {} pool thread(s)", self.cfg.helper_threads) } else { String::new() };
+        format!("using TCP on {} ({} stream(s) per connection; {}{pool})", list.join(" "), self.cfg.nstreams, self.helper_why)
     }
 
     /// Properties of `dev`.

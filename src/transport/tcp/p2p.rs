@@ -1,24 +1,21 @@
 //! The TCP data path: isend/irecv/test over one or more streams, driven from
-//! the caller of `test` (and eagerly from isend/irecv). No allocation after a
+//! the caller of `test` (and eagerly from isend/irecv), or by the process's
+//! helper pool ([`super::helper`]). No allocation after a
 //! comm is built; a dead or misbehaving peer fails every pending and later
 //! request of the comm with an error naming it.
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
 
-use std::sync::{Mutex, MutexGuard, TryLockError};
-
+pub use super::helper::{Drive, Helper};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV, SOCK_SEND};
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, HDR_LEN, MAX_STREAMS};
-use crate::thread::BareThread;
-use crate::transport::sock::{self as sys, EventFd, Io, Socket, MAX_IOV};
+use crate::transport::sock::{Io, Socket, MAX_IOV};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_P2P_BYTES, MAX_RECVS, MAX_REQUESTS};
 
 /// Staging buffer for stream 0 (headers and small payloads).
@@ -340,16 +337,14 @@ impl Drive for SendCore {
             self.failed = Some(e);
         }
     }
-    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
-        if self.failed.is_some() {
-            return 0;
+    fn fds(&self, out: &mut [RawFd; MAX_STREAMS]) -> usize {
+        for (o, st) in out.iter_mut().zip(&self.streams) {
+            *o = st.sock.as_raw_fd();
         }
-        let mut n = 0;
-        for st in self.streams.iter().filter(|st| !st.q.is_empty()) {
-            out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
-            n += 1;
-        }
-        n
+        self.streams.len().min(MAX_STREAMS)
+    }
+    fn sends(&self) -> bool {
+        true
     }
 }
 
@@ -703,168 +698,14 @@ impl Drive for RecvCore {
     fn fail_with(&mut self, e: Error) {
         self.fail(e)
     }
-    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize {
-        if self.failed.is_some() {
-            return 0;
+    fn fds(&self, out: &mut [RawFd; MAX_STREAMS]) -> usize {
+        for (o, st) in out.iter_mut().zip(&self.streams) {
+            *o = st.sock.as_raw_fd();
         }
-        let mut n = 0;
-        for (i, st) in self.streams.iter().enumerate() {
-            // stream 0 is worth waiting on while a piece is expected, or a
-            // receive is posted and no whole header is staged (a staged
-            // header that no posted receive takes waits for the next post)
-            let want = !st.q.is_empty() || i == 0 && !self.order.is_empty() && self.stage_hi - self.stage_lo < HDR_LEN;
-            if want {
-                out[n] = libc::pollfd { fd: st.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                n += 1;
-            }
-        }
-        n
+        self.streams.len().min(MAX_STREAMS)
     }
-}
-
-// ---------------------------------------------------------------- helper thread
-
-/// What a helper thread needs from a comm core.
-pub trait Drive: Send + 'static {
-    /// Move what can move now without blocking.
-    fn progress(&mut self);
-    /// The sockets worth waiting on, and for what; how many were written.
-    fn wait_set(&self, out: &mut [libc::pollfd]) -> usize;
-    /// Fail the comm (first error wins): every pending and later request reports `e`.
-    fn fail_with(&mut self, e: Error);
-}
-
-/// std's Mutex, not parking_lot's: NCCL's thread may wait on it while the
-/// helper holds it, and a thread parking_lot parks keeps thread-local state
-/// of ours that would pin the library after dlclose (see crate::thread).
-struct Shared<T> {
-    core: Mutex<T>,
-    stop: AtomicBool,
-    /// Bumped after every post: a helper about to sleep sees it changed.
-    posts: AtomicU64,
-    sleeping: AtomicBool,
-    wake: EventFd,
-}
-
-/// A comm core driven by its own thread (RUSTNET_SOCKET_HELPER=1): it sleeps
-/// in poll(2) on the sockets that can move and on an eventfd that posts
-/// ring. The caller still moves what it can when it gets the lock (`test`
-/// uses `try_lock` and says "not done" while the helper holds it). A panic
-/// in the helper fails the comm (the caller's next call reports it) and ends
-/// the thread. The thread is joined when the comm is dropped (NCCL's close).
-pub struct Helper<T: Drive> {
-    sh: Arc<Shared<T>>,
-    thread: Option<BareThread>,
-}
-
-/// Longest sleep of an idle helper (it re-checks its stop flag at least this often).
-const HELPER_NAP_MS: i32 = 100;
-
-fn helper_loop<T: Drive>(sh: Arc<Shared<T>>) {
-    // the eventfd, then one per stream
-    let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 1 + MAX_STREAMS];
-    while !sh.stop.load(Ordering::SeqCst) {
-        let seen = sh.posts.load(Ordering::SeqCst);
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut c = sh.lock_core();
-            c.progress();
-            c.wait_set(&mut fds[1..])
-        }));
-        let n = match step {
-            Ok(n) => n,
-            Err(p) => {
-                // A bug: the core may be half-updated. Fail it so the caller
-                // reports an error instead of waiting on a request that can
-                // no longer finish, and stop touching NCCL's buffers.
-                let what = crate::error::panic_text(&*p);
-                tracing::warn!("TCP helper thread panicked: {what}; the comm is failed");
-                sh.lock_core().fail_with(Error::Internal(format!("the TCP helper thread panicked: {what}")));
-                return;
-            }
-        };
-        fds[0] = libc::pollfd { fd: sh.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        sh.sleeping.store(true, Ordering::SeqCst);
-        if sh.posts.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
-            // errors surface through the core on its next progress
-            let _ = sys::poll(&mut fds[..n + 1], HELPER_NAP_MS);
-        }
-        sh.sleeping.store(false, Ordering::SeqCst);
-        if fds[0].revents != 0 {
-            sh.wake.drain();
-        }
-    }
-}
-
-impl<T> Shared<T> {
-    /// The core, also after a panic while it was held (a poisoned lock): the
-    /// helper fails the comm then, and the caller must still see that.
-    fn lock_core(&self) -> MutexGuard<'_, T> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The core if nobody holds it.
-    fn try_lock_core(&self) -> Option<MutexGuard<'_, T>> {
-        match self.core.try_lock() {
-            Ok(g) => Some(g),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-}
-
-impl<T: Drive> Helper<T> {
-    /// Start the comm's helper thread; if it cannot start, the core comes
-    /// back with the reason, so the caller's thread can drive it instead.
-    fn start(core: T, what: &str) -> std::result::Result<Helper<T>, (T, Error)> {
-        let wake = match EventFd::new() {
-            Ok(w) => w,
-            Err(e) => return Err((core, e)),
-        };
-        let sh = Arc::new(Shared {
-            core: Mutex::new(core),
-            stop: AtomicBool::new(false),
-            posts: AtomicU64::new(0),
-            sleeping: AtomicBool::new(false),
-            wake,
-        });
-        let s2 = sh.clone();
-        let name: &'static std::ffi::CStr = if what == "send" { c"rustnet-tcp-snd" } else { c"rustnet-tcp-rcv" };
-        match BareThread::spawn(name, move || helper_loop(s2)) {
-            Ok(thread) => Ok(Helper { sh, thread: Some(thread) }),
-            Err(e) => {
-                let e = Error::Internal(format!("start the TCP helper thread: {e}"));
-                // the failed spawn dropped its clone: the core is ours alone again
-                match Arc::try_unwrap(sh) {
-                    Ok(sh) => Err((sh.core.into_inner().unwrap_or_else(|p| p.into_inner()), e)),
-                    Err(_) => unreachable!("no thread holds the helper's state"),
-                }
-            }
-        }
-    }
-
-    /// Stop the thread without waiting for it (a comm failed by a panic at
-    /// the boundary: its state is not trusted, so nothing moves any more).
-    pub fn halt(&self) {
-        self.sh.stop.store(true, Ordering::SeqCst);
-        self.sh.wake.notify();
-    }
-
-    /// Tell the helper there is new work.
-    fn posted(&self) {
-        self.sh.posts.fetch_add(1, Ordering::SeqCst);
-        if self.sh.sleeping.load(Ordering::SeqCst) {
-            self.sh.wake.notify();
-        }
-    }
-}
-
-impl<T: Drive> Drop for Helper<T> {
-    fn drop(&mut self) {
-        self.sh.stop.store(true, Ordering::SeqCst);
-        self.sh.wake.notify();
-        if let Some(t) = self.thread.take() {
-            t.join();
-        }
+    fn sends(&self) -> bool {
+        false
     }
 }
 
@@ -889,7 +730,7 @@ impl SendComm {
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> SendComm {
         let core = SendCore::new(socks, peer, cfg);
         if cfg.helper {
-            match Helper::start(core, "send") {
+            match Helper::start(core, cfg.helper_threads) {
                 Ok(h) => return SendComm::Helper(h),
                 Err((core, e)) => {
                     tracing::warn!("{e}; sending to {peer} from the caller's thread instead");
@@ -988,7 +829,7 @@ impl RecvComm {
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg) -> RecvComm {
         let core = RecvCore::new(socks, peer, cfg);
         if cfg.helper {
-            match Helper::start(core, "recv") {
+            match Helper::start(core, cfg.helper_threads) {
                 Ok(h) => return RecvComm::Helper(h),
                 Err((core, e)) => {
                     tracing::warn!("{e}; receiving from {peer} from the caller's thread instead");
@@ -1051,280 +892,5 @@ impl RecvComm {
 }
 
 #[cfg(test)]
-mod ack_tests {
-    use super::*;
-
-    #[test]
-    fn a_live_receiver_that_does_not_read_is_not_taken_for_dead() {
-        let mut w = AckWatch::default();
-        let t0 = Instant::now();
-        let ms = |s: u64| t0 + Duration::from_millis(s);
-        // zero window: the last ack is long ago (probe backoff), a probe is
-        // out now and then and answered at once (owed only in one look)
-        for i in 0..100u64 {
-            let owed = i % 10 == 3;
-            assert_eq!(w.look(ms(i * 200), 3000, [(owed, 60_000), (false, 90_000)]), None, "look {i}");
-        }
-    }
-
-    #[test]
-    fn silence_while_owed_past_the_timeout_fails_once_it_persists() {
-        let mut w = AckWatch::default();
-        let t0 = Instant::now();
-        let ms = |s: u64| t0 + Duration::from_millis(s);
-        // owed but acked recently: fine
-        assert_eq!(w.look(ms(0), 3000, [(true, 2999)]), None);
-        // past the timeout: not at the first look...
-        assert_eq!(w.look(ms(200), 3000, [(false, 10), (true, 3100)]), None);
-        assert_eq!(w.look(ms(400), 3000, [(false, 10), (true, 3300)]), None);
-        // ...but once it held for ACK_SILENT_FOR
-        assert_eq!(w.look(ms(700), 3000, [(false, 10), (true, 3600)]), Some(3600));
-        // an answer in between resets it
-        let mut w = AckWatch::default();
-        assert_eq!(w.look(ms(0), 3000, [(true, 5000)]), None);
-        assert_eq!(w.look(ms(300), 3000, [(true, 10)]), None);
-        assert_eq!(w.look(ms(600), 3000, [(true, 5600)]), None);
-    }
-
-    #[test]
-    fn looks_are_rate_limited() {
-        let mut w = AckWatch::default();
-        let t0 = Instant::now();
-        assert!(w.due(t0));
-        assert!(!w.due(t0 + Duration::from_millis(100)));
-        assert!(w.due(t0 + ACK_LOOK_EVERY));
-    }
-}
-
-#[cfg(test)]
-mod data_tests {
-    use super::*;
-    use std::net::{IpAddr, Ipv4Addr};
-
-    /// `n` connected stream pairs over loopback, optionally with tiny socket
-    /// buffers so that reads and writes come back short.
-    fn comms(n: usize, bufsize: u64, helper: bool) -> (SendComm, RecvComm) {
-        let (l, addr) = Socket::listen(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)).unwrap();
-        let mut tx = Vec::new();
-        let mut rx = Vec::new();
-        for _ in 0..n {
-            let c = Socket::connect_start(addr).unwrap();
-            let t0 = Instant::now();
-            let a = loop {
-                if let Some((a, _)) = l.accept().unwrap() {
-                    break a;
-                }
-                assert!(t0.elapsed() < Duration::from_secs(10));
-            };
-            while !c.connect_done(&addr).unwrap() {}
-            c.tune_stream(10, bufsize).unwrap();
-            a.tune_stream(10, bufsize).unwrap();
-            tx.push(c);
-            rx.push(a);
-        }
-        let cfg = StreamCfg { nstreams: n, min_chunk: 4096, timeout_s: 10, bufsize, helper, connect_timeout_s: 60, max_strangers: 256 };
-        (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
-    }
-
-    /// Sends `sizes` in order with up to 8 in flight each way, testing only
-    /// the oldest request of each side (NCCL's proxy), and checks every byte
-    /// and every reported size.
-    fn replay(n: usize, bufsize: u64, sizes: &[usize]) {
-        replay_with(n, bufsize, false, sizes)
-    }
-
-    fn replay_with(n: usize, bufsize: u64, helper: bool, sizes: &[usize]) {
-        let (mut s, mut r) = comms(n, bufsize, helper);
-        let src: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &z)| (0..z).map(|i| (i * 31 + k * 7) as u8).collect()).collect();
-        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&z| vec![0xEE; z + 8]).collect();
-        let (mut ps, mut ds, mut pr, mut dr) = (0, 0, 0, 0);
-        let mut sq = VecDeque::new();
-        let mut rq = VecDeque::new();
-        let t0 = Instant::now();
-        while dr < sizes.len() || ds < sizes.len() {
-            while pr < sizes.len() && pr - dr < 8 {
-                let b = RecvBuf { buf: RawBuf { ptr: dst[pr].as_mut_ptr(), len: dst[pr].len() }, tag: 5 };
-                // SAFETY: dst outlives the loop, which ends only when every receive is done.
-                let Some(id) = unsafe { r.irecv(&[b]) }.unwrap() else { break };
-                rq.push_back(id);
-                pr += 1;
-            }
-            while ps < sizes.len() && ps - ds < 8 {
-                let b = RawBuf { ptr: src[ps].as_ptr() as *mut u8, len: sizes[ps] };
-                // SAFETY: src outlives the loop, which ends only when every send is done.
-                let Some(id) = unsafe { s.isend(b, 5) }.unwrap() else { break };
-                sq.push_back(id);
-                ps += 1;
-            }
-            if let Some(&id) = sq.front() {
-                if let Some(c) = s.test(id).unwrap() {
-                    assert_eq!(c.sizes[0], sizes[ds]);
-                    sq.pop_front();
-                    ds += 1;
-                }
-            }
-            if let Some(&id) = rq.front() {
-                if let Some(c) = r.test(id).unwrap() {
-                    assert_eq!((c.n, c.sizes[0]), (1, sizes[dr]), "message {dr}");
-                    assert_eq!(&dst[dr][..sizes[dr]], &src[dr][..], "message {dr} of {} bytes", sizes[dr]);
-                    assert!(dst[dr][sizes[dr]..].iter().all(|&b| b == 0xEE), "message {dr} wrote past its size");
-                    rq.pop_front();
-                    dr += 1;
-                }
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "stuck: sent {ds}, received {dr} of {}", sizes.len());
-        }
-    }
-
-    /// Large and small messages mixed: headers read alone after a large
-    /// message, a payload's end and the next header in one read, small
-    /// messages batched through the staging buffer, empty messages.
-    const MIX: &[usize] = &[
-        0,
-        1,
-        16,
-        DIRECT_READ - 1,
-        DIRECT_READ,
-        DIRECT_READ + 1,
-        512 << 10,
-        3,
-        0,
-        512 << 10,
-        512 << 10,
-        100,
-        STAGE_LEN - HDR_LEN,
-        STAGE_LEN,
-        STAGE_LEN + 1,
-        7,
-        1 << 20,
-        17,
-        64,
-        (1 << 20) + 5,
-        0,
-        33_333,
-    ];
-
-    #[test]
-    fn mixed_sizes_arrive_exactly_on_one_stream() {
-        replay(1, 0, MIX);
-    }
-
-    #[test]
-    fn mixed_sizes_arrive_exactly_through_tiny_socket_buffers() {
-        // every read and write comes back short; headers split across reads
-        // (megabytes through a 4 KiB window on loopback crawl on the
-        // persist timer: the large ones are left to the other tests)
-        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
-        replay(1, 4096, &small);
-    }
-
-    #[test]
-    fn mixed_sizes_arrive_exactly_striped_over_streams() {
-        replay(3, 0, MIX);
-        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
-        replay(2, 4096, &small);
-    }
-
-    #[test]
-    fn many_step_sized_messages_in_a_row() {
-        let sizes: Vec<usize> = (0..200).map(|i| if i % 50 == 49 { 1000 } else { 512 << 10 }).collect();
-        replay(1, 0, &sizes);
-    }
-
-    #[test]
-    fn helper_threads_move_mixed_sizes_exactly() {
-        replay_with(1, 0, true, MIX);
-        replay_with(3, 0, true, MIX);
-        let small: Vec<usize> = MIX.iter().copied().filter(|&z| z <= 100 << 10).collect();
-        replay_with(2, 4096, true, &small);
-        let sizes: Vec<usize> = (0..100).map(|i| if i % 25 == 24 { 10 } else { 512 << 10 }).collect();
-        replay_with(2, 0, true, &sizes);
-    }
-
-    #[test]
-    fn helper_threads_are_joined_when_the_comms_close() {
-        let (s, r) = comms(2, 0, true);
-        let (SendComm::Helper(hs), RecvComm::Helper(hr)) = (&s, &r) else { panic!("RUSTNET_SOCKET_HELPER=1 gave no helper") };
-        // the thread holds the shared state while it runs: once the comm
-        // is dropped nothing may hold it, i.e. the thread was joined
-        let (ws, wr) = (Arc::downgrade(&hs.sh), Arc::downgrade(&hr.sh));
-        assert_eq!((ws.strong_count(), wr.strong_count()), (2, 2), "helper threads not running");
-        drop((s, r));
-        assert!(ws.upgrade().is_none() && wr.upgrade().is_none(), "a helper thread outlived its comm");
-        let (s2, r2) = comms(1, 0, false);
-        assert!(matches!((&s2, &r2), (SendComm::Direct(_), RecvComm::Direct(_))));
-    }
-
-    #[test]
-    fn a_helper_receiver_reports_a_dead_peer() {
-        let (s, mut r) = comms(1, 0, true);
-        let mut buf = vec![0u8; 1 << 20];
-        // SAFETY: buf outlives the receive (we wait for its failure below).
-        let id = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: buf.as_mut_ptr(), len: buf.len() }, tag: 1 }]) }.unwrap().unwrap();
-        drop(s);
-        let t0 = Instant::now();
-        loop {
-            match r.test(id) {
-                Err(e) => return assert!(e.to_string().contains("closed"), "{e}"),
-                Ok(Some(_)) => panic!("a receive completed without data"),
-                Ok(None) => assert!(t0.elapsed() < Duration::from_secs(10), "dead peer not noticed"),
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// A core whose progress panics once asked to, as a bug would.
-    struct Bomb {
-        armed: Arc<AtomicBool>,
-        failed: Arc<Mutex<Option<String>>>,
-    }
-
-    impl Drive for Bomb {
-        fn progress(&mut self) {
-            if self.armed.load(Ordering::SeqCst) {
-                panic!("injected helper panic");
-            }
-        }
-        fn wait_set(&self, _out: &mut [libc::pollfd]) -> usize {
-            0
-        }
-        fn fail_with(&mut self, e: Error) {
-            *self.failed.lock().unwrap() = Some(e.to_string());
-        }
-    }
-
-    #[test]
-    fn a_panic_in_the_helper_fails_the_comm_and_ends_the_thread() {
-        let armed = Arc::new(AtomicBool::new(false));
-        let failed = Arc::new(Mutex::new(None));
-        let Ok(h) = Helper::start(Bomb { armed: armed.clone(), failed: failed.clone() }, "bomb") else { panic!("helper did not start") };
-        armed.store(true, Ordering::SeqCst);
-        h.posted();
-        let t0 = Instant::now();
-        while failed.lock().unwrap().is_none() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the helper's panic did not fail the comm");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let e = failed.lock().unwrap().clone().unwrap();
-        assert!(e.contains("helper thread panicked") && e.contains("injected helper panic"), "{e}");
-        // the thread is gone: only the comm holds the shared state
-        while Arc::strong_count(&h.sh) > 1 {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the helper thread went on after its panic");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        drop(h);
-    }
-
-    #[test]
-    fn halt_stops_the_helper_before_close() {
-        let (s, r) = comms(1, 0, true);
-        let (SendComm::Helper(hs), RecvComm::Helper(hr)) = (&s, &r) else { panic!("RUSTNET_SOCKET_HELPER=1 gave no helper") };
-        s.halt();
-        r.halt();
-        let t0 = Instant::now();
-        while Arc::strong_count(&hs.sh) > 1 || Arc::strong_count(&hr.sh) > 1 {
-            assert!(t0.elapsed() < Duration::from_secs(10), "halt did not stop the helper threads");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
+#[path = "p2p_tests.rs"]
+mod tests;

@@ -27,6 +27,9 @@ rustnet bench: bandwidth and latency through librustnet, beside raw TCP
   rustnet bench step|ring [...]      NCCL's pattern: step-sized messages, 8 in flight,
                                      several connections, N ranks in a ring, beside
                                      NCCL's socket algorithm (rustnet bench step --help)
+  rustnet bench scale [...]          N idle comm pairs per process and one active:
+                                     set-up, memory, fds, threads, idle CPU, latency
+                                     and bandwidth per N (rustnet bench scale --help)
 
 options:
   --sizes LIST      message sizes, e.g. 1K,64K,1M,4M (default 1K..64M, x4 steps)
@@ -162,8 +165,8 @@ pub fn main(args: Vec<String>) -> i32 {
 // ------------------------------------------------------------ plugin side
 
 /// One plugin connection pair, plus buffers.
-struct Net {
-    p: Plugin,
+pub(crate) struct Net {
+    pub(crate) p: std::rc::Rc<Plugin>,
     s: Ptr,
     r: Ptr,
     l: Ptr,
@@ -173,6 +176,11 @@ struct Net {
 }
 
 impl Net {
+    /// A pair opened elsewhere (`rustnet bench scale`): closed when dropped.
+    pub(crate) fn from_parts(p: std::rc::Rc<Plugin>, s: Ptr, r: Ptr, l: Ptr) -> Net {
+        Net { p, s, r, l, cache: std::cell::RefCell::new(Vec::new()) }
+    }
+
     /// Registered buffers for `comm`: from the cache, or allocated and registered now.
     fn take_bufs(&self, comm: Ptr, n: usize, size: usize) -> Result<Bufs, String> {
         let mut c = self.cache.borrow_mut();
@@ -190,7 +198,7 @@ impl Net {
 
     /// Register what the next measurements of `size` need (outside timing),
     /// and drop registrations of other sizes.
-    fn prepare(&self, size: usize, w: usize) -> Result<(), String> {
+    pub(crate) fn prepare(&self, size: usize, w: usize) -> Result<(), String> {
         let old: Vec<Bufs> = {
             let mut c = self.cache.borrow_mut();
             let (keep, old): (Vec<Bufs>, Vec<Bufs>) = c.drain(..).partition(|b| b.size == size || b.size == 1);
@@ -220,7 +228,7 @@ impl Net {
         let mut ph = [0u8; 128];
         ph.copy_from_slice(&peer);
         let (s, r) = p.connect_accept(o.dev, &mut ph, l, Duration::from_secs(60))?;
-        Ok(Net { p, s, r, l, cache: std::cell::RefCell::new(Vec::new()) })
+        Ok(Net::from_parts(std::rc::Rc::new(p), s, r, l))
     }
 
     fn props_line(&self, dev: i32) -> String {
@@ -280,7 +288,7 @@ const NAP_AFTER: u32 = 8;
 /// Move `count` messages of `size` each way that `send`/`recv` say, with
 /// `w` requests in flight per direction. Single thread, like NCCL's proxy;
 /// after NAP_AFTER passes that moved nothing it sleeps `nap_us` (0: yields).
-fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize, nap_us: u64) -> Result<(), String> {
+pub(crate) fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize, nap_us: u64) -> Result<(), String> {
     let mut sb = net.take_bufs(net.s, w.min(send.max(1)), size)?;
     let mut rb = net.take_bufs(net.r, w.min(recv.max(1)), size)?;
     let e = |x: driver::NcclErr| x.to_string();
@@ -350,7 +358,7 @@ fn pump(net: &Net, send: usize, recv: usize, size: usize, w: usize, nap_us: u64)
 /// Receives are posted ahead (two deep) and send completions are reaped in
 /// passing, the way NCCL's proxy drives a connection; exactly `iters`
 /// receives are posted, so none is left behind for the next measurement.
-fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> Result<f64, String> {
+pub(crate) fn pingpong(net: &Net, size: usize, iters: usize, initiator: bool, rtts: &mut Vec<f64>) -> Result<f64, String> {
     const AHEAD: usize = 2;
     let mut sb = net.take_bufs(net.s, 1, size)?;
     let mut rb = net.take_bufs(net.r, AHEAD, size)?;

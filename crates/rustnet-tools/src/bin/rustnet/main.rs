@@ -22,6 +22,7 @@ mod ctl;
 mod ncclsock;
 mod plot;
 mod ring;
+mod scale;
 // Bench's sample sets and order statistics (shared by bench, ring, plot).
 mod samples;
 // `rustnet stats DIR`: a job's statistics files.
@@ -109,6 +110,7 @@ fn main() {
     let code = match cmd.as_str() {
         // compare drives bench and ring (bench does not import it)
         "bench" if args.first().map(String::as_str) == Some("compare") => compare::main(args[1..].to_vec()),
+        "bench" if args.first().map(String::as_str) == Some("scale") => scale::main(args[1..].to_vec()),
         "bench" => bench::main(args),
         "agent" => agent::main(args),
         "bisect" => bisect::main(args),
