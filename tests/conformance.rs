@@ -449,8 +449,8 @@ fn peer_main(role: String) {
         PeerRun::Plugin(f) => f,
     };
     let p = open_plugin(version);
-    let stdin: &'static std::io::Stdin = Box::leak(Box::new(std::io::stdin()));
-    let mut peer = Peer { p, dev: env_u64("RUSTNET_CONF_DEV", 0) as i32, out: std::io::stdout(), input: stdin.lock().lines() };
+    // (Stdin::lock is 'static: the line iterator lives in Peer without a leak)
+    let mut peer = Peer { p, dev: env_u64("RUSTNET_CONF_DEV", 0) as i32, out: std::io::stdout(), input: std::io::stdin().lock().lines() };
     let p = &peer.p;
     assert_eq!(p.name(), "rustnet");
     assert!(p.missing_slots().is_empty(), "NULL slots: {:?}", p.missing_slots());
