@@ -652,7 +652,7 @@ fn port_active(dev: &str) -> bool {
 }
 
 /// `ip link set <netdev> down` in the middle of a stream between two
-/// devices: both ends fail (PORT_ERR async event, or the RC retry limit),
+/// devices: both ends fail by the RC retry limit (a PORT_ERR alone fails no comm),
 /// nothing hangs. Named to run last: it disturbs the VM's network, and puts
 /// the link and its routes back afterwards.
 #[test]
