@@ -417,9 +417,10 @@ pub(crate) unsafe fn close_listen(comm: VoidPtr) -> ncclResult_t {
 }
 
 /// The last comm closed: the heap the comms used goes back to the system
-/// (thousands of comms leave hundreds of MB that the allocator would keep).
+/// (thousands of comms leave hundreds of MB that the allocator would keep;
+/// a handful leave too little to be worth the walk, see `TRIM_PEAK`).
 fn after_close() {
-    if handles::comms_open() == 0 {
+    if handles::heap_trim_due() {
         crate::transport::give_back_heap();
     }
 }

@@ -112,11 +112,13 @@ struct Alloc {
     live: usize,
     /// Of them, listen, send and receive comms.
     comms: usize,
+    /// The most comms alive at once since the heap was last given back.
+    peak: usize,
     /// Set by teardown: no more handles.
     closed: bool,
 }
 
-static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, comms: 0, closed: false });
+static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, comms: 0, peak: 0, closed: false });
 
 fn slot(i: u64) -> Option<&'static Slot> {
     let i = i as usize;
@@ -157,6 +159,7 @@ fn insert(kind: Kind, obj: *mut c_void) -> Result<u64> {
     sl.state.store(gen << 8 | kind as u64, Ordering::Release);
     a.live += 1;
     a.comms += usize::from(matches!(kind, Kind::Listen | Kind::Send | Kind::Recv));
+    a.peak = a.peak.max(a.comms);
     Ok(kind as u64 | (i as u64) << 4 | gen << (4 + SLOT_BITS))
 }
 
@@ -221,10 +224,24 @@ fn comm_kind(d: Dir) -> Kind {
     }
 }
 
-/// Listen, send and receive comms alive now.
-pub(crate) fn comms_open() -> usize {
-    ALLOC.lock().comms
+/// Comms alive at once, at the peak, before the heap is worth giving back
+/// when the last one closes: a few comms leave little freed heap, and
+/// `malloc_trim` walks the whole heap (a process that opens and closes one
+/// comm pair at a time would pay that walk per cycle: under the VM's
+/// emulation that made 10000 connect/close cycles run past 10 minutes).
+pub(crate) const TRIM_PEAK: usize = 64;
+
+/// True once per "everything closed" after at least [`TRIM_PEAK`] comms
+/// were alive at once: the caller gives the freed heap back.
+pub(crate) fn heap_trim_due() -> bool {
+    let mut a = ALLOC.lock();
+    if a.comms == 0 && a.peak >= TRIM_PEAK {
+        a.peak = 0;
+        return true;
+    }
+    false
 }
+
 
 /// A new listen comm handle.
 pub(crate) fn listen_new(l: ListenComm) -> Result<*mut c_void> {

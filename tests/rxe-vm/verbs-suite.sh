@@ -62,6 +62,10 @@ if [ "${1:-}" = --in-vm ]; then
   # emulation is noisy: a failed conformance case runs once more and is
   # reported as FLAKY (with its first error) if it then passes
   export RUSTNET_CONF_RETRY=1
+  # connect/close churn: 3000 verbs connections (each ~10 ms under
+  # emulation) show fd, thread and heap growth as well as the host's 10000
+  # TCP ones, and leave the binary room within VERBS_TEST_TIMEOUT
+  export RUSTNET_CONF_CONNECTS=${RUSTNET_CONF_CONNECTS:-3000}
   # what `cargo test` would add, so dylib-linked tests find their libraries
   export LD_LIBRARY_PATH="${VERBS_LIB_DIRS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   for kv in ${VERBS_ENV:-}; do export "${kv?}"; done
