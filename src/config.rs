@@ -368,6 +368,8 @@ knobs! {
     socket_timeout: Int<1, 86400> = "RUSTNET_SOCKET_TIMEOUT", default "30", accepts "seconds, 1..86400";
     /// Seconds one connection set-up may take, on TCP data streams and on the verbs out-of-band socket: the TCP handshake (SYNs that vanish), then on TCP the listener's confirmation that its accept took the connection. The default is NCCL's own socket connect budget: NCCL_SOCKET_RETRY_CNT=34 retries sleeping 100, 200, ... 3400 ms (NCCL_SOCKET_RETRY_SLEEP_MSEC=100), about 60 s.
     connect_timeout: Int<1, 86400> = "RUSTNET_CONNECT_TIMEOUT", default "60", accepts "seconds, 1..86400";
+    /// Seconds a comm may spend recovering from a fabric fault before it fails: on verbs a recoverable completion error (retry exceeded, flushed) or a port that went down and came back, on TCP a reset or silent stream while the peer process is alive. Both ends agree on a restart point over the comm's out-of-band connection, wait for the port (verbs) or reconnect (TCP), and resend only what the receiver has not completed; NCCL's requests stay pending meanwhile, never completed twice. When the window is spent the comm fails with an error naming the port, the time waited and this knob. 0: no recovery (the first such fault fails the comm, as NCCL's net_ib does without its resiliency knobs). See docs/resilience.md.
+    recovery_timeout: Int<0, 86400> = "RUSTNET_RECOVERY_TIMEOUT", default "120", accepts "seconds, 0..86400 (0 = off)";
     /// Connections one listen port holds that have not yet sent a valid hello (strangers, or peers whose hello is still on its way); beyond it the oldest is closed with a WARN. Such a connection is also closed when its hello is not complete RUSTNET_SOCKET_TIMEOUT seconds after it was accepted. Neither limit touches connections whose hello carried the listener's nonce.
     listen_max_strangers: Int<1, 65536> = "RUSTNET_LISTEN_MAX_STRANGERS", default "256", accepts "an integer 1..65536";
     /// RDMA devices and ports to use, in NCCL's syntax (`mlx5_0:1,mlx5_1`, `^mlx5_2`, `=mlx5_1`).
@@ -422,6 +424,10 @@ knobs! {
     stats_interval: Int<1, 3600> = "RUSTNET_STATS_INTERVAL", default "5", accepts "seconds, 1..3600";
     /// Testing only: panic on entry to the named vtable slot (e.g. `isend`), or inside isend/test after the transport changed its state (`isend:queued`, `test:progressed`), to prove the boundary catches it and fails that comm (see src/fault.rs).
     fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name, isend:queued or test:progressed";
+    /// Testing only: move one of a comm's verbs QPs to the error state at a chosen point, so any device (soft-RoCE included) can be driven through recovery: `send:N` / `recv:N` after the N-th data post of each send / receive comm of the process, `send:N:K` and `recv:N:K` every K posts after that, `random:P` on each post with probability P per mille (seeded by RUSTNET_FAULT_SEED). Empty: off.
+    fault_qp_error: String = "RUSTNET_FAULT_QP_ERROR", default "", accepts "send:N[:K], recv:N[:K] or random:P";
+    /// Testing only: seed of RUSTNET_FAULT_QP_ERROR=random:P (0: from the clock, logged).
+    fault_seed: Int<0, 4294967295> = "RUSTNET_FAULT_SEED", default "0", accepts "an integer 0..4294967295";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.
     nccl_debug: LogLevel = "NCCL_DEBUG", default "WARN", accepts "WARN, INFO or TRACE";
 }
