@@ -71,12 +71,14 @@ if [ "${1:-}" = --in-vm ]; then
 dev=$1 down=$2 out=$3
 routes=$(ip -o route show table all | grep " dev $dev" || true)
 sleep 2
-date +%s.%N > "$out.down"
 ip link set "$dev" down
+date +%s.%N > "$out.down"
 sleep "$down"
 ip link set "$dev" up
-while IFS= read -r l; do [ -n "$l" ] && ip route replace $l 2>/dev/null; done <<<"$routes"
 date +%s.%N > "$out.up"
+# (a real fabric keeps its routes; the rig's policy routes go with the link)
+while IFS= read -r l; do [ -n "$l" ] && ip route replace $l 2>/dev/null; done <<<"$routes"
+date +%s.%N > "$out.routes"
 FLAP
   chmod +x $W/flap.sh
   # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS]
@@ -90,8 +92,8 @@ FLAP
     local by_time=()
     if [ -n "$flap" ]; then
       apply="setsid $W/flap.sh veth1 $flap $out > /dev/null 2>&1 &"
-      by_time=("LOSS_SECONDS=$(awk -v f="$flap" 'BEGIN { print f + 6 }')" "LOSS_DEADLINE_S=$(awk -v f="$flap" 'BEGIN { print int(f + 90) }')")
-      rm -f "$out.up" "$out.down"
+      by_time=("LOSS_SECONDS=$(awk -v f="$flap" 'BEGIN { print f + 15 }')" "LOSS_DEADLINE_S=$(awk -v f="$flap" 'BEGIN { print int(f + 90) }')")
+      rm -f "$out.up" "$out.down" "$out.routes"
     fi
     snap $out.before
     watch_pid=""
@@ -128,7 +130,8 @@ FLAP
         # from link-up to the first message received after it, and the longest silence
         again=$(awk -v up="$(cat "$out.up")" '$1 > up { print $1 - up; exit }' "$out.timeline")
         again=$(printf '%.2f' "${again:-999}")
-        echo "link down $(awk -v a="$(cat "$out.down")" -v b="$(cat "$out.up")" 'BEGIN { printf "%.2f", b - a }') s; traffic again ${again} s after link-up; longest gap between messages $(sort -n "$out.timeline" | awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }') s"
+        echo "link down $(awk -v a="$(cat "$out.down")" -v b="$(cat "$out.up")" 'BEGIN { printf "%.2f", b - a }') s (routes back $(awk -v a="$(cat "$out.up")" -v b="$(cat "$out.routes" 2>/dev/null || echo 0)" 'BEGIN { printf "%.2f", b - a }') s after link-up); traffic again ${again} s after link-up; longest gap between messages $(sort -n "$out.timeline" | awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }') s"
+        grep -h 'recovered in' $out.err | sed 's/^/  WARN: /' | cut -c1-200
       else
         echo "the flap did not finish (no link-up time)"
         again=999

@@ -278,9 +278,9 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                     Err(e) => return Err(s.link().fail_with(e)),
                 };
                 let link = s.link();
-                let r = link.rec.as_mut().expect("recovering");
-                r.last = took;
-                r.replayed_bytes += bytes;
+                link.stats.recoveries.add(1);
+                link.stats.replayed_bytes.add(bytes);
+                link.stats.last_recovery_us.store(took.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
                     "{}: comm to {} recovered in {:.3} s ({} stop(s)): new QPs {:x?}, {bytes} byte(s) written again",
                     link.dev.name,

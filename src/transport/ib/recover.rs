@@ -59,10 +59,6 @@ pub(super) struct RecLink {
     pub(super) rtr_sl: u8,
     /// PORT_ERR and PORT_ACTIVE counts of our port last looked at.
     pub(super) port_seen: (u32, u32),
-    /// Bytes written again, all recoveries.
-    pub(super) replayed_bytes: u64,
-    /// The last recovery's length (stop to resume).
-    pub(super) last: Duration,
 }
 
 impl RecLink {
@@ -85,8 +81,6 @@ impl RecLink {
             rtr_tc,
             rtr_sl,
             port_seen,
-            replayed_bytes: 0,
-            last: Duration::ZERO,
         }
     }
 
