@@ -27,6 +27,9 @@
 #     right, and "again" = from link-up to the first message received after
 #     it (the plugin recovers on PORT_ACTIVE instead of waiting for the HCA's
 #     next retransmission); more than LOSS_RESUME_MAX (2) s fails.
+#   - flap-connect: veth1 down for 3 s from just before the connections are
+#     set up: connect and accept wait for the port (RUSTNET_CONNECT_TIMEOUT),
+#     then the traffic runs clean.
 # Per scenario it prints the time, the rxe hw_counters that moved (both
 # devices, summed), the plugin's own statistics file (RUSTNET_STATS_DIR,
 # read by `rustnet stats`), `rustnet watch`'s verdict during the 1% run, and
@@ -68,9 +71,9 @@ if [ "${1:-}" = --in-vm ]; then
   # link-down and link-up times (unix seconds) into OUT.down / OUT.up
   cat > $W/flap.sh <<'FLAP'
 #!/bin/bash
-dev=$1 down=$2 out=$3
+dev=$1 down=$2 out=$3 after=${4:-2}
 routes=$(ip -o route show table all | grep " dev $dev" || true)
-sleep 2
+sleep "$after"
 ip link set "$dev" down
 date +%s.%N > "$out.down"
 sleep "$down"
@@ -81,17 +84,23 @@ while IFS= read -r l; do [ -n "$l" ] && ip route replace $l 2>/dev/null; done <<
 date +%s.%N > "$out.routes"
 FLAP
   chmod +x $W/flap.sh
-  # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS]
+  # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS] [FLAP_AT: run|connect]
   scenario() {
-    local name=$1 loss=$2 to=$3 rc=$4 mode=$5 xenv=${6:-} flap=${7:-} out dir line secs expect="" res again="-" window=0
+    local name=$1 loss=$2 to=$3 rc=$4 mode=$5 xenv=${6:-} flap=${7:-} at=${8:-run} out dir line secs expect="" res again="-" window=0
     dir=$W/stats-$name out=$W/$name
     echo
     echo "=== $name: loss $loss on $devs, NCCL_IB_TIMEOUT=$to NCCL_IB_RETRY_CNT=$rc $xenv${flap:+, veth1 down for $flap s}, expect $mode"
     apply=""
     for d in $devs; do apply+="tc qdisc replace dev $d root netem loss $loss; "; done
-    local by_time=()
-    if [ -n "$flap" ]; then
+    local by_time=() before=""
+    if [ -n "$flap" ] && [ "$at" = connect ]; then
+      # the link goes down just before the connections are set up
+      before="setsid $W/flap.sh veth1 $flap $out 0 > /dev/null 2>&1 & sleep 0.3"
+      apply=""
+    elif [ -n "$flap" ]; then
       apply="setsid $W/flap.sh veth1 $flap $out > /dev/null 2>&1 &"
+    fi
+    if [ -n "$flap" ]; then
       by_time=("LOSS_SECONDS=$(awk -v f="$flap" 'BEGIN { print f + 15 }')" "LOSS_DEADLINE_S=$(awk -v f="$flap" 'BEGIN { print int(f + 90) }')")
       rm -f "$out.up" "$out.down" "$out.routes"
     fi
@@ -106,7 +115,7 @@ FLAP
     # shellcheck disable=SC2086  # xenv: assignments, one per word
     env NCCL_IB_TIMEOUT="$to" NCCL_IB_RETRY_CNT="$rc" LOSS_MODE="$mode" LOSS_APPLY="$apply" \
       RUSTNET_STATS_DIR="$dir" RUSTNET_STATS_INTERVAL=1 LOSS_BYTES="${LOSS_BYTES:-33554432}" \
-      LOSS_TIMELINE="$out.timeline" $xenv "${by_time[@]}" \
+      LOSS_TIMELINE="$out.timeline" LOSS_BEFORE="$before" $xenv "${by_time[@]}" \
       timeout 300 "$T/rustnet-loss" > $out.out 2> $out.err
     local prc=$?
     [ -n "$watch_pid" ] && { sleep 1.2; kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
@@ -167,7 +176,7 @@ FLAP
     [ "$res" = PASS ] || fails=$((fails + 1))
     rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$again" "$res | $cnt")")
   }
-  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3} "
+  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-connect} "
   [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 flap-20 "
   pick() { [[ $want == *" $1 "* ]] && scenario "$@"; }
   pick clean   0%   14 7 ok
@@ -180,6 +189,7 @@ FLAP
   pick flap-0.5 0%  20 7 ok "" 0.5
   pick flap-3  0%   20 7 ok "" 3
   pick flap-20 0%   20 7 ok "" 20
+  pick flap-connect 0% 20 7 ok "" 3 connect
   echo
   echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way, or how long a flap run lasted; fail = from the loss to the first failed call; again: from link-up to the next message received)"
   printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" again "result | rxe hw_counters (rxe0+rxe1)"
@@ -197,7 +207,7 @@ fi
 case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
-  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
+  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" \
   bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"

@@ -13,6 +13,9 @@
 //!                S from LOSS_APPLY to the first failing call (exit 1 if
 //!                nothing failed within LOSS_DEADLINE_S, or bytes were wrong)
 //!
+//! LOSS_BEFORE, a shell command run before the connections are set up
+//! (a link flap during connect), is LOSS_APPLY's twin.
+//!
 //! Knobs: LOSS_BYTES per direction (32 MiB), LOSS_SECONDS (instead of a
 //! byte count: send until this many seconds have passed, then finish what
 //! is in flight), LOSS_MSG (1 MiB), LOSS_WINDOW
@@ -148,6 +151,10 @@ fn main() {
     assert!(ndev >= 2, "need two devices (NCCL_IB_HCA=rxe0,rxe1), have {ndev}");
     let names: Vec<String> = (0..2).map(|d| p.properties(d).unwrap().name).collect();
     println!("LOSS devices {} {}", names[0], names[1]);
+    if let Ok(cmd) = std::env::var("LOSS_BEFORE") {
+        let st = std::process::Command::new("sh").arg("-c").arg(&cmd).status().expect("run LOSS_BEFORE");
+        assert!(st.success(), "LOSS_BEFORE failed: {cmd}");
+    }
     // pair 0: dev 0 sends to dev 1; pair 1: dev 1 sends to dev 0
     let mut pairs = Vec::new();
     let mut listens = Vec::new();

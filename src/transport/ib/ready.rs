@@ -97,6 +97,8 @@ impl SendComm {
         if io.link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
             let seen = io.link.dev.health.port_events(io.link.dev.port);
             io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.caps, io.tc, io.sl, seen)));
+            // (best effort: recovery messages go soon after a link's return either way)
+            let _ = io.link.oob.set_thin_linear_timeouts();
         }
         io.hs = Some(SendHs::WriteReady { sent: 0 });
         Ok(())
@@ -186,6 +188,7 @@ impl RecvComm {
         if link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
             let tc = handshake::receiver_tc(&link.cc, dev.link_layer, remote.tc);
             link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, caps, tc, remote.sl, dev.health.port_events(dev.port))));
+            let _ = link.oob.set_thin_linear_timeouts();
         }
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         let nq = qps.len();

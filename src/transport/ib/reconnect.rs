@@ -64,8 +64,13 @@ impl Link {
         if now == r.port_seen {
             return;
         }
-        let came_back = now.1 > r.port_seen.1;
+        // a PORT_ERR not yet ridden out, then a PORT_ACTIVE (in one look or two)
+        r.went_down |= now.0 > r.port_seen.0;
+        let came_back = r.went_down && now.1 > r.port_seen.1;
         r.port_seen = now;
+        if came_back {
+            r.went_down = false;
+        }
         if came_back && pending > 0 && !r.m.active() {
             let cause = format!("the link of {} went down and came back with {pending} request(s) outstanding", self.dev.describe());
             self.fault(cause, Error::Internal("port flap".into()));
@@ -77,7 +82,7 @@ impl Link {
     /// protocol).
     pub(super) fn pump(&mut self) -> Result<()> {
         let Some(r) = self.rec.as_mut() else { return Ok(()) };
-        if r.sent < r.out.len() {
+        if r.sent < r.out.len() && (r.port_up || !r.m.active()) {
             if let Err(e) = self.oob.write_on(&r.out, &mut r.sent) {
                 let what = format!("out-of-band connection failed while recovering: {e}");
                 return Err(self.fail_with(Error::Remote { peer: self.peer_name(), what }));
@@ -191,6 +196,8 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.new_qps.clear();
                 r.send(&msg);
                 link.stop_qps();
+                let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
+                link.rec.as_mut().expect("recovering").port_up = up;
                 s.halt_extra();
             }
             Do::Drain => {
@@ -221,8 +228,13 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.next_query = now + PORT_POLL;
                 match handshake::local_addr(&link.dev, &link.cc) {
                     Ok(l) => {
+                        let seen = link.dev.health.port_events(link.dev.port);
                         let r = link.rec.as_mut().expect("recovering");
                         r.local = Some(l);
+                        r.port_up = true;
+                        // the flap this recovery rides out is handled: no second one for its PORT_ACTIVE
+                        r.port_seen = seen;
+                        r.went_down = false;
                         r.m.port_active();
                     }
                     Err(_) => return Ok(()),

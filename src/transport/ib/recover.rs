@@ -59,6 +59,12 @@ pub(super) struct RecLink {
     pub(super) rtr_sl: u8,
     /// PORT_ERR and PORT_ACTIVE counts of our port last looked at.
     pub(super) port_seen: (u32, u32),
+    /// Our port was ACTIVE when last looked at: recovery messages go out
+    /// only then (one written while the link is down waits in TCP's
+    /// retransmission back-off, seconds past the link's return).
+    pub(super) port_up: bool,
+    /// A PORT_ERR was seen and no recovery or PORT_ACTIVE has answered it yet.
+    pub(super) went_down: bool,
 }
 
 impl RecLink {
@@ -81,6 +87,8 @@ impl RecLink {
             rtr_tc,
             rtr_sl,
             port_seen,
+            port_up: true,
+            went_down: false,
         }
     }
 
