@@ -79,8 +79,9 @@ date +%s.%N > "$out.down"
 sleep "$down"
 ip link set "$dev" up
 date +%s.%N > "$out.up"
-# (a real fabric keeps its routes; the rig's policy routes go with the link)
-while IFS= read -r l; do [ -n "$l" ] && ip route replace $l 2>/dev/null; done <<<"$routes"
+# (a host re-adds an interface's connected routes when it comes up; the
+# rig's policy routes it does not: put them back in one batch, at once)
+sed -n 's/^/route replace /p' <<<"$routes" | ip -force -batch - 2>/dev/null
 date +%s.%N > "$out.routes"
 FLAP
   chmod +x $W/flap.sh
