@@ -261,6 +261,8 @@ pub(super) struct Setup {
     pub eager: u32,
     /// The QPs' sizes (a recovery makes new QPs alike).
     pub caps: QpCaps,
+    /// The CQ's size (a recovery makes a new CQ alike).
+    pub cqe: i32,
     /// [`Meta::flags`] this end announces.
     pub flags: u8,
 }
@@ -308,7 +310,7 @@ impl Setup {
             let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
             (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, stage)
         };
-        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, caps, flags: cc.meta_flags() })
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, caps, cqe, flags: cc.meta_flags() })
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {

@@ -70,8 +70,9 @@ pub(super) struct SendIo {
     pub(super) cur: Option<RawBuf>,
     /// iWARP: lanes end with notice SENDs (after `link`: dropped after the QPs).
     pub(super) notices: Option<NoticeTx>,
-    /// The QPs' sizes (a recovery makes new QPs alike).
+    /// The QPs' and CQ's sizes (a recovery makes new ones alike).
     pub(super) caps: super::verbs::QpCaps,
+    pub(super) cqe: i32,
 }
 
 /// The sender's half of the eager path (its bookkeeping is in the machine, [`tx::Sender`]).

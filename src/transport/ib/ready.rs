@@ -96,7 +96,7 @@ impl SendComm {
         self.tx.connected(tx::Config { nqps: io.link.qps.len(), split: io.link.cc.split, eager: limit, mailbox_after: tx::MAILBOX_AFTER });
         if io.link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
             let seen = io.link.dev.health.port_events(io.link.dev.port);
-            io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.caps, io.tc, io.sl, seen)));
+            io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.caps, io.cqe, io.tc, io.sl, seen)));
             // (best effort: recovery messages go soon after a link's return either way)
             let _ = io.link.oob.set_thin_linear_timeouts();
         }
@@ -147,7 +147,7 @@ pub(super) fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
 
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, caps, .. } = setup;
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, caps, cqe, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.local_gid = local.gid;
         link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
@@ -165,6 +165,7 @@ impl SendComm {
             cur: None,
             notices: None,
             caps,
+            cqe,
         };
         SendComm { io, tx: tx::Sender::new() }
     }
@@ -182,12 +183,12 @@ impl RecvComm {
         remote: &Meta,
         notices: Option<Box<RecvSide>>,
     ) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, eager: offer, caps, .. } = setup;
+        let Setup { dev, cq, local, region, stage, eager: offer, caps, cqe, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.local_gid = local.gid;
         if link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
             let tc = handshake::receiver_tc(&link.cc, dev.link_layer, remote.tc);
-            link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, caps, tc, remote.sl, dev.health.port_events(dev.port))));
+            link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, caps, cqe, tc, remote.sl, dev.health.port_events(dev.port))));
             let _ = link.oob.set_thin_linear_timeouts();
         }
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);

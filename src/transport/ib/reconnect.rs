@@ -10,7 +10,7 @@ use super::device::LINK_ETH;
 use super::handshake;
 use super::link::Link;
 use super::p2p::{Flush, RecvComm, SendComm, RECV_WRS};
-use super::verbs::{Access, Qp, RtrParams, RtsParams};
+use super::verbs::{Access, Cq, Qp, RtrParams, RtsParams};
 use crate::error::{Error, Result};
 use crate::proto::nic::WrId;
 use crate::proto::recover::{Do, GiveUpWhy, Phase, Point, QpAddr, RcMsg, RC_HDR, RC_MAX_PAYLOAD};
@@ -194,6 +194,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.rq_flushed = 0;
                 r.quiet = false;
                 r.new_qps.clear();
+                r.new_cq = None;
                 r.send(&msg);
                 link.stop_qps();
                 let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
@@ -246,9 +247,13 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 let r = link.rec.as_mut().expect("recovering");
                 let Some(local) = r.local else { return Err(link.fail_with(Error::Internal("rebuild before the port came back".into()))) };
                 let caps = r.caps;
+                let cq = match Cq::new(&link.dev.ctx, r.cqe) {
+                    Ok(c) => c,
+                    Err(e) => return Err(link.fail_with(e)),
+                };
                 let mut qps = Vec::with_capacity(link.qps.len());
                 for _ in 0..link.qps.len() {
-                    match Qp::create(&link.dev.pd, &link.cq, caps, link.dev.port, link.cc.pkey, Access::REMOTE_WRITE) {
+                    match Qp::create(&link.dev.pd, &cq, caps, link.dev.port, link.cc.pkey, Access::REMOTE_WRITE) {
                         Ok(q) => qps.push(q),
                         Err(e) => return Err(link.fail_with(e)),
                     }
@@ -266,6 +271,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 }
                 let r = link.rec.as_mut().expect("recovering");
                 r.new_qps = qps;
+                r.new_cq = Some(cq);
                 r.send(&RcMsg::State { epoch, addr: Box::new(addr), point: Box::new(point) });
                 r.m.rebuilt();
             }
@@ -357,7 +363,11 @@ fn connect(link: &mut Link) -> Result<()> {
             super::gid::show(&peer.gid)
         );
     }
+    // the old QPs go first (destroyed), then their CQ with whatever it still held
     link.qps = qps;
+    if let Some(cq) = link.rec.as_mut().and_then(|r| r.new_cq.take()) {
+        link.cq = cq;
+    }
     link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
     link.peer_gid = peer.gid;
     link.local_gid = local.gid;

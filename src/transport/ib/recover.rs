@@ -21,7 +21,7 @@
 use std::time::{Duration, Instant};
 
 use super::handshake::LocalAddr;
-use super::verbs::{Init, Qp, QpCaps};
+use super::verbs::{Cq, Init, Qp, QpCaps};
 use crate::proto::recover::{RcMsg, Recovery, RC_HDR, RC_MAX_PAYLOAD};
 
 /// Completion statuses a healthy peer can come back from: the network
@@ -55,6 +55,10 @@ pub(super) struct RecLink {
     pub(super) local: Option<LocalAddr>,
     pub(super) new_qps: Vec<Qp<Init>>,
     pub(super) caps: QpCaps,
+    /// The CQ's size: a recovery makes a new CQ as well (a flush of every
+    /// queue at once may have overrun the old one, which is then unusable).
+    pub(super) cqe: i32,
+    pub(super) new_cq: Option<Cq>,
     pub(super) rtr_tc: u8,
     pub(super) rtr_sl: u8,
     /// PORT_ERR and PORT_ACTIVE counts of our port last looked at.
@@ -68,7 +72,7 @@ pub(super) struct RecLink {
 }
 
 impl RecLink {
-    pub(super) fn new(window_s: u32, caps: QpCaps, rtr_tc: u8, rtr_sl: u8, port_seen: (u32, u32)) -> RecLink {
+    pub(super) fn new(window_s: u32, caps: QpCaps, cqe: i32, rtr_tc: u8, rtr_sl: u8, port_seen: (u32, u32)) -> RecLink {
         let now = Instant::now();
         RecLink {
             m: Recovery::new(Duration::from_secs(window_s as u64)),
@@ -84,6 +88,8 @@ impl RecLink {
             local: None,
             new_qps: Vec::new(),
             caps,
+            cqe,
+            new_cq: None,
             rtr_tc,
             rtr_sl,
             port_seen,
