@@ -41,7 +41,7 @@
 #
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
 # LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3"; LOSS_SLOW=1 adds loss1-t20
-# and flap-20), LOSS_RESUME_MAX (2 s), LOSS_MSG (message size, 1 MiB),
+# and flap-20), LOSS_RESUME_MAX (2 s), LOSS_REPEAT (runs per scenario, 1), LOSS_MSG (message size, 1 MiB),
 # LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail
@@ -183,7 +183,15 @@ FLAP
   }
   want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect} "
   [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 flap-20 "
-  pick() { [[ $want == *" $1 "* ]] && scenario "$@"; }
+  # each picked scenario runs LOSS_REPEAT times (1): rows name/2, name/3, ...
+  pick() {
+    [[ $want == *" $1 "* ]] || return 0
+    local k name=$1
+    shift
+    for k in $(seq 1 "${LOSS_REPEAT:-1}"); do
+      if [ "$k" = 1 ]; then scenario "$name" "$@"; else scenario "$name/$k" "$@"; fi
+    done
+  }
   pick clean   0%   14 7 ok
   pick loss1   1%   14 7 ok
   pick loss1-t20 1% 20 7 ok
@@ -217,6 +225,6 @@ case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" 
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
   "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
-  "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" \
+  "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" \
   bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"
