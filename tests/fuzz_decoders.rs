@@ -342,10 +342,10 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("short", h.encode()[..20].to_vec());
         }
         "reply" => {
-            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION }.encode().to_vec());
-            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION }.encode().to_vec());
-            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1 }.encode().to_vec());
-            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION }.encode();
+            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
+            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
+            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1, resume_port: 0 }.encode().to_vec());
+            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION, resume_port: 0 }.encode();
             b[8] = 7;
             add("near-unknown-verdict", b.to_vec());
             add("http", b"HTTP/1.1 400 Bad".to_vec());

@@ -117,6 +117,36 @@ impl QpTable {
     }
 }
 
+/// What one comm's recoveries cost, bumped by its transport when the comm
+/// recovers from a fabric fault (never on the data path) and read by the
+/// writer. Every comm has one (zero until a recovery), whether or not a
+/// statistics file is configured.
+#[derive(Debug, Default)]
+pub struct RecoveryStats {
+    /// Recoveries completed (the comm went on after a reset, a cut link, ...).
+    pub recoveries: Counter,
+    /// Payload and header bytes sent a second time because the receiver had
+    /// not taken them when the connection failed.
+    pub replayed_bytes: Counter,
+    /// How long the last recovery took, from the fault being noticed to
+    /// traffic moving again, in microseconds (0: none yet).
+    pub last_us: AtomicU64,
+}
+
+impl RecoveryStats {
+    /// One recovery that took `took` and sent `replayed` bytes again.
+    pub fn record(&self, took: Duration, replayed: u64) {
+        self.recoveries.add(1);
+        self.replayed_bytes.add(replayed);
+        self.last_us.store(took.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// The last recovery's duration in seconds (0: none yet).
+    pub fn last_seconds(&self) -> f64 {
+        self.last_us.load(Ordering::Relaxed) as f64 / 1e6
+    }
+}
+
 /// Which way a comm moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Way {
@@ -162,6 +192,8 @@ pub struct CommStats {
     /// Verbs: the QP counters, with the device of each QP set (a merged
     /// device has one set per member).
     pub qps: Vec<(String, Arc<QpTable>)>,
+    /// Its recoveries, shared with the transport's comm.
+    pub recovery: Arc<RecoveryStats>,
 }
 
 /// Settings of the writer (from the knob table).
@@ -181,6 +213,21 @@ struct Totals {
     bytes: u64,
     errors: u64,
     comms: u64,
+    recoveries: u64,
+    replayed: u64,
+}
+
+impl Totals {
+    /// Add one comm's counts.
+    fn add(&mut self, c: &CommStats) {
+        self.msgs += c.msgs.get();
+        self.completions += c.completions.get();
+        self.bytes += c.bytes.get();
+        self.errors += c.errors.get();
+        self.comms += 1;
+        self.recoveries += c.recovery.recoveries.get();
+        self.replayed += c.recovery.replayed_bytes.get();
+    }
 }
 
 struct Registry {
@@ -277,6 +324,7 @@ pub fn open_comm(
     peer: String,
     nccl_comm: Option<String>,
     qps: Vec<(String, Arc<QpTable>)>,
+    recovery: Arc<RecoveryStats>,
 ) -> Option<Arc<CommStats>> {
     let mut life = lock(&LIFE);
     let mut r = lock(&REG);
@@ -295,6 +343,7 @@ pub fn open_comm(
         bytes: Counter::default(),
         errors: Counter::default(),
         qps,
+        recovery,
     });
     r.live.push(c.clone());
     r.start.get_or_insert_with(SystemTime::now);
@@ -311,12 +360,7 @@ pub fn close_comm(c: &Arc<CommStats>) {
     let mut life = lock(&LIFE);
     let mut r = lock(&REG);
     r.live.retain(|x| !Arc::ptr_eq(x, c));
-    let t = r.retired.entry((c.device.clone(), c.transport, c.way)).or_default();
-    t.msgs += c.msgs.get();
-    t.completions += c.completions.get();
-    t.bytes += c.bytes.get();
-    t.errors += c.errors.get();
-    t.comms += 1;
+    r.retired.entry((c.device.clone(), c.transport, c.way)).or_default().add(c);
     let last = r.live.is_empty();
     drop(r);
     if last {
@@ -430,16 +474,11 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
     let mut dev: BTreeMap<(String, &'static str, Way), Totals> = r.retired.clone();
     let mut open: BTreeMap<(String, &'static str, Way), u64> = BTreeMap::new();
     for c in &r.live {
-        let t = dev.entry((c.device.clone(), c.transport, c.way)).or_default();
-        t.msgs += c.msgs.get();
-        t.completions += c.completions.get();
-        t.bytes += c.bytes.get();
-        t.errors += c.errors.get();
-        t.comms += 1;
+        dev.entry((c.device.clone(), c.transport, c.way)).or_default().add(c);
         *open.entry((c.device.clone(), c.transport, c.way)).or_default() += 1;
     }
     type Get = fn(&Totals) -> u64;
-    let dev_metrics: [(&'static str, &'static str, Get); 5] = [
+    let dev_metrics: [(&'static str, &'static str, Get); 7] = [
         ("rustnet_device_bytes_total", "Payload bytes of completed requests, per device and direction (closed comms included).", |t| {
             t.bytes
         }),
@@ -447,6 +486,16 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         ("rustnet_device_completions_total", "Requests test() reported done, per device and direction.", |t| t.completions),
         ("rustnet_device_errors_total", "Calls that returned an error on a comm of this device, per direction.", |t| t.errors),
         ("rustnet_device_comms_total", "Comms opened on this device, per direction (open and closed).", |t| t.comms),
+        (
+            "rustnet_device_recoveries_total",
+            "Recoveries of comms of this device from a fabric fault (reset or cut connection), per direction (closed comms included).",
+            |t| t.recoveries,
+        ),
+        (
+            "rustnet_device_replayed_bytes_total",
+            "Bytes sent a second time by recoveries of comms of this device, per direction (closed comms included).",
+            |t| t.replayed,
+        ),
     ];
     for (name, help, get) in dev_metrics {
         let mut f = Family::counter(name, help);
@@ -465,15 +514,21 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
     // per open comm
     let ids: Vec<String> = r.live.iter().map(|c| c.id.to_string()).collect();
     type CGet = fn(&CommStats) -> u64;
-    let comm_metrics: [(&'static str, &'static str, CGet); 4] = [
+    let comm_metrics: [(&'static str, &'static str, CGet); 6] = [
         ("rustnet_comm_bytes_total", "Payload bytes of completed requests on an open comm.", |c| c.bytes.get()),
         ("rustnet_comm_messages_total", "Messages posted on an open comm (isend: 1, irecv: one per buffer).", |c| c.msgs.get()),
         ("rustnet_comm_completions_total", "Requests test() reported done on an open comm.", |c| c.completions.get()),
         ("rustnet_comm_errors_total", "Calls on an open comm that returned an error.", |c| c.errors.get()),
+        ("rustnet_comm_recoveries_total", "Recoveries of an open comm from a fabric fault (reset or cut connection).", |c| {
+            c.recovery.recoveries.get()
+        }),
+        ("rustnet_comm_replayed_bytes_total", "Bytes an open comm's recoveries sent a second time.", |c| c.recovery.replayed_bytes.get()),
     ];
-    for (name, help, get) in comm_metrics {
-        let mut f = Family::counter(name, help);
-        for (c, id) in r.live.iter().zip(&ids) {
+    let per_comm: Vec<Vec<(&str, &str)>> = r
+        .live
+        .iter()
+        .zip(&ids)
+        .map(|(c, id)| {
             let mut l = join(
                 &base,
                 &[("comm", id.as_str()), ("dir", c.way.as_str()), ("peer", &c.peer), ("device", &c.device), ("transport", c.transport)],
@@ -481,10 +536,24 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
             if let Some(n) = &c.nccl_comm {
                 l.push(("nccl_comm", n));
             }
-            f.sample(&l, get(c) as f64);
+            l
+        })
+        .collect();
+    for (name, help, get) in comm_metrics {
+        let mut f = Family::counter(name, help);
+        for (c, l) in r.live.iter().zip(&per_comm) {
+            f.sample(l, get(c) as f64);
         }
         f.finish(&mut out);
     }
+    let mut f = Family::gauge(
+        "rustnet_comm_last_recovery_seconds",
+        "How long an open comm's last recovery took, from the fault being noticed to traffic moving again (0: none yet).",
+    );
+    for (c, l) in r.live.iter().zip(&per_comm) {
+        f.sample(l, c.recovery.last_seconds());
+    }
+    f.finish(&mut out);
 
     // per QP (verbs)
     let mut qb = Family::counter("rustnet_qp_bytes_total", "Payload bytes written on one QP of an open verbs comm (data writes only).");
@@ -566,12 +635,17 @@ mod tests {
             bytes: Counter::default(),
             errors: Counter::default(),
             qps: vec![("mlx5_0".into(), qt)],
+            recovery: Arc::default(),
         });
+        c.recovery.record(Duration::from_millis(1500), 4096);
         c.msgs.add(2);
         c.completions.add(2);
         c.bytes.add(150);
         let mut retired = BTreeMap::new();
-        retired.insert(("mlx5_0".to_string(), "ib", Way::Send), Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1 });
+        retired.insert(
+            ("mlx5_0".to_string(), "ib", Way::Send),
+            Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1, recoveries: 2, replayed: 100 },
+        );
         let r = Registry { setup: None, live: vec![c], retired, next_id: 5, start: Some(UNIX_EPOCH + Duration::from_secs(100)) };
         let text = render(&r, &s, UNIX_EPOCH + Duration::from_secs(110));
         let e = prom::parse(&text).unwrap();
@@ -588,6 +662,11 @@ mod tests {
         assert_eq!(e.sum("rustnet_qp_bytes_total", &[("qp", "0x12"), ("nccl_comm", "0x00000000deadbeef")]), 150.0);
         assert_eq!(e.sum("rustnet_qp_messages_total", &[("qp", "0x11")]), 0.0);
         assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "mlx5_0"), ("dir", "send")]), 3.0);
+        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4196.0);
+        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "4"), ("peer", "10.0.0.2:5000")]), 1.0);
+        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[("comm", "4")]), 4096.0);
+        assert_eq!(e.sum("rustnet_comm_last_recovery_seconds", &[("comm", "4"), ("nccl_comm", "0x00000000deadbeef")]), 1.5);
         assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
     }
 }
