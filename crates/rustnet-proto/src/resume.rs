@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::ProtoError;
 use crate::handle::PROTO_VERSION;
+pub use crate::wire::HELLO_EXT_LEN;
 use crate::wire::{Refused, Verdict, MAX_STREAMS};
 
 /// Bytes of a resume token.
@@ -72,8 +73,6 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// Size of [`HelloExt`] on the wire (it follows the 32-byte hello of every TCP stream).
-pub const HELLO_EXT_LEN: usize = 64;
 
 /// What a TCP sender adds to every stream's hello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

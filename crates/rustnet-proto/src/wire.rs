@@ -22,7 +22,9 @@ pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"RNHELLO1");
 pub const HELLO_LEN: usize = 32;
 /// Size of a TCP stream's hello: the [`Hello`] and the
 /// [`HelloExt`](crate::resume::HelloExt) (resume token, the sender's resume port).
-pub const TCP_HELLO_LEN: usize = HELLO_LEN + crate::resume::HELLO_EXT_LEN;
+pub const TCP_HELLO_LEN: usize = HELLO_LEN + HELLO_EXT_LEN;
+/// Size of the [`HelloExt`](crate::resume::HelloExt) after a TCP stream's hello.
+pub const HELLO_EXT_LEN: usize = 64;
 /// Reply magic: "RNREPLY1".
 pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"RNREPLY1");
 /// Size of [`Reply`] on the wire.
