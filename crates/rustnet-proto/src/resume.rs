@@ -73,7 +73,6 @@ impl std::fmt::Debug for Token {
     }
 }
 
-
 /// What a TCP sender adds to every stream's hello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HelloExt {

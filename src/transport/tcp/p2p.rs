@@ -200,7 +200,10 @@ struct Recovering {
 
 enum Outcome {
     Resume(Vec<(Socket, u64)>),
+    /// The peer is gone or refused: fail now.
     Fail(String),
+    /// The window is spent.
+    Spent(String),
 }
 
 /// The sending end of a TCP connection, driven by whoever holds it.
@@ -357,7 +360,12 @@ impl SendCore {
         if let Some(a) = st.attempt.as_mut() {
             let began = a.began;
             match a.step() {
-                AttemptStep::Pending if !a.overdue(now) => return,
+                // (the window ends even under an attempt in flight)
+                AttemptStep::Pending if !a.overdue(now) && !st.backoff.spent(now) => return,
+                AttemptStep::Pending if !a.overdue(now) => {
+                    st.last = format!("the one in flight to {} unanswered", r.r.addr);
+                    st.attempt = None;
+                }
                 AttemptStep::Pending => {
                     st.last = format!("no answer from {} within {} ms", r.r.addr, ATTEMPT_MAX.as_millis());
                     st.next = st.backoff.failed(began);
@@ -374,11 +382,7 @@ impl SendCore {
         }
         if outcome.is_none() && st.attempt.is_none() {
             if st.backoff.spent(now) {
-                outcome = Some(Outcome::Fail(format!(
-                    "no reconnection within RUSTNET_RECOVERY_TIMEOUT={} s (last attempt: {})",
-                    r.window.as_secs(),
-                    st.last
-                )));
+                outcome = Some(Outcome::Spent(format!("no reconnection (last attempt: {})", st.last)));
             } else if now >= st.next {
                 r.epoch += 1;
                 let elapsed_ms = now.duration_since(st.since).as_millis().min(u32::MAX as u128) as u32;
@@ -411,14 +415,18 @@ impl SendCore {
             Some(Outcome::Fail(why)) => {
                 let st = r.state.as_ref().expect("recovering");
                 let waited = secs(now.duration_since(st.since));
-                self.failed = Some(peer_error(
-                    &self.peer,
-                    format!(
-                        "{why}; gave up recovering after {waited} (RUSTNET_RECOVERY_TIMEOUT={} s); the connection had failed: {}",
-                        r.window.as_secs(),
-                        st.cause
-                    ),
-                ));
+                let what = format!("{why}, {waited} into recovering from: {}", st.cause);
+                self.failed = Some(peer_error(&self.peer, what));
+            }
+            Some(Outcome::Spent(why)) => {
+                let st = r.state.as_ref().expect("recovering");
+                let waited = secs(now.duration_since(st.since));
+                let what = format!(
+                    "{why} in {waited}: gave up recovering (RUSTNET_RECOVERY_TIMEOUT={} s); the connection had failed: {}",
+                    r.window.as_secs(),
+                    st.cause
+                );
+                self.failed = Some(peer_error(&self.peer, what));
             }
         }
     }

@@ -390,7 +390,10 @@ mod recovery_tests {
                 "streams {n} helper {helper} reset by the {}: {sr} recoveries, {replayed} bytes again",
                 if send_side { "sender" } else { "receiver" }
             );
-            assert!(sr >= 1 && rr == sr, "recoveries: sender {sr}, receiver {rr}");
+            // the receive comm counts a recovery when it takes the new streams,
+            // at its next step: the last one may be answered (by the resume
+            // port) after its last receive completed, and wait there
+            assert!(sr >= 1 && (rr == sr || rr + 1 == sr), "recoveries: sender {sr}, receiver {rr}");
         }
     }
 
