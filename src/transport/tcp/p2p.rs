@@ -48,6 +48,9 @@ const WRITE_BATCH: usize = 1 << 20;
 const DIRECT_READ: usize = 16 << 10;
 /// Room for one acknowledgement record per stream.
 const ACK_BUF: usize = MAX_STREAMS * ACK_LEN;
+/// A send comm waiting for acknowledgements looks for them at most this
+/// often after a look that found none.
+const ACK_POLL: Duration = Duration::from_micros(25);
 
 /// Send requests in flight per comm: NCCL may post MAX_REQUESTS x maxRecvs.
 pub const SEND_SLOTS: usize = MAX_REQUESTS * MAX_RECVS;
@@ -186,6 +189,8 @@ struct SendRec {
     state: Option<Recovering>,
     /// New streams since the helper pool last registered ours.
     fds_changed: bool,
+    /// When a look for acknowledgements last found none.
+    acks_empty_at: Option<Instant>,
 }
 
 /// A send comm between a failure and its reconnection.
@@ -241,6 +246,7 @@ impl SendCore {
                 ack_got: 0,
                 state: None,
                 fds_changed: false,
+                acks_empty_at: None,
             })
         });
         SendCore {
@@ -497,6 +503,13 @@ impl SendCore {
         if r.state.is_some() {
             return;
         }
+        // a look that finds nothing costs a system call: NCCL polls test()
+        // in a loop, so look again only ACK_POLL after an empty one
+        let now = Instant::now();
+        if r.acks_empty_at.is_some_and(|t| now.duration_since(t) < ACK_POLL) {
+            return;
+        }
+        r.acks_empty_at = None;
         let mut fault = None;
         loop {
             let got = r.ack_got;
@@ -522,7 +535,10 @@ impl SendCore {
                         break;
                     }
                 }
-                Ok(Io::Again) => break,
+                Ok(Io::Again) => {
+                    r.acks_empty_at = Some(now);
+                    break;
+                }
                 Ok(Io::Eof) => {
                     self.failed =
                         Some(peer_error(&self.peer, "closed the connection (its receive comm was closed, or its process exited)"));
