@@ -1400,6 +1400,19 @@ fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
         return Err("could not restore the link".into());
     }
     let up = Instant::now();
+    // traffic flowing again: every send comm that set out to reconnect says it recovered
+    let count = |pat: &str| a.stderr.text().matches(pat).count() + b.stderr.text().matches(pat).count();
+    let flowing = loop {
+        let (going, back) = (count("reconnecting to its resume port"), count("TCP send comm to"));
+        let recovered = back - going;
+        if going > 0 && recovered >= going {
+            break Some(up.elapsed());
+        }
+        if up.elapsed() > Duration::from_secs(60) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     let done = |p: &Proc, who: &str| {
         p.expect("CYCLE", Duration::from_secs(120))
             .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
@@ -1417,10 +1430,13 @@ fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
         return Err(format!("the traffic went on but no send comm says it recovered; A: {}; B: {}", ea.tail(20), eb.tail(20)));
     }
     let took: Vec<String> = recovery_secs(&[&ea, &eb]).iter().map(|s| format!("{s:.1}")).collect();
+    let flowing = flowing.ok_or("no send comm said it recovered within 60 s of the link coming back")?;
     Ok(format!(
-        "link down {:.1} s (RUSTNET_SOCKET_TIMEOUT=3), both finished {:.1} s after it came back; {n} send comm(s) recovered \
-         (after {} s, counted from noticing the silence), {bytes} bytes sent again; 0 failures; A: {ra}; B: {rb}",
+        "link down {:.1} s (RUSTNET_SOCKET_TIMEOUT=3); traffic flowing again {:.2} s after it came back (every \
+         reconnecting send comm recovered), both finished {:.1} s after; {n} send comm(s) recovered (after {} s, counted \
+         from noticing the silence), {bytes} bytes sent again; 0 failures; A: {ra}; B: {rb}",
         (up - cut).as_secs_f64(),
+        flowing.as_secs_f64(),
         after.as_secs_f64(),
         took.join(", ")
     ))

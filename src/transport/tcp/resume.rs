@@ -256,7 +256,9 @@ const ACCEPT_PER_POLL: usize = 64;
 const GROUP_MAX: Duration = Duration::from_secs(10);
 /// At most one WARN about refused reconnections per this long.
 const WARN_EVERY: Duration = Duration::from_secs(5);
-/// The serving thread wakes at least this often (ages of connections without a hello).
+/// While connections wait for their hello (or an attempt for its other
+/// streams), the serving thread wakes at least this often to age them out;
+/// otherwise it sleeps until something arrives (an idle process costs no wake-up).
 const SERVE_TICK_MS: i32 = 200;
 
 /// The serving thread: sleep until a port or a pending connection has
@@ -266,16 +268,19 @@ fn serve(wake: Arc<EventFd>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         fds.clear();
         fds.push(wake.as_raw_fd());
+        let mut waiting = false;
         {
             let g = hub();
             let Some(h) = g.as_ref() else { return };
             for p in h.ports.values() {
                 fds.push(p.sock.as_raw_fd());
                 fds.extend(p.pending.iter().map(|c| c.sock.as_raw_fd()));
+                waiting |= !p.pending.is_empty();
             }
+            waiting |= !h.groups.is_empty();
         }
         // a descriptor closed meanwhile only wakes us once: the next round lists what is open
-        wait_readable(&fds, SERVE_TICK_MS);
+        wait_readable(&fds, if waiting { SERVE_TICK_MS } else { -1 });
         wake.drain();
         if stop.load(Ordering::Acquire) {
             return;
