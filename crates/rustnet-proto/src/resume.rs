@@ -336,25 +336,34 @@ pub fn check_resume_offset(stream: usize, acked: u64, sent: u64, offset: u64) ->
     Ok(())
 }
 
-/// A receiver acknowledges what it took at most this long after the first
-/// unacknowledged byte, at the next call on the comm (NCCL polls its
-/// pending receives), or at once when no receive is pending (nothing may
-/// call again). One acknowledgement then covers every message taken in the
-/// meantime, so a stream of step-sized messages costs a small write every
-/// few messages, not one per message, and a ping-pong's acknowledgement
-/// leaves after the answer, off the round trip.
+/// A receiver acknowledges what it took once a piece of a message is
+/// complete (before that the sender can complete nothing: a large message
+/// costs one acknowledgement, not one per read) and at least this long
+/// after the first unacknowledged byte, at the next call on the comm (NCCL
+/// polls its pending receives), or at once when no receive is pending
+/// (nothing may call again). One acknowledgement then covers every message
+/// taken in the meantime, so a stream of step-sized messages costs a small
+/// write every few messages, not one per message, and a ping-pong's
+/// acknowledgement leaves after the answer, off the round trip.
 pub const ACK_DELAY: Duration = Duration::from_micros(50);
 
 /// When a receiver writes its acknowledgements.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct AckPolicy {
     since: Option<Instant>,
+    completed: bool,
 }
 
 impl AckPolicy {
     /// Bytes were taken at `now` (the first unacknowledged ones date the delay).
     pub fn took(&mut self, now: Instant) {
         self.since.get_or_insert(now);
+    }
+
+    /// A piece of a message (or an empty message) is complete: the sender
+    /// may complete a request once it hears.
+    pub fn completed(&mut self) {
+        self.completed = true;
     }
 
     /// Is anything waiting to be acknowledged?
@@ -364,12 +373,13 @@ impl AckPolicy {
 
     /// Write now? `idle`: no receive is pending, so no further call is sure to come.
     pub fn due(&self, now: Instant, idle: bool) -> bool {
-        self.since.is_some_and(|t| idle || now.saturating_duration_since(t) >= ACK_DELAY)
+        self.since.is_some_and(|t| idle || (self.completed && now.saturating_duration_since(t) >= ACK_DELAY))
     }
 
     /// The acknowledgements went out.
     pub fn sent(&mut self) {
         self.since = None;
+        self.completed = false;
     }
 }
 
@@ -552,8 +562,10 @@ mod tests {
         assert!(!p.owed() && !p.due(t0, true), "nothing taken, nothing owed");
         p.took(t0);
         p.took(t0 + Duration::from_micros(30)); // the first byte dates it
-        assert!(!p.due(t0 + Duration::from_micros(10), false));
+        assert!(!p.due(t0 + ACK_DELAY * 100, false), "the middle of a large message: nothing the sender could complete");
         assert!(p.due(t0 + Duration::from_micros(10), true), "no receive pending: at once");
+        p.completed();
+        assert!(!p.due(t0 + Duration::from_micros(10), false));
         assert!(p.due(t0 + ACK_DELAY, false));
         p.sent();
         assert!(!p.owed() && !p.due(t0 + ACK_DELAY * 10, true));

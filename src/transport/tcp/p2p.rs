@@ -865,6 +865,8 @@ pub struct RecvCore {
     drained: bool,
     /// Bytes were taken since the acknowledgement policy last heard of it.
     took: bool,
+    /// A piece (or an empty message) was completed since then.
+    done_piece: bool,
     /// Recovery (None: off at either end; nothing is acknowledged).
     rec: Option<Box<RecvRec>>,
     stats: Arc<RecoveryStats>,
@@ -938,6 +940,7 @@ impl RecvCore {
             big: false,
             drained: false,
             took: false,
+            done_piece: false,
             rec,
             stats: Arc::default(),
             fault: cfg.fault_reset.filter(|p| !p.send),
@@ -1094,6 +1097,7 @@ impl RecvCore {
             if x.got == x.len {
                 let req = x.req;
                 st0.q.pop_front();
+                self.done_piece = true;
                 if let Ok(r) = self.reqs.get_mut(req) {
                     r.pieces_left -= 1;
                 }
@@ -1151,6 +1155,9 @@ impl RecvCore {
                 .and_then(|p| Profiler::start(p, &Fields::Sock { fd: st.sock.as_raw_fd(), op: SOCK_RECV, len }));
             st.q.push_back(Expect { req: id, ptr, len, got: 0, ev });
             r.pieces_left += 1;
+        }
+        if size == 0 {
+            self.done_piece = true;
         }
         if r.unmatched == 0 {
             self.order.retain(|&o| o != id);
@@ -1213,6 +1220,7 @@ impl RecvCore {
                         if x.got == x.len {
                             let req = x.req;
                             st.q.pop_front();
+                            self.done_piece = true;
                             if let Ok(r) = self.reqs.get_mut(req) {
                                 r.pieces_left -= 1;
                             }
@@ -1305,6 +1313,11 @@ impl RecvCore {
                 if !r.policy.owed() {
                     r.policy.took(Instant::now());
                 }
+            }
+        }
+        if std::mem::take(&mut self.done_piece) {
+            if let Some(r) = self.rec.as_deref_mut() {
+                r.policy.completed();
             }
         }
     }
