@@ -173,7 +173,7 @@ pub fn resume_records(data: &[u8]) {
             let b: [u8; HELLO_EXT_LEN] = r.bytes();
             match HelloExt::decode(&b) {
                 Ok(e) => {
-                    assert!(e.probe.is_none_or(|p| p.port() != 0));
+                    assert!(e.probe.map_or(true, |p| p.port() != 0));
                     assert_eq!(HelloExt::decode(&e.encode()), Ok(e));
                     assert_eq!(e.encode()[..16], b[..16], "the token comes back");
                 }
