@@ -54,6 +54,28 @@ MUTANTS = [
      "let ready = self.head_ready(nic)?;\n        let freed = self.read_credits(nic.fifo());\n        if ready {"),
     ("the eager fence at close not posted", "tx/drive.rs",
      "        if let Some(count) = self.close_eager() {", "        if let Some(count) = None::<u64> {"),
+    # recovery after a link fault: what the restart points say, and what is resent
+    ("resume resends lanes the receiver already has", "tx/drive.rs",
+     "let got = peer.got(seq).unwrap_or(all) & all;", "let got = peer.got(seq).map_or(all, |_| 0) & all;"),
+    ("resume takes a receive no longer waiting for unfinished", "tx/drive.rs",
+     "let got = peer.got(seq).unwrap_or(all) & all;", "let got = peer.got(seq).unwrap_or(0) & all;"),
+    ("the receiver reports lanes it never got", "rx.rs",
+     "p.inflight[p.n] = InflightRecv { seq: *seq, got };", "p.inflight[p.n] = InflightRecv { seq: *seq, got: got | 1 };"),
+    ("a lane's word is not recorded", "rx.rs", "        r.got |= bit;\n", ""),
+    ("CTS not written again from the sender's head", "rx/drive.rs", "        self.cts.rewind(peer.fifo_head);\n", ""),
+    ("CTS written again only from where the receiver stopped", "eager.rs",
+     "self.written = self.written.min(head.max(self.written.saturating_sub(FIFO_DEPTH as u64)));", ""),
+    ("eager messages not resent", "tx/drive.rs",
+     "            for (i, idx) in (peer.eager_next..posted).enumerate() {",
+     "            for (i, idx) in (posted..posted).enumerate() {"),
+    ("eager resend starts one past the receiver's next", "tx/drive.rs",
+     "            for (i, idx) in (peer.eager_next..posted).enumerate() {",
+     "            for (i, idx) in (peer.eager_next + 1..posted).enumerate() {"),
+    ("the credit word not written again", "rx/drive.rs", "            self.credit = Some(e.st.freed());\n", ""),
+    ("flush reads in flight not posted again", "rx/drive.rs", "            flush(nic, id).map_err(Fail::Nic)?;\n", ""),
+    ("the control writes' send queue not emptied", "rx/drive.rs", "        self.budget.reset();\n", ""),
+    ("the eager send-queue count kept", "tx/drive.rs", "            e.pending = 0;\n", ""),
+    ("CTS elements kept for one lap only", "rx.rs", "pub const CTS_KEEP: usize = 2 * FIFO_DEPTH;", "pub const CTS_KEEP: usize = FIFO_DEPTH;"),
 ]
 
 

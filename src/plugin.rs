@@ -54,6 +54,7 @@ impl Plugin {
     fn create() -> Result<Plugin> {
         let cfg = Config::from_env()?;
         crate::fault::arm(&cfg.fault_panic)?;
+        crate::fault::arm_qp(&cfg.fault_qp_error, cfg.fault_seed.get() as u64)?;
         crate::log::set_max_level(cfg.nccl_debug);
         let net = select_net(&cfg)?;
         let p = Plugin { cfg, net };

@@ -221,6 +221,10 @@ fn fuzz_eager() {
 fn fuzz_fifo() {
     fuzz("fifo");
 }
+#[test]
+fn fuzz_recover() {
+    fuzz("recover");
+}
 
 /// The committed corpus holds at least the generated seeds, byte for byte
 /// (a format change must come with a regenerated corpus).
@@ -422,6 +426,7 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
                 name: "mlx5_0".into(),
                 eager: 8192,
                 ring: (0x7f00_beef_0000, 0x99),
+                flags: 1,
             };
             add("valid-roce", m.encode().to_vec());
             let ib = Meta { qpns: (1..=128).collect(), link: 1, family: 0, roce_version: 0, lid: 7, eager: 0, ..m.clone() };
@@ -517,6 +522,33 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
                 "imm-sizes-too-big",
                 imm_part(head(0, 0, [0; 32]).u8(0).u8(0).u8(0), Imm::new(5, ImmKind::Sizes(2)).encode(), &[10, 10], &[11, 3]).0,
             );
+        }
+        "recover" => {
+            use rustnet::proto::recover::{InflightRecv, Point, QpAddr, RcMsg, RxPoint, TxPoint};
+            let enc = |m: RcMsg| {
+                let mut b = Vec::new();
+                m.encode(&mut b);
+                b
+            };
+            let mut addr = QpAddr { nqps: 2, gid: [0xfe; 16], gid_index: 3, lid: 7, mtu: 3, ..QpAddr::default() };
+            addr.qpns[..2].copy_from_slice(&[0x11, 0x12]);
+            let mut rx = RxPoint { cts_written: 70, next_seq: 72, eager_next: 40, credit: 33, n: 2, ..RxPoint::default() };
+            rx.inflight[0] = InflightRecv { seq: 69, got: 0b01 };
+            rx.inflight[1] = InflightRecv { seq: 71, got: 0 };
+            let tx = TxPoint { fifo_head: 69, eager_posted: 44, mailbox: 70 };
+            add("halt", enc(RcMsg::Halt { epoch: 1 }));
+            add("go", enc(RcMsg::Go { epoch: 2 }));
+            add("give-up", enc(RcMsg::GiveUp { epoch: 3 }));
+            add("state-tx", enc(RcMsg::State { epoch: 1, addr: Box::new(addr), point: Box::new(Point::Tx(tx)) }));
+            let st = enc(RcMsg::State { epoch: 1, addr: Box::new(addr), point: Box::new(Point::Rx(rx)) });
+            add("state-rx", st.clone());
+            let mut two = enc(RcMsg::Halt { epoch: 4 });
+            two.extend_from_slice(&st);
+            add("halt-then-state", two);
+            let mut bad = st.clone();
+            bad[12 + 24 + 8 + 1 + 32] = 40; // more waiting receives than FIFO slots
+            add("state-near-n", bad);
+            add("near-magic", b"RNRX".to_vec());
         }
         other => panic!("no seeds for {other}"),
     }

@@ -87,10 +87,18 @@ pub struct QpCounter {
 }
 
 /// The QP counters of one verbs comm, shared with the writer. Set once the
-/// QPs exist (a sender learns them at the end of its handshake).
+/// QPs exist (a sender learns them at the end of its handshake). Also what
+/// the comm's recoveries did (a recovery replaces the QPs; their counters
+/// go on under the first QPs' numbers).
 #[derive(Debug, Default)]
 pub struct QpTable {
     qps: OnceCell<Box<[QpCounter]>>,
+    /// Recoveries the comm completed after a fabric fault.
+    pub recoveries: Counter,
+    /// Payload bytes they wrote again.
+    pub replayed_bytes: Counter,
+    /// The last recovery's length, microseconds (0: none yet).
+    pub last_recovery_us: AtomicU64,
 }
 
 impl QpTable {
@@ -217,16 +225,18 @@ struct Totals {
     replayed: u64,
 }
 
-impl Totals {
-    /// Add one comm's counts.
-    fn add(&mut self, c: &CommStats) {
-        self.msgs += c.msgs.get();
-        self.completions += c.completions.get();
-        self.bytes += c.bytes.get();
-        self.errors += c.errors.get();
-        self.comms += 1;
-        self.recoveries += c.recovery.recoveries.get();
-        self.replayed += c.recovery.replayed_bytes.get();
+impl CommStats {
+    /// Recoveries of this comm (every member of a merged device), and the bytes they wrote again.
+    fn recovered(&self) -> (u64, u64) {
+        // verbs count per member (QP table), TCP per comm (RecoveryStats)
+        let tcp = (self.recovery.recoveries.get(), self.recovery.replayed_bytes.get());
+        self.qps.iter().fold(tcp, |(n, b), (_, t)| (n + t.recoveries.get(), b + t.replayed_bytes.get()))
+    }
+
+    /// The longest of the members' last recoveries, seconds.
+    fn last_recovery_s(&self) -> f64 {
+        let tcp = self.recovery.last_us.load(Ordering::Relaxed);
+        self.qps.iter().map(|(_, t)| t.last_recovery_us.load(Ordering::Relaxed)).fold(tcp, u64::max) as f64 / 1e6
     }
 }
 
@@ -360,7 +370,15 @@ pub fn close_comm(c: &Arc<CommStats>) {
     let mut life = lock(&LIFE);
     let mut r = lock(&REG);
     r.live.retain(|x| !Arc::ptr_eq(x, c));
-    r.retired.entry((c.device.clone(), c.transport, c.way)).or_default().add(c);
+    let t = r.retired.entry((c.device.clone(), c.transport, c.way)).or_default();
+    t.msgs += c.msgs.get();
+    t.completions += c.completions.get();
+    t.bytes += c.bytes.get();
+    t.errors += c.errors.get();
+    t.comms += 1;
+    let (n, b) = c.recovered();
+    t.recoveries += n;
+    t.replayed += b;
     let last = r.live.is_empty();
     drop(r);
     if last {
@@ -474,7 +492,15 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
     let mut dev: BTreeMap<(String, &'static str, Way), Totals> = r.retired.clone();
     let mut open: BTreeMap<(String, &'static str, Way), u64> = BTreeMap::new();
     for c in &r.live {
-        dev.entry((c.device.clone(), c.transport, c.way)).or_default().add(c);
+        let t = dev.entry((c.device.clone(), c.transport, c.way)).or_default();
+        t.msgs += c.msgs.get();
+        t.completions += c.completions.get();
+        t.bytes += c.bytes.get();
+        t.errors += c.errors.get();
+        t.comms += 1;
+        let (n, b) = c.recovered();
+        t.recoveries += n;
+        t.replayed += b;
         *open.entry((c.device.clone(), c.transport, c.way)).or_default() += 1;
     }
     type Get = fn(&Totals) -> u64;
@@ -488,14 +514,10 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         ("rustnet_device_comms_total", "Comms opened on this device, per direction (open and closed).", |t| t.comms),
         (
             "rustnet_device_recoveries_total",
-            "Recoveries of comms of this device from a fabric fault (reset or cut connection), per direction (closed comms included).",
+            "Recoveries after a fabric fault completed by comms of this device, per direction (closed comms included).",
             |t| t.recoveries,
         ),
-        (
-            "rustnet_device_replayed_bytes_total",
-            "Bytes sent a second time by recoveries of comms of this device, per direction (closed comms included).",
-            |t| t.replayed,
-        ),
+        ("rustnet_device_replayed_bytes_total", "Payload bytes those recoveries wrote again, per device and direction.", |t| t.replayed),
     ];
     for (name, help, get) in dev_metrics {
         let mut f = Family::counter(name, help);
@@ -513,22 +535,21 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
 
     // per open comm
     let ids: Vec<String> = r.live.iter().map(|c| c.id.to_string()).collect();
-    type CGet = fn(&CommStats) -> u64;
-    let comm_metrics: [(&'static str, &'static str, CGet); 6] = [
-        ("rustnet_comm_bytes_total", "Payload bytes of completed requests on an open comm.", |c| c.bytes.get()),
-        ("rustnet_comm_messages_total", "Messages posted on an open comm (isend: 1, irecv: one per buffer).", |c| c.msgs.get()),
-        ("rustnet_comm_completions_total", "Requests test() reported done on an open comm.", |c| c.completions.get()),
-        ("rustnet_comm_errors_total", "Calls on an open comm that returned an error.", |c| c.errors.get()),
-        ("rustnet_comm_recoveries_total", "Recoveries of an open comm from a fabric fault (reset or cut connection).", |c| {
-            c.recovery.recoveries.get()
+    type CGet = fn(&CommStats) -> f64;
+    let comm_metrics: [(&'static str, &'static str, bool, CGet); 7] = [
+        ("rustnet_comm_bytes_total", "Payload bytes of completed requests on an open comm.", true, |c| c.bytes.get() as f64),
+        ("rustnet_comm_messages_total", "Messages posted on an open comm (isend: 1, irecv: one per buffer).", true, |c| {
+            c.msgs.get() as f64
         }),
-        ("rustnet_comm_replayed_bytes_total", "Bytes an open comm's recoveries sent a second time.", |c| c.recovery.replayed_bytes.get()),
+        ("rustnet_comm_completions_total", "Requests test() reported done on an open comm.", true, |c| c.completions.get() as f64),
+        ("rustnet_comm_errors_total", "Calls on an open comm that returned an error.", true, |c| c.errors.get() as f64),
+        ("rustnet_comm_recoveries_total", "Recoveries after a fabric fault an open comm completed.", true, |c| c.recovered().0 as f64),
+        ("rustnet_comm_replayed_bytes_total", "Payload bytes an open comm's recoveries wrote again.", true, |c| c.recovered().1 as f64),
+        ("rustnet_comm_last_recovery_seconds", "How long an open comm's last recovery took (0: none yet).", false, |c| c.last_recovery_s()),
     ];
-    let per_comm: Vec<Vec<(&str, &str)>> = r
-        .live
-        .iter()
-        .zip(&ids)
-        .map(|(c, id)| {
+    for (name, help, counter, get) in comm_metrics {
+        let mut f = if counter { Family::counter(name, help) } else { Family::gauge(name, help) };
+        for (c, id) in r.live.iter().zip(&ids) {
             let mut l = join(
                 &base,
                 &[("comm", id.as_str()), ("dir", c.way.as_str()), ("peer", &c.peer), ("device", &c.device), ("transport", c.transport)],
@@ -536,24 +557,10 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
             if let Some(n) = &c.nccl_comm {
                 l.push(("nccl_comm", n));
             }
-            l
-        })
-        .collect();
-    for (name, help, get) in comm_metrics {
-        let mut f = Family::counter(name, help);
-        for (c, l) in r.live.iter().zip(&per_comm) {
-            f.sample(l, get(c) as f64);
+            f.sample(&l, get(c));
         }
         f.finish(&mut out);
     }
-    let mut f = Family::gauge(
-        "rustnet_comm_last_recovery_seconds",
-        "How long an open comm's last recovery took, from the fault being noticed to traffic moving again (0: none yet).",
-    );
-    for (c, l) in r.live.iter().zip(&per_comm) {
-        f.sample(l, c.recovery.last_seconds());
-    }
-    f.finish(&mut out);
 
     // per QP (verbs)
     let mut qb = Family::counter("rustnet_qp_bytes_total", "Payload bytes written on one QP of an open verbs comm (data writes only).");
@@ -623,6 +630,9 @@ mod tests {
         qt.set([0x11u32, 0x12].into_iter());
         qt.bump(1, 100);
         qt.bump(1, 50);
+        qt.recoveries.add(1);
+        qt.replayed_bytes.add(4096);
+        qt.last_recovery_us.store(250_000, Ordering::Relaxed);
         let c = Arc::new(CommStats {
             id: 4,
             way: Way::Send,
@@ -637,14 +647,13 @@ mod tests {
             qps: vec![("mlx5_0".into(), qt)],
             recovery: Arc::default(),
         });
-        c.recovery.record(Duration::from_millis(1500), 4096);
         c.msgs.add(2);
         c.completions.add(2);
         c.bytes.add(150);
         let mut retired = BTreeMap::new();
         retired.insert(
             ("mlx5_0".to_string(), "ib", Way::Send),
-            Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1, recoveries: 2, replayed: 100 },
+            Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1, recoveries: 2, replayed: 10 },
         );
         let r = Registry { setup: None, live: vec![c], retired, next_id: 5, start: Some(UNIX_EPOCH + Duration::from_secs(100)) };
         let text = render(&r, &s, UNIX_EPOCH + Duration::from_secs(110));
@@ -661,12 +670,50 @@ mod tests {
         assert_eq!(e.sum("rustnet_comm_bytes_total", &[("comm", "4"), ("peer", "10.0.0.2:5000")]), 150.0);
         assert_eq!(e.sum("rustnet_qp_bytes_total", &[("qp", "0x12"), ("nccl_comm", "0x00000000deadbeef")]), 150.0);
         assert_eq!(e.sum("rustnet_qp_messages_total", &[("qp", "0x11")]), 0.0);
+        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "4")]), 1.0);
+        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[]), 4096.0);
+        assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(0.25));
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "mlx5_0")]), 3.0, "closed and open comms");
+        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4106.0);
         assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
-        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "mlx5_0"), ("dir", "send")]), 3.0);
-        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4196.0);
-        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "4"), ("peer", "10.0.0.2:5000")]), 1.0);
-        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[("comm", "4")]), 4096.0);
-        assert_eq!(e.sum("rustnet_comm_last_recovery_seconds", &[("comm", "4"), ("nccl_comm", "0x00000000deadbeef")]), 1.5);
         assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
+    }
+
+    #[test]
+    fn tcp_recoveries_are_counted_per_comm_and_device() {
+        let s = Setup { dir: "/nonexistent".into(), interval: Duration::from_secs(1), transport: "socket", host: "h1".into(), rank: None };
+        let c = Arc::new(CommStats {
+            id: 0,
+            way: Way::Recv,
+            transport: "socket",
+            device: "eth0".into(),
+            peer: "10.0.0.2:5000".into(),
+            nccl_comm: None,
+            msgs: Counter::default(),
+            completions: Counter::default(),
+            bytes: Counter::default(),
+            errors: Counter::default(),
+            qps: Vec::new(),
+            recovery: Arc::default(),
+        });
+        c.recovery.record(Duration::from_millis(700), 100);
+        c.recovery.record(Duration::from_millis(1500), 4096);
+        let mut retired = BTreeMap::new();
+        retired.insert(("eth0".to_string(), "socket", Way::Recv), Totals { comms: 1, recoveries: 2, replayed: 10, ..Totals::default() });
+        let r = Registry { setup: None, live: vec![c.clone()], retired, next_id: 1, start: None };
+        let e = prom::parse(&render(&r, &s, UNIX_EPOCH + Duration::from_secs(10))).unwrap();
+        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "0"), ("peer", "10.0.0.2:5000"), ("dir", "recv")]), 2.0);
+        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[("comm", "0")]), 4196.0);
+        assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(1.5), "the last one, not the longest");
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "eth0"), ("dir", "recv"), ("transport", "socket")]), 4.0);
+        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[("device", "eth0")]), 4206.0);
+        // a closed comm's recoveries stay in the device totals
+        let mut r = r;
+        r.live.clear();
+        let t = r.retired.get_mut(&("eth0".to_string(), "socket", Way::Recv)).unwrap();
+        let (n, b) = c.recovered();
+        (t.recoveries, t.replayed) = (t.recoveries + n, t.replayed + b);
+        let e = prom::parse(&render(&r, &s, UNIX_EPOCH + Duration::from_secs(11))).unwrap();
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "eth0")]), 4.0);
     }
 }

@@ -324,6 +324,14 @@ impl Socket {
         Ok(Some(err))
     }
 
+    /// Linear retransmission timeouts while little data is in flight
+    /// (TCP_THIN_LINEAR_TIMEOUTS): a message sent while the link is down is
+    /// sent again at the base timeout a few times before backing off, so it
+    /// goes soon after the link comes back.
+    pub fn set_thin_linear_timeouts(&self) -> Result<()> {
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_THIN_LINEAR_TIMEOUTS, 1 as libc::c_int, "TCP_THIN_LINEAR_TIMEOUTS")
+    }
+
     /// Set the IP TOS / IPv6 traffic class byte.
     pub fn set_tos(&self, v6: bool, tos: u8) -> Result<()> {
         if v6 {

@@ -335,6 +335,16 @@ impl EagerRx {
         }
     }
 
+    /// Ring slots released in order (the credit counter's value now).
+    pub fn freed(&self) -> u64 {
+        self.freed
+    }
+
+    /// The counter as last written.
+    pub fn reported_value(&self) -> u64 {
+        self.reported
+    }
+
     /// The counter was written.
     pub fn reported(&mut self, v: u64) {
         self.reported = self.reported.max(v);
@@ -432,6 +442,15 @@ impl CtsQueue {
         let want = if self.next - self.written >= CTS_BATCH as u64 { self.next } else { self.must.max(self.written) };
         let to = want.min(self.head + FIFO_DEPTH as u64);
         (to > self.written).then_some((self.written, to))
+    }
+
+    /// A recovering connection: the sender has moved past every slot below
+    /// `head` and nothing at or above it is known to have landed. Every CTS
+    /// from `head` on is written again, as soon as there is room.
+    pub fn rewind(&mut self, head: u64) {
+        self.sender_head(head);
+        self.written = self.written.min(head.max(self.written.saturating_sub(FIFO_DEPTH as u64)));
+        self.must = self.next;
     }
 
     /// `[written(), to)` went out.

@@ -297,6 +297,42 @@ pub enum ProtoError {
         seq: u64,
     },
 
+    // --- recovery messages on the out-of-band socket (recover.rs)
+    /// Bytes after READY that are not a recovery message (hex).
+    #[error("sent bytes that are not a librustnet recovery message on the out-of-band connection ({shown})")]
+    RecoverMagic {
+        /// The first bytes, in hex.
+        shown: String,
+    },
+    /// A recovery message of a kind this build does not know.
+    #[error("sent a recovery message of unknown kind {kind}")]
+    RecoverKind {
+        /// Its kind byte.
+        kind: u8,
+    },
+    /// A recovery message whose length does not fit its kind.
+    #[error("sent a recovery message of kind {kind} with a {len}-byte body")]
+    RecoverLength {
+        /// Its kind byte.
+        kind: u8,
+        /// The length it claims.
+        len: usize,
+    },
+    /// A recovery message whose fields break the rules.
+    #[error("sent a recovery message with {what}")]
+    RecoverField {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A recovery message out of the protocol's order.
+    #[error("sent {what} (recovery epoch {epoch})")]
+    RecoverOrder {
+        /// Its epoch.
+        epoch: u32,
+        /// What came.
+        what: &'static str,
+    },
+
     // --- iWARP completion notices (notice.rs)
     /// Fewer bytes than a notice header.
     #[error("a {len}-byte notice (at least {min} expected)")]

@@ -38,6 +38,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("ib_meta", ib_meta),
     ("eager", eager),
     ("fifo", fifo),
+    ("recover", recover),
     ("resume", resume_records),
 ];
 
@@ -290,7 +291,6 @@ pub fn ib_meta(data: &[u8]) {
     // every field but the name comes back at its offset (reserved bytes zero, split as 0/1)
     let mut want = b;
     want[20] = (b[20] != 0) as u8;
-    want[23] = 0;
     want[52..56].fill(0);
     assert_eq!(e[..56], want[..56]);
     let q = 88 + 4 * m.qpns.len();
@@ -298,6 +298,40 @@ pub fn ib_meta(data: &[u8]) {
     assert_eq!(e[600..], b[600..]);
     assert!(e[q..600].iter().all(|&c| c == 0));
     assert_eq!(m2.encode(), e, "a second round trip is stable");
+}
+
+// ------------------------------------------------------------------ recovery messages
+
+/// `RcMsg::decode`: what a peer writes on the out-of-band socket after
+/// READY (recovery messages), as it arrives: any prefix is "not yet" or
+/// the same error, a message decodes to what encodes back to its bytes,
+/// and the restart points it carries keep their own rules.
+pub fn recover(data: &[u8]) {
+    use crate::recover::{Point, RcMsg, RC_HDR, RC_MAX_PAYLOAD};
+    let whole = RcMsg::decode(data);
+    let (m, used) = match whole {
+        Ok(Some(x)) => x,
+        Ok(None) => return assert!(data.len() < RC_HDR + RC_MAX_PAYLOAD),
+        Err(w) => return assert!(!w.to_string().is_empty()),
+    };
+    assert!(used >= RC_HDR && used <= data.len() && used <= RC_HDR + RC_MAX_PAYLOAD);
+    for k in [0, 3, RC_HDR - 1, used - 1] {
+        if k < used {
+            assert_eq!(RcMsg::decode(&data[..k]), Ok(None), "a prefix of {k} bytes of a whole message");
+        }
+    }
+    let mut e = Vec::new();
+    m.encode(&mut e);
+    assert_eq!(RcMsg::decode(&e), Ok(Some((m.clone(), e.len()))), "an encoded message decodes to itself");
+    // the bytes come back but for the header's reserved byte and the address's padding
+    assert_eq!(e.len(), used);
+    if let RcMsg::State { addr, point, .. } = &m {
+        assert!((1..=crate::ib_meta::MAX_QPS).contains(&addr.nqps));
+        if let Point::Rx(r) = **point {
+            assert!(r.n <= crate::fifo::FIFO_DEPTH && r.cts_written <= r.next_seq && r.credit <= r.eager_next);
+            assert!(r.inflight[..r.n].iter().all(|f| f.seq < r.next_seq));
+        }
+    }
 }
 
 // ------------------------------------------------------------------ eager ring (header and trailer)

@@ -17,7 +17,7 @@
 //!  20 split   u8   1: messages are split across all QPs
 //!  21 family  u8   address family of the GID: 4, 6 (RoCE); 0 unknown / InfiniBand
 //!  22 rocever u8   RoCE version of the GID: 1, 2; 0 unknown / InfiniBand
-//!  23 -       u8
+//!  23 flags   u8   bit 0 (FLAG_RECOVERY): this end recovers a comm in place after a fabric fault (recover.rs)
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
@@ -45,6 +45,10 @@ const EAGER_OFF: usize = 88 + 4 * MAX_QPS;
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"RNIBMETA");
 /// `link` of an iWARP end (its port reads Ethernet, like RoCE).
 pub const LINK_IWARP: u8 = 3;
+/// [`Meta::flags`]: this end speaks the recovery messages of
+/// [`crate::recover`] after READY (builds before them left the byte 0, and
+/// a comm recovers only when both ends set it).
+pub const FLAG_RECOVERY: u8 = 1;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 
@@ -85,6 +89,8 @@ pub struct Meta {
     pub eager: u32,
     /// Receiver: its eager ring (address, rkey).
     pub ring: (u64, u32),
+    /// FLAG_* bits (unknown bits are ignored).
+    pub flags: u8,
 }
 
 impl Meta {
@@ -105,6 +111,7 @@ impl Meta {
         b[20] = self.split as u8;
         b[21] = self.family;
         b[22] = self.roce_version;
+        b[23] = self.flags;
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
@@ -175,6 +182,7 @@ impl Meta {
                 u64::from_le_bytes(b[EAGER_OFF + 8..EAGER_OFF + 16].try_into().unwrap()),
                 u32::from_le_bytes(b[EAGER_OFF + 4..EAGER_OFF + 8].try_into().unwrap()),
             ),
+            flags: b[23],
         })
     }
 }
@@ -207,6 +215,7 @@ mod tests {
             name: "rxe0".into(),
             eager: 8192,
             ring: (0x7000_1000, 0x55),
+            flags: FLAG_RECOVERY,
         }
     }
 

@@ -178,6 +178,16 @@ fn stop_of(f: Fail<Stop>, rx_side: bool, seed: u64) -> Stop {
     }
 }
 
+/// A link fault being recovered from.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    /// The restart points, once both ends drained (taken together: each
+    /// end's State goes out before either resumes).
+    points: Option<(rustnet_proto::recover::TxPoint, rustnet_proto::recover::RxPoint)>,
+    /// The receiver resumes first.
+    rx_first: bool,
+}
+
 /// Which end an open profiler event belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
@@ -232,6 +242,12 @@ struct Wire {
     events: u64,
     /// Bytes the receiver counted per QP, summed.
     r_counted: u64,
+    /// The sender's / receiver's QPs are stopped (a link fault): nothing
+    /// it posts goes out, as on a QP in the error state, until its machine
+    /// resumed; NCCL's calls on it are answered as the executor does while
+    /// it recovers (nothing taken, only a request already done completes).
+    s_halted: bool,
+    r_halted: bool,
 }
 
 impl Wire {
@@ -306,7 +322,10 @@ impl SendNic for SNic<'_> {
     fn sizes_stage(&mut self) -> &mut [u8] {
         &mut self.0.ssizes
     }
-    fn post_lane(&mut self, l: &Lane<'_>) -> Result<bool, Stop> {
+    fn post_lane(&mut self, l: &Lane<'_>) -> Result<(), Stop> {
+        if self.0.s_halted {
+            return Ok(());
+        }
         let g = l.g;
         let sizes_off = fifo::sizes_offset(g.seq);
         for p in l.plan {
@@ -320,7 +339,7 @@ impl SendNic for SNic<'_> {
             let w = Write { src, dst, len, imm: p.imm, signaled: p.imm.is_some(), tag: Tag::Data(g.seq) };
             self.0.s2r[l.qp].push_back(w);
         }
-        Ok(false)
+        Ok(())
     }
     fn eager_stage(&mut self) -> Option<&mut [u8]> {
         if self.0.eager_max > 0 {
@@ -329,12 +348,18 @@ impl SendNic for SNic<'_> {
             None
         }
     }
-    fn post_eager(&mut self, w: &tx::EagerWr, src: u64, len: usize) -> Result<(), Stop> {
+    fn post_eager(&mut self, w: &tx::EagerWr, copy: Option<(u64, usize)>) -> Result<(), Stop> {
         let seed = self.0.seed;
-        assert_eq!(self.0.cur_send, Some((src, len)), "seed {seed}: an eager write copies what the isend in progress did not pass");
-        let po = tx::Sender::payload_off(w);
-        let (sh, se) = (&self.0.sheap, &mut self.0.seager);
-        se[po..po + len].copy_from_slice(&sh[src as usize..src as usize + len]);
+        if let Some((src, len)) = copy {
+            assert_eq!(self.0.cur_send, Some((src, len)), "seed {seed}: an eager write copies what the isend in progress did not pass");
+            let po = tx::Sender::payload_off(w);
+            let (sh, se) = (&self.0.sheap, &mut self.0.seager);
+            se[po..po + len].copy_from_slice(&sh[src as usize..src as usize + len]);
+        }
+        self.0.eager_posted = self.0.eager_posted.max(w.idx + 1);
+        if self.0.s_halted {
+            return Ok(());
+        }
         let tag = Tag::Eager(w.count);
         self.0.s2r[0].push_back(Write {
             src: Some((Region::SEager, w.off)),
@@ -344,10 +369,12 @@ impl SendNic for SNic<'_> {
             signaled: w.signaled,
             tag,
         });
-        self.0.eager_posted = w.idx + 1;
         Ok(())
     }
     fn post_mailbox(&mut self, m: &tx::MailboxWr) -> Result<(), Stop> {
+        if self.0.s_halted {
+            return Ok(());
+        }
         self.0.mailboxes += 1;
         let w =
             Write { src: Some((Region::SEager, 0)), dst: (Region::RRing, 0), len: 8, imm: None, signaled: true, tag: Tag::Eager(m.count) };
@@ -355,6 +382,9 @@ impl SendNic for SNic<'_> {
         Ok(())
     }
     fn post_fence(&mut self, count: u64) -> Result<(), Stop> {
+        if self.0.s_halted {
+            return Ok(());
+        }
         let w = Write { src: None, dst: (Region::RRing, 0), len: 0, imm: None, signaled: true, tag: Tag::Eager(count) };
         self.0.s2r[0].push_back(w);
         Ok(())
@@ -443,6 +473,9 @@ impl RecvNic for RNic<'_> {
     }
     fn post_ctl(&mut self, chain: &rx::CtlChain) -> Result<(), Stop> {
         assert!(chain.n > 0 && chain.n <= rx::CHAIN);
+        if self.0.r_halted {
+            return Ok(());
+        }
         for w in chain.wrs() {
             self.0.r2s[chain.qp].push_back(Write {
                 src: Some((Region::RStage, w.off)),
@@ -497,6 +530,20 @@ struct World {
     steps: u64,
     peeks: u64,
     flushed: u64,
+    /// Link faults still to inject (clean runs over immediates only): both
+    /// ends' QPs fail at a random moment, whatever was on the wire is lost,
+    /// and the machines resume from each other's restart points.
+    link_faults: u32,
+    /// A second fault follows this many steps after a resume (a fault
+    /// during recovery, before the resent writes landed).
+    refault: Option<u64>,
+    /// A recovery in progress: both ends stopped (draining, then the
+    /// restart points taken), then one end resumed, then the other.
+    rec: Option<Rec>,
+    recoveries: u64,
+    replayed_lanes: u64,
+    replayed_eager: u64,
+    confirmed: u64,
 }
 
 fn pattern(send: usize, i: usize) -> u8 {
@@ -608,6 +655,8 @@ impl World {
             open_events: Vec::new(),
             events: 0,
             r_counted: 0,
+            s_halted: false,
+            r_halted: false,
         };
         let mut w = World {
             seed,
@@ -630,7 +679,17 @@ impl World {
             steps: 0,
             peeks: 0,
             flushed: 0,
+            link_faults: 0,
+            refault: None,
+            rec: None,
+            recoveries: 0,
+            replayed_lanes: 0,
+            replayed_eager: 0,
+            confirmed: 0,
         };
+        if fault.is_none() && w.wire.notices.is_none() && w.rng.chance(2) {
+            w.link_faults = 1 + w.rng.below(4) as u32;
+        }
         // the QPs are connected (as ready.rs's `connected`), then READY arrived (its `progress_ready`)
         w.tx.connected(tx::Config { nqps, split, eager: eager_max, mailbox_after: Duration::from_millis(1) });
         assert_eq!(w.rx.eager_limit(), eager_max);
@@ -809,6 +868,9 @@ impl World {
 
     /// isend of send `k`: `Ok(true)` when taken.
     fn s_isend(&mut self, k: usize) -> Result<bool, Stop> {
+        if self.wire.s_halted {
+            return Ok(false); // recovering: nothing taken
+        }
         let Send { tag, size, src, .. } = self.sends[k];
         let seed = self.seed;
         if self.rng.chance(3) {
@@ -835,6 +897,9 @@ impl World {
     fn s_test(&mut self, k: usize) -> Result<(), Stop> {
         let id = self.sends[k].id.unwrap();
         let seed = self.seed;
+        if self.wire.s_halted && !self.tx.is_done(id).unwrap() {
+            return Ok(()); // recovering: only a send already done completes
+        }
         let Some(size) = self.tx.test(&mut SNic(&mut self.wire), id).map_err(|f| stop_of(f, false, seed))? else { return Ok(()) };
         assert_eq!(size, self.sends[k].size, "seed {seed}: send {k} reported the wrong size");
         self.sends[k].done = true;
@@ -854,6 +919,9 @@ impl World {
     /// irecv of receive `r`: `Ok(true)` when taken.
     fn r_irecv(&mut self, r: usize) -> Result<bool, Stop> {
         self.r_failed()?;
+        if self.wire.r_halted {
+            return Ok(false);
+        }
         let ids = &self.recvs[r].bufs;
         let n = ids.len();
         let mut elems = [Cts::default(); MAX_RECVS];
@@ -887,6 +955,9 @@ impl World {
         self.r_failed()?;
         let id = self.recvs[r].id.unwrap();
         let seed = self.seed;
+        if self.wire.r_halted && !self.rx.is_done(id).unwrap() {
+            return Ok(());
+        }
         let f = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))?;
         self.ctl_flushed("test");
         self.mailbox_answered();
@@ -929,6 +1000,9 @@ impl World {
         self.r_failed()?;
         let seed = self.seed;
         let id = self.flushes[i];
+        if self.wire.r_halted && !self.rx.is_done(id).unwrap() {
+            return Ok(());
+        }
         if let Some(f) = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))? {
             assert_eq!(f.n, 0, "seed {seed}: a flush reports no sizes");
             self.flushes.swap_remove(i);
@@ -939,6 +1013,9 @@ impl World {
 
     fn r_poll(&mut self) -> Result<(), Stop> {
         self.r_failed()?;
+        if self.wire.r_halted {
+            return Ok(()); // (the recovery reads the CQ itself)
+        }
         self.rx.poll(&mut RNic(&mut self.wire));
         self.ctl_flushed("poll");
         self.mailbox_answered();
@@ -996,6 +1073,67 @@ impl World {
         Ok(())
     }
 
+    /// Both ends' QPs fail now: every write and acknowledgement on the
+    /// wire is lost (a write may have landed in part), flush reads in
+    /// flight too. What the CQs hold stays, for the drain.
+    fn link_fault(&mut self) {
+        let w = &mut self.wire;
+        for q in w.s2r.iter_mut().chain(w.r2s.iter_mut()) {
+            q.clear();
+        }
+        w.s_acks.clear();
+        w.r_acks.clear();
+        w.flush_q.clear();
+        w.s_halted = true;
+        w.r_halted = true;
+        w.mailbox_landed = None;
+        self.rec = Some(Rec { points: None, rx_first: self.rng.chance(2) });
+        self.link_faults -= 1;
+    }
+
+    /// One step of the recovery in progress: both ends drain their CQs
+    /// (the executor reads up to the flush of its queues) and take their
+    /// restart points; then one end resumes from the other's point, some
+    /// steps later the other. Between, NCCL's calls go on as the executor
+    /// answers them, and the end that resumed already writes.
+    fn recovery_step(&mut self) -> Result<(), Stop> {
+        let seed = self.seed;
+        let Some(mut rec) = self.rec else { return Ok(()) };
+        let Some((txp, rxp)) = rec.points else {
+            while !(self.wire.scq.is_empty() && self.wire.rcq.is_empty()) {
+                self.tx.poll(&mut SNic(&mut self.wire));
+                self.rx.poll(&mut RNic(&mut self.wire));
+                self.r_failed()?;
+                self.wire.s_failed.clone().map_or(Ok(()), Err)?;
+            }
+            rec.points = Some((self.tx.restart_point(), self.rx.restart_point()));
+            self.rec = Some(rec);
+            return Ok(());
+        };
+        let rx_turn = self.wire.r_halted && (rec.rx_first || !self.wire.s_halted);
+        if rx_turn {
+            self.wire.r_halted = false;
+            let post = |n: &mut RNic<'_>, id: ReqId| {
+                n.0.flush_q.push_back(id);
+                Ok(())
+            };
+            self.rx.resume(&mut RNic(&mut self.wire), &txp, post).map_err(|f| stop_of(f, true, seed))?;
+            self.ctl_flushed("resume");
+        } else {
+            self.wire.s_halted = false;
+            let r = self.tx.resume(&mut SNic(&mut self.wire), &rxp).map_err(|f| stop_of(f, false, seed))?;
+            self.replayed_lanes += r.lanes;
+            self.replayed_eager += r.eager;
+            self.confirmed += r.confirmed;
+        }
+        if !self.wire.s_halted && !self.wire.r_halted {
+            self.rec = None;
+            self.recoveries += 1;
+            self.refault = (self.link_faults > 0 && self.rng.chance(3)).then(|| self.steps + 1 + self.rng.below(20));
+        }
+        Ok(())
+    }
+
     fn check_stop(&self, stop: Stop) {
         let seed = self.seed;
         let f = self.fault.unwrap_or_else(|| panic!("seed {seed}: no fault injected, yet the run stopped: {stop:?}"));
@@ -1042,6 +1180,18 @@ impl World {
                 self.wire.r2s.iter().map(VecDeque::len).collect::<Vec<_>>(),
             );
             self.wire.now += Duration::from_micros(self.rng.below(40));
+            let due = self.refault.map_or(self.rng.chance(4000), |at| steps >= at);
+            // a fault while both ends are stopped is one of the stop's echoes
+            let stopped = self.rec.is_some_and(|r| r.points.is_none());
+            if self.link_faults > 0 && due && !stopped {
+                self.refault = None;
+                self.link_fault();
+            }
+            if self.rec.is_some() && self.rng.chance(20) {
+                if let Err(stop) = self.recovery_step() {
+                    panic!("seed {seed}: recovery from a link fault failed: {stop:?}");
+                }
+            }
             if let Err(stop) = self.inject() {
                 self.check_stop(stop);
                 return;
@@ -1148,6 +1298,16 @@ impl World {
                     Ok(())
                 }
             };
+            // what the receiver believes it told the sender (its credit
+            // counter), the sender has once nothing is on the way to it
+            if r.is_ok() && self.eager_max > 0 && self.rec.is_none() && self.wire.r2s.iter().all(VecDeque::is_empty) {
+                let told = self.tx.read_credits(&self.wire.sfifo[..]);
+                assert!(
+                    told >= self.rx.credits_reported(),
+                    "seed {seed}: the receiver reported {} credits, the sender's word says {told} and nothing is on the wire",
+                    self.rx.credits_reported()
+                );
+            }
             if let Err(stop) = r {
                 if too_large_sent {
                     assert!(matches!(stop, Stop::Rx(ProtoError::SenderTooLarge)), "seed {seed}: after a too-large send: {stop:?}");
@@ -1198,7 +1358,7 @@ fn fault_of(seed: u64) -> Option<Fault> {
 fn model_shipping_machines_under_random_interleavings() {
     let mut faults = [0usize; FAULTS.len()];
     let mut kinds = [0usize; 3];
-    let mut totals = [0u64; 9];
+    let mut totals = [0u64; 13];
     for seed in seeds() {
         let fault = fault_of(seed);
         let r = std::panic::catch_unwind(|| {
@@ -1215,6 +1375,10 @@ fn model_shipping_machines_under_random_interleavings() {
                 w.peeks,
                 w.flushed,
                 w.wire.events,
+                w.recoveries,
+                w.replayed_lanes,
+                w.replayed_eager,
+                w.confirmed,
             ];
             (w.injected, kind, sums)
         });
@@ -1235,8 +1399,8 @@ fn model_shipping_machines_under_random_interleavings() {
         }
     }
     eprintln!(
-        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}; runs eager off/eager on/iWARP notices {kinds:?}; faults injected {faults:?}",
-        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8]
+        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}; runs eager off/eager on/iWARP notices {kinds:?}; faults injected {faults:?}; link faults recovered {}, lanes resent {}, eager messages resent {}, lanes confirmed by the receiver only {}",
+        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8], totals[9], totals[10], totals[11], totals[12]
     );
     if std::env::var("VERBS_MODEL_SEED").is_err() {
         // the runs covered both eager modes, the notices and every fault
@@ -1246,6 +1410,9 @@ fn model_shipping_machines_under_random_interleavings() {
         // the eager path carries small messages (a mutation that never
         // takes it is legal for bytes, not for latency)
         assert!(totals[3] > 5000, "eager messages: {}", totals[3]);
+        // recovery ran often, and had lanes and eager messages to resend,
+        // and lanes only the receiver knew had landed
+        assert!(totals[9] > 300 && totals[10] > 100 && totals[11] > 20 && totals[12] > 20, "recoveries exercised: {totals:?}");
     }
 }
 
@@ -1268,7 +1435,7 @@ fn machine_calls(src: &str) -> std::collections::BTreeSet<String> {
 #[test]
 fn the_transport_calls_only_what_the_model_drives() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let files = ["src/transport/ib/p2p.rs", "src/transport/ib/ready.rs"];
+    let files = ["src/transport/ib/p2p.rs", "src/transport/ib/ready.rs", "src/transport/ib/reconnect.rs"];
     let mut shipped = std::collections::BTreeSet::new();
     for f in files {
         let Ok(s) = std::fs::read_to_string(root.join(f)) else {

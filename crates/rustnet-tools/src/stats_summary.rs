@@ -234,15 +234,15 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
         );
         let _ = writeln!(
             o,
-            "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>8} {:>9} {:>7}  state",
-            "rank", "host", "pid", "trans", "sent", "received", "msgs", "errors", "seconds", "MB/s", "age s"
+            "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>6} {:>8} {:>9} {:>7}  state",
+            "rank", "host", "pid", "trans", "sent", "received", "msgs", "errors", "recov", "seconds", "MB/s", "age s"
         );
         for p in &procs {
             let (sent, recv, msgs): (u64, u64, u64) = p.devs.iter().fold((0, 0, 0), |(s, r, m), d| (s + d.sent, r + d.recv, m + d.msgs));
             let state = if p.open > 0 { format!("{} comm(s) open", p.open) } else { "all comms closed (final write)".into() };
             let _ = writeln!(
                 o,
-                "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>8.1} {:>9} {:>7.0}  {state}{}",
+                "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>6} {:>8.1} {:>9} {:>7.0}  {state}{}",
                 p.rank.as_deref().unwrap_or("?"),
                 p.host,
                 p.pid,
@@ -251,6 +251,7 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                 human_bytes(recv),
                 msgs,
                 p.errors(),
+                p.recoveries(),
                 p.seconds(),
                 rate_str(p.rate()),
                 newest - p.written,
@@ -267,6 +268,7 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                 e.1.recv += d.recv;
                 e.1.msgs += d.msgs;
                 e.1.errors += d.errors;
+                e.1.recoveries += d.recoveries;
                 if p.seconds() > 0.0 {
                     e.2 += (d.sent + d.recv) as f64 / p.seconds();
                 }
@@ -275,19 +277,20 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
         let _ = writeln!(o, "\nper device (MB/s: the sum over its processes)");
         let _ = writeln!(
             o,
-            "{:<16} {:<12} {:<6} {:>5} {:>11} {:>11} {:>9} {:>6} {:>9}",
-            "host", "device", "trans", "procs", "sent", "received", "msgs", "errors", "MB/s"
+            "{:<16} {:<12} {:<6} {:>5} {:>11} {:>11} {:>9} {:>6} {:>6} {:>9}",
+            "host", "device", "trans", "procs", "sent", "received", "msgs", "errors", "recov", "MB/s"
         );
         let mut rows: Vec<_> = devs.into_iter().collect();
         rows.sort_by(|a, b| a.1 .2.total_cmp(&b.1 .2));
         for ((host, dev, tr), (n, d, rate)) in rows {
             let _ = writeln!(
                 o,
-                "{host:<16} {dev:<12} {tr:<6} {n:>5} {:>11} {:>11} {:>9} {:>6} {:>9.1}",
+                "{host:<16} {dev:<12} {tr:<6} {n:>5} {:>11} {:>11} {:>9} {:>6} {:>6} {:>9.1}",
                 human_bytes(d.sent),
                 human_bytes(d.recv),
                 d.msgs,
                 d.errors,
+                d.recoveries,
                 rate / 1e6
             );
         }

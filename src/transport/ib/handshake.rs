@@ -73,6 +73,21 @@ pub struct ConnCfg {
     /// iWARP: QPs connect through rdma_cm and each lane ends with a notice
     /// SEND instead of a write with immediate ([`super::notice_path`]).
     pub notices: bool,
+    /// RUSTNET_RECOVERY_TIMEOUT: seconds a comm may recover after a fabric
+    /// fault (0: it fails at the first).
+    pub recovery_s: u32,
+}
+
+impl ConnCfg {
+    /// [`Meta::flags`] this end announces: recovery where it can do it
+    /// (not on iWARP, whose QPs rdma_cm connects).
+    pub fn meta_flags(&self) -> u8 {
+        if self.recovery_s > 0 && !self.notices {
+            crate::proto::ib_meta::FLAG_RECOVERY
+        } else {
+            0
+        }
+    }
 }
 
 impl ConnCfg {
@@ -96,6 +111,7 @@ impl ConnCfg {
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: OobCfg::from_config(cfg),
             notices: false,
+            recovery_s: cfg.recovery_timeout.get() as u32,
         }
     }
 }
@@ -243,6 +259,12 @@ pub(super) struct Setup {
     pub stage: HostRegion,
     /// The eager limit this end offers (0 = off).
     pub eager: u32,
+    /// The QPs' sizes (a recovery makes new QPs alike).
+    pub caps: QpCaps,
+    /// The CQ's size (a recovery makes a new CQ alike).
+    pub cqe: i32,
+    /// [`Meta::flags`] this end announces.
+    pub flags: u8,
 }
 
 /// Send-queue depth of a receiver QP (CTS writes).
@@ -288,7 +310,7 @@ impl Setup {
             let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
             (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, stage)
         };
-        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager })
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, caps, cqe, flags: cc.meta_flags() })
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
@@ -310,6 +332,7 @@ impl Setup {
             name: self.dev.dev_name.clone(),
             eager: self.eager,
             ring: (0, 0),
+            flags: self.flags,
         }
     }
 }

@@ -13,11 +13,12 @@ use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
 use super::link::{Link, SendHs};
 use super::notice_path::{CmConnect, NoticeTx, RecvSide};
 use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, RECV_WRS, SEND_SLOTS};
+use super::recover::RecLink;
 use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
 use crate::proto::fifo::FIFO_DEPTH;
-use crate::proto::ib_meta::{Meta, META_LEN, READY};
+use crate::proto::ib_meta::{Meta, FLAG_RECOVERY, META_LEN, READY};
 use crate::proto::nic::WrId;
 use crate::proto::{eager, rx, tx};
 use crate::transport::sock::Socket;
@@ -93,6 +94,12 @@ impl SendComm {
             });
         }
         self.tx.connected(tx::Config { nqps: io.link.qps.len(), split: io.link.cc.split, eager: limit, mailbox_after: tx::MAILBOX_AFTER });
+        if io.link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
+            let seen = io.link.dev.health.port_events(io.link.dev.port);
+            io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.caps, io.cqe, io.tc, io.sl, seen)));
+            // (best effort: recovery messages go soon after a link's return either way)
+            let _ = io.link.oob.set_thin_linear_timeouts();
+        }
         io.hs = Some(SendHs::WriteReady { sent: 0 });
         Ok(())
     }
@@ -140,8 +147,9 @@ pub(super) fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
 
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer } = setup;
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, caps, cqe, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.local_gid = local.gid;
         link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
         let io = SendIo {
             link,
@@ -156,6 +164,8 @@ impl SendComm {
             eager: None,
             cur: None,
             notices: None,
+            caps,
+            cqe,
         };
         SendComm { io, tx: tx::Sender::new() }
     }
@@ -173,8 +183,14 @@ impl RecvComm {
         remote: &Meta,
         notices: Option<Box<RecvSide>>,
     ) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
+        let Setup { dev, cq, local, region, stage, eager: offer, caps, cqe, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.local_gid = local.gid;
+        if link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
+            let tc = handshake::receiver_tc(&link.cc, dev.link_layer, remote.tc);
+            link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, caps, cqe, tc, remote.sl, dev.health.port_events(dev.port))));
+            let _ = link.oob.set_thin_linear_timeouts();
+        }
         link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
         let nq = qps.len();
         for q in qps.iter().filter(|_| notices.is_none()) {
@@ -188,6 +204,7 @@ impl RecvComm {
         link.ev = EventSlots::new(RECV_POOL, MAX_RECVS * nq);
         link.set_peer(remote);
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
+        link.flush_qpn = flush.as_ref().map(|f| f.qp.qpn());
         let limit = offer.min(remote.eager) as usize;
         let eager = if limit > 0 {
             Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
@@ -205,6 +222,7 @@ impl RecvComm {
             remote_fifo: (remote.addr, remote.rkey),
             eager,
             notices,
+            flush_at: Box::new([(0, 0); RECV_POOL]),
         };
         Ok(RecvComm { io, rx })
     }
@@ -230,6 +248,7 @@ impl RecvComm {
             name: io.link.dev.dev_name.clone(),
             eager: self.rx.eager_limit() as u32,
             ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
+            flags: io.link.cc.meta_flags(),
         };
         if let Some(n) = &io.notices {
             n.fill_meta(&mut m);
@@ -243,7 +262,7 @@ impl RecvComm {
 }
 
 impl Flush {
-    fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
+    pub(super) fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
         let caps = verbs::QpCaps { max_send_wr: FIFO_DEPTH as u32, max_recv_wr: 1, max_inline: 0 };
         let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
         let me = verbs::RtrParams {
