@@ -202,6 +202,10 @@ fn fuzz_reply() {
     fuzz("reply");
 }
 #[test]
+fn fuzz_resume() {
+    fuzz("resume");
+}
+#[test]
 fn fuzz_wire_header() {
     fuzz("wire_header");
 }
@@ -345,11 +349,38 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n12345".to_vec());
             add("short", h.encode()[..20].to_vec());
         }
+        "resume" => {
+            use rustnet::proto::resume::{Ack, HelloExt, ResumeHello, ResumeReply, Token};
+            let tagged = |t: u8, b: &[u8]| [&[t][..], b].concat();
+            add("ext-v4", tagged(0, &HelloExt { token: Token([7; 16]), probe: Some("10.0.0.2:4000".parse().unwrap()) }.encode()));
+            add("ext-v6", tagged(0, &HelloExt { token: Token([9; 16]), probe: Some("[fe80::2%3]:4001".parse().unwrap()) }.encode()));
+            add("ext-none", tagged(0, &HelloExt { token: Token::NONE, probe: None }.encode()));
+            let h = ResumeHello {
+                version: PROTO_VERSION,
+                stream: 1,
+                nstreams: 2,
+                conn_id: 0xabc,
+                epoch: 3,
+                sent: 1 << 33,
+                elapsed_ms: 1500,
+                token: Token([5; 16]),
+            };
+            add("hello-valid", tagged(1, &h.encode()));
+            add("hello-near-epoch-0", tagged(1, &ResumeHello { epoch: 0, ..h }.encode()));
+            add("hello-near-stream-eq-n", tagged(1, &ResumeHello { stream: 2, ..h }.encode()));
+            add("reply-accepted", tagged(2, &ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 12345 }.encode()));
+            add("reply-bad-token", tagged(2, &ResumeReply { verdict: Verdict::BadToken, version: PROTO_VERSION, offset: 0 }.encode()));
+            let mut ack = tagged(3, &Ack { stream: 1, offset: 500 }.encode());
+            ack.push(1); // 2 streams
+            ack.extend_from_slice(&10u64.to_le_bytes());
+            ack.extend_from_slice(&600u64.to_le_bytes());
+            add("ack-valid", ack);
+        }
         "reply" => {
-            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION }.encode().to_vec());
-            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION }.encode().to_vec());
-            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1 }.encode().to_vec());
-            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION }.encode();
+            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
+            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
+            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1, resume_port: 0 }.encode().to_vec());
+            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION, resume_port: 0 }.encode();
             b[8] = 7;
             add("near-unknown-verdict", b.to_vec());
             add("http", b"HTTP/1.1 400 Bad".to_vec());

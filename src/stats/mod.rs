@@ -125,6 +125,36 @@ impl QpTable {
     }
 }
 
+/// What one comm's recoveries cost, bumped by its transport when the comm
+/// recovers from a fabric fault (never on the data path) and read by the
+/// writer. Every comm has one (zero until a recovery), whether or not a
+/// statistics file is configured.
+#[derive(Debug, Default)]
+pub struct RecoveryStats {
+    /// Recoveries completed (the comm went on after a reset, a cut link, ...).
+    pub recoveries: Counter,
+    /// Payload and header bytes sent a second time because the receiver had
+    /// not taken them when the connection failed.
+    pub replayed_bytes: Counter,
+    /// How long the last recovery took, from the fault being noticed to
+    /// traffic moving again, in microseconds (0: none yet).
+    pub last_us: AtomicU64,
+}
+
+impl RecoveryStats {
+    /// One recovery that took `took` and sent `replayed` bytes again.
+    pub fn record(&self, took: Duration, replayed: u64) {
+        self.recoveries.add(1);
+        self.replayed_bytes.add(replayed);
+        self.last_us.store(took.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// The last recovery's duration in seconds (0: none yet).
+    pub fn last_seconds(&self) -> f64 {
+        self.last_us.load(Ordering::Relaxed) as f64 / 1e6
+    }
+}
+
 /// Which way a comm moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Way {
@@ -170,6 +200,8 @@ pub struct CommStats {
     /// Verbs: the QP counters, with the device of each QP set (a merged
     /// device has one set per member).
     pub qps: Vec<(String, Arc<QpTable>)>,
+    /// Its recoveries, shared with the transport's comm.
+    pub recovery: Arc<RecoveryStats>,
 }
 
 /// Settings of the writer (from the knob table).
@@ -196,12 +228,15 @@ struct Totals {
 impl CommStats {
     /// Recoveries of this comm (every member of a merged device), and the bytes they wrote again.
     fn recovered(&self) -> (u64, u64) {
-        self.qps.iter().fold((0, 0), |(n, b), (_, t)| (n + t.recoveries.get(), b + t.replayed_bytes.get()))
+        // verbs count per member (QP table), TCP per comm (RecoveryStats)
+        let tcp = (self.recovery.recoveries.get(), self.recovery.replayed_bytes.get());
+        self.qps.iter().fold(tcp, |(n, b), (_, t)| (n + t.recoveries.get(), b + t.replayed_bytes.get()))
     }
 
     /// The longest of the members' last recoveries, seconds.
     fn last_recovery_s(&self) -> f64 {
-        self.qps.iter().map(|(_, t)| t.last_recovery_us.load(Ordering::Relaxed)).max().unwrap_or(0) as f64 / 1e6
+        let tcp = self.recovery.last_us.load(Ordering::Relaxed);
+        self.qps.iter().map(|(_, t)| t.last_recovery_us.load(Ordering::Relaxed)).fold(tcp, u64::max) as f64 / 1e6
     }
 }
 
@@ -299,6 +334,7 @@ pub fn open_comm(
     peer: String,
     nccl_comm: Option<String>,
     qps: Vec<(String, Arc<QpTable>)>,
+    recovery: Arc<RecoveryStats>,
 ) -> Option<Arc<CommStats>> {
     let mut life = lock(&LIFE);
     let mut r = lock(&REG);
@@ -317,6 +353,7 @@ pub fn open_comm(
         bytes: Counter::default(),
         errors: Counter::default(),
         qps,
+        recovery,
     });
     r.live.push(c.clone());
     r.start.get_or_insert_with(SystemTime::now);
@@ -608,6 +645,7 @@ mod tests {
             bytes: Counter::default(),
             errors: Counter::default(),
             qps: vec![("mlx5_0".into(), qt)],
+            recovery: Arc::default(),
         });
         c.msgs.add(2);
         c.completions.add(2);
@@ -639,5 +677,43 @@ mod tests {
         assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4106.0);
         assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
         assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
+    }
+
+    #[test]
+    fn tcp_recoveries_are_counted_per_comm_and_device() {
+        let s = Setup { dir: "/nonexistent".into(), interval: Duration::from_secs(1), transport: "socket", host: "h1".into(), rank: None };
+        let c = Arc::new(CommStats {
+            id: 0,
+            way: Way::Recv,
+            transport: "socket",
+            device: "eth0".into(),
+            peer: "10.0.0.2:5000".into(),
+            nccl_comm: None,
+            msgs: Counter::default(),
+            completions: Counter::default(),
+            bytes: Counter::default(),
+            errors: Counter::default(),
+            qps: Vec::new(),
+            recovery: Arc::default(),
+        });
+        c.recovery.record(Duration::from_millis(700), 100);
+        c.recovery.record(Duration::from_millis(1500), 4096);
+        let mut retired = BTreeMap::new();
+        retired.insert(("eth0".to_string(), "socket", Way::Recv), Totals { comms: 1, recoveries: 2, replayed: 10, ..Totals::default() });
+        let r = Registry { setup: None, live: vec![c.clone()], retired, next_id: 1, start: None };
+        let e = prom::parse(&render(&r, &s, UNIX_EPOCH + Duration::from_secs(10))).unwrap();
+        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "0"), ("peer", "10.0.0.2:5000"), ("dir", "recv")]), 2.0);
+        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[("comm", "0")]), 4196.0);
+        assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(1.5), "the last one, not the longest");
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "eth0"), ("dir", "recv"), ("transport", "socket")]), 4.0);
+        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[("device", "eth0")]), 4206.0);
+        // a closed comm's recoveries stay in the device totals
+        let mut r = r;
+        r.live.clear();
+        let t = r.retired.get_mut(&("eth0".to_string(), "socket", Way::Recv)).unwrap();
+        let (n, b) = c.recovered();
+        (t.recoveries, t.replayed) = (t.recoveries + n, t.replayed + b);
+        let e = prom::parse(&render(&r, &s, UNIX_EPOCH + Duration::from_secs(11))).unwrap();
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "eth0")]), 4.0);
     }
 }

@@ -57,6 +57,41 @@ pub enum ProtoError {
     /// A data message header with the wrong magic: the stream is out of step.
     #[error("bad message header magic {0:#010x}")]
     HeaderMagic(u32),
+    /// An acknowledgement record with the wrong magic: the reverse stream is out of step.
+    #[error("bad acknowledgement magic {0:#010x}")]
+    AckMagic(u32),
+    /// An acknowledgement for a stream the connection does not have.
+    #[error("acknowledgement for stream {stream} of a {nstreams}-stream connection")]
+    AckStream {
+        /// The stream named.
+        stream: u16,
+        /// Streams of the connection.
+        nstreams: usize,
+    },
+    /// An acknowledgement of bytes never sent.
+    #[error("acknowledgement of {offset} bytes on stream {stream}, but only {sent} were sent")]
+    AckBeyond {
+        /// The stream.
+        stream: u16,
+        /// Bytes acknowledged.
+        offset: u64,
+        /// Bytes written on it.
+        sent: u64,
+    },
+    /// A resume offset outside what was acknowledged and what was written.
+    #[error(
+        "resume from byte {offset} of stream {stream}, outside the {acked} bytes it acknowledged before          and the {sent} written"
+    )]
+    ResumeOffset {
+        /// The stream.
+        stream: usize,
+        /// The receiver's offset.
+        offset: u64,
+        /// What it had acknowledged.
+        acked: u64,
+        /// What the sender wrote.
+        sent: u64,
+    },
     /// A message whose tag no posted buffer waits for.
     #[error("message with tag {tag} arrived but the posted receive waits for tags {want:?}")]
     NoTag {

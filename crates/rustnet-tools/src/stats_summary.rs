@@ -23,8 +23,10 @@ pub struct Dev {
     pub msgs: u64,
     /// Calls that returned an error, both directions.
     pub errors: u64,
-    /// Recoveries after a fabric fault, both directions.
+    /// Recoveries from a fabric fault (a reset or cut connection), both directions.
     pub recoveries: u64,
+    /// Bytes those recoveries sent again, both directions.
+    pub replayed: u64,
 }
 
 /// One process (one file).
@@ -48,6 +50,8 @@ pub struct Proc {
     pub open: u64,
     /// Per device.
     pub devs: Vec<Dev>,
+    /// The longest "last recovery" of its open comms, seconds (0: none).
+    pub last_recovery_s: f64,
 }
 
 impl Proc {
@@ -101,6 +105,7 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
         ("rustnet_device_messages_total", 1),
         ("rustnet_device_errors_total", 2),
         ("rustnet_device_recoveries_total", 3),
+        ("rustnet_device_replayed_bytes_total", 4),
     ] {
         for s in e.get(metric) {
             if !s.value.is_finite() || s.value < 0.0 {
@@ -115,7 +120,8 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
                 (0, _) => row.recv += v,
                 (1, _) => row.msgs += v,
                 (2, _) => row.errors += v,
-                _ => row.recoveries += v,
+                (3, _) => row.recoveries += v,
+                _ => row.replayed += v,
             }
         }
     }
@@ -129,6 +135,7 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
         written,
         open: e.sum("rustnet_device_comms_open", &[]) as u64,
         devs: devs.into_values().collect(),
+        last_recovery_s: e.get("rustnet_comm_last_recovery_seconds").map(|s| s.value).filter(|v| v.is_finite()).fold(0.0, f64::max),
     })
 }
 
@@ -286,6 +293,34 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                 d.recoveries,
                 rate / 1e6
             );
+        }
+        // recoveries: the job went on, but a link or NIC is failing
+        let recovered: Vec<&&Proc> = procs.iter().filter(|p| p.recoveries() > 0).collect();
+        if !recovered.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nrecoveries (a reset or cut connection the comms rode out; bytes sent again; the longest last recovery of an open comm)"
+            );
+            let _ = writeln!(
+                o,
+                "{:>5} {:<16} {:>8} {:<12} {:>10} {:>11} {:>10}",
+                "rank", "host", "pid", "device", "recoveries", "replayed", "last s"
+            );
+            for p in recovered {
+                for d in p.devs.iter().filter(|d| d.recoveries > 0) {
+                    let _ = writeln!(
+                        o,
+                        "{:>5} {:<16} {:>8} {:<12} {:>10} {:>11} {:>10}",
+                        p.rank.as_deref().unwrap_or("?"),
+                        p.host,
+                        p.pid,
+                        d.device,
+                        d.recoveries,
+                        human_bytes(d.replayed),
+                        if p.last_recovery_s > 0.0 { format!("{:.2}", p.last_recovery_s) } else { "-".into() }
+                    );
+                }
+            }
         }
         let norank = procs.iter().filter(|p| p.rank.is_none()).count();
         if norank > 0 {
