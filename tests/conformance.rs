@@ -1131,9 +1131,21 @@ fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
         a.send("GO");
         b.send("GO");
     }
+    let (la, lb) = (a.stderr.clone(), b.stderr.clone());
     let ra = finish(a)?;
     let rb = finish(b)?;
-    Ok(format!("A: {ra}; B: {rb}"))
+    // comms that recovered after a fault (the VM suite injects QP errors
+    // with RUSTNET_FAULT_QP_ERROR and says RUSTNET_CONF_WANT_RECOVERY=1)
+    let recovered = |l: &StderrLog| {
+        l.wait_eof(Duration::from_secs(5));
+        l.text().lines().filter(|x| x.contains(" recovered in ")).count()
+    };
+    let n = recovered(&la) + recovered(&lb);
+    if n == 0 && std::env::var("RUSTNET_CONF_WANT_RECOVERY").as_deref() == Ok("1") {
+        return Err(format!("no comm recovered, though faults were injected (RUSTNET_FAULT_QP_ERROR): A: {ra}; B: {rb}"));
+    }
+    let rec = if n > 0 { format!(" recoveries={n}") } else { String::new() };
+    Ok(format!("A: {ra}; B: {rb}{rec}"))
 }
 
 fn killed_peer_case() -> Result<String, String> {
