@@ -10,9 +10,9 @@
 //! comm reconnects through the receiver's resume port and resends what was
 //! not taken); with RUSTNET_RECOVERY_TIMEOUT=0, or a window shorter than
 //! the cut, a cut must fail both ends, naming the peer. Over verbs the port
-//! goes down with the link; a PORT_ERR fails no comm (as NCCL's net_ib, the
-//! HCA retransmits), but survival there is not required yet, so errors
-//! count as expected. fds, threads,
+//! goes down with the link (PORT_ERR, then PORT_ACTIVE): the comms recover
+//! in place (new QPs, what the peer lacks resent) and must survive a flap
+//! and a cut shorter than RUSTNET_RECOVERY_TIMEOUT the same way. fds, threads,
 //! RSS (and, on verbs, the kernel's MR/QP counts from `rdma res`) of both
 //! peers are sampled every few seconds into a CSV and an SVG plot.
 //!
@@ -102,8 +102,9 @@ struct Coordinator {
     quiet_rdma: Vec<(f64, usize, usize)>,
     cycle_log: String,
     socket_timeout: u64,
-    /// TCP comms ride out a cut (RUSTNET_RECOVERY_TIMEOUT longer than it).
-    tcp_recovers: bool,
+    /// Comms ride out a cut or flap (RUSTNET_RECOVERY_TIMEOUT longer than
+    /// the cut): over TCP by reconnecting, over verbs by new QPs.
+    recovers: bool,
 }
 
 #[derive(Default, Clone)]
@@ -215,7 +216,7 @@ impl Coordinator {
         let hit_after = Duration::from_millis(20 + rng.below(200));
         let grace = Duration::from_secs(3 * self.socket_timeout + 20);
         // a cut the comms recover from is no excuse to fail (nor to be told to give up)
-        let recovers = self.tcp_recovers;
+        let recovers = self.recovers;
         let survivable = move |fault: Fault, long_flap: bool| match fault {
             Fault::Flap => !long_flap || recovers,
             Fault::Cut => recovers,
@@ -328,11 +329,8 @@ impl Coordinator {
         // loaded machine the link commands themselves can stretch it. One
         // that lasted longer than a third of the timeout (the keepalive idle
         // time) is judged as a cut: failing then is allowed.
-        // On verbs any flap is still judged as a cut: the port goes down with
-        // its netdev; since a PORT_ERR no longer fails the comms (they ride
-        // it out on the HCA's retries, as NCCL's net_ib), comms should
-        // survive a short one, but the verbs soak does not require it yet
-        // (docs/resilience.md).
+        // On verbs a flap takes the port down with its netdev: it counts as
+        // long (a cut), which the comms survive when they recover.
         let long_flap =
             fault == Fault::Flap && (self.net == Net::Vm || down_for.is_some_and(|d| d.as_secs_f64() > self.socket_timeout as f64 / 3.0));
         if let Some(d) = down_for {
@@ -540,7 +538,7 @@ fn coordinator_main() -> i32 {
         quiet_rdma: Vec::new(),
         cycle_log: "cycle,t_s,fault,rounds,a_result,a_bytes_checked,b_result,b_bytes_checked\n".into(),
         socket_timeout,
-        tcp_recovers: net != Net::Vm && recovery_timeout > 2 * socket_timeout + 2 + 10,
+        recovers: recovery_timeout > 2 * socket_timeout + 2 + 10,
     };
     for role in ['A', 'B'] {
         if let Err(e) = co.expect(role, "READY", Duration::from_secs(60)) {
@@ -816,7 +814,7 @@ fn coordinator_main() -> i32 {
         t.faults[1],
         t.faults[2],
         2 * socket_timeout + 2,
-        if co.tcp_recovers { "to be survived: RUSTNET_RECOVERY_TIMEOUT outlasts it" } else { "both ends must fail" },
+        if co.recovers { "to be survived: RUSTNET_RECOVERY_TIMEOUT outlasts it" } else { "both ends must fail" },
         t.faults[3],
         t.in_flight
     );
