@@ -200,3 +200,28 @@ pub(crate) unsafe fn release() {
     // SAFETY: our caller guarantees Global::clear's contract (no reference from get/get_or_init is alive or used again).
     unsafe { SLOT.clear() };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_error_specs_parse_or_name_what_is_accepted() {
+        for bad in ["send", "send:0", "send:x", "recv:1:y", "random:1001", "other:3", "send:1:2:3"] {
+            let e = arm_qp(bad, 0).unwrap_err().to_string();
+            assert!(e.contains("RUSTNET_FAULT_QP_ERROR") && e.contains("send:N[:K]"), "{bad}: {e}");
+        }
+        assert_eq!(QP_MODE.load(Ordering::Relaxed), QP_OFF, "a refused value arms nothing");
+        // (the counters are process-wide; this test is the only one that arms them)
+        arm_qp("send:3:2", 0).unwrap();
+        let hits: Vec<bool> = (0..9).map(|_| qp_error_due(QpSide::Send)).collect();
+        assert_eq!(hits, [false, false, true, false, true, false, true, false, true], "the 3rd post, then every 2nd");
+        assert!(!qp_error_due(QpSide::Recv), "send comms only");
+        arm_qp("random:1000", 5).unwrap();
+        assert!(qp_error_due(QpSide::Recv) && qp_error_due(QpSide::Send), "1000 per mille: every post");
+        arm_qp("random:0", 5).unwrap();
+        assert!(!qp_error_due(QpSide::Send));
+        arm_qp("", 0).unwrap();
+        assert!(!qp_error_due(QpSide::Send));
+    }
+}
