@@ -31,6 +31,9 @@
 #     other than the fabric, as on most clusters), so "again" times the
 #     recovery and not the rig putting its routes back; flap-3-shared keeps
 #     them on veth0 (the fabric's own link).
+#   - qperr (by name only): 300 s of traffic (LOSS_QPERR_SECONDS) with a QP
+#     forced to the error state every 700th data post (RUSTNET_FAULT_QP_ERROR):
+#     no error, every byte right; the statistics table counts the recoveries.
 #   - flap-connect: veth1 down for 3 s from just before the connections are
 #     set up: connect and accept wait for the port (RUSTNET_CONNECT_TIMEOUT),
 #     then the traffic runs clean.
@@ -121,7 +124,7 @@ FLAP
     env NCCL_IB_TIMEOUT="$to" NCCL_IB_RETRY_CNT="$rc" LOSS_MODE="$mode" LOSS_APPLY="$apply" \
       RUSTNET_STATS_DIR="$dir" RUSTNET_STATS_INTERVAL=1 LOSS_BYTES="${LOSS_BYTES:-33554432}" \
       LOSS_TIMELINE="$out.timeline" LOSS_BEFORE="$before" $xenv "${by_time[@]}" \
-      timeout 300 "$T/rustnet-loss" > $out.out 2> $out.err
+      timeout 480 "$T/rustnet-loss" > $out.out 2> $out.err
     local prc=$?
     [ -n "$watch_pid" ] && { sleep 1.2; kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
     for d in $devs; do tc qdisc del dev "$d" root 2>/dev/null; done
@@ -207,6 +210,9 @@ FLAP
   pick flap-20 0%   20 7 ok NCCL_SOCKET_IFNAME=lo 20
   pick flap-3-shared 0% 20 7 ok "" 3
   pick flap-connect 0% 20 7 ok "" 3 connect
+  # five minutes of traffic with a QP moved to the error state every 700th
+  # data post of each send comm (from the 300th): about 20 recoveries
+  pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:700 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
   echo
   echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way, or how long a flap run lasted; fail = from the loss to the first failed call; again: from link-up to the next message received)"
   printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" again "result | rxe hw_counters (rxe0+rxe1)"
@@ -225,6 +231,6 @@ case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" 
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
   "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
-  "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" \
+  "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
   bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"
