@@ -180,7 +180,7 @@ if [ "${1:-}" = --in-vm ]; then
     if [ -x "${VERBS_RUSTNET%/*}/rustnet-loss" ]; then
       echo "=== loss: tests/rxe-vm/loss.sh --in-vm"
       t0=$EPOCHREALTIME
-      LOSS_TARGET=${VERBS_RUSTNET%/*} timeout -k 10 300 bash "$HERE/loss.sh" --in-vm < /dev/null
+      LOSS_TARGET=${VERBS_RUSTNET%/*} timeout -k 10 480 bash "$HERE/loss.sh" --in-vm < /dev/null
       rc=$?
       dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
       if [ $rc = 0 ]; then results+=("PASS loss (${dt} s)"); else results+=("FAIL loss (exit $rc, ${dt} s)"); fails=$((fails + 1)); fi
