@@ -409,7 +409,7 @@ mod recovery_tests {
         let mut s = s;
         // SAFETY: src/dst outlive both comms (dropped at the end of the test).
         let _sq = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: src.len() }, 1) }.unwrap().unwrap();
-        // SAFETY: as above.
+        // SAFETY: dst outlives both comms (dropped at the end of the test) and nothing else touches it while the receive is pending.
         let rq = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: dst.as_mut_ptr(), len: dst.len() }, tag: 1 }]) }.unwrap().unwrap();
         let t0 = Instant::now();
         let e = loop {
