@@ -118,7 +118,8 @@ struct Alloc {
     closed: bool,
 }
 
-static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, comms: 0, peak: 0, closed: false });
+static ALLOC: Mutex<Alloc> =
+    Mutex::new(Alloc { free: std::collections::VecDeque::new(), next: 0, live: 0, comms: 0, peak: 0, closed: false });
 
 fn slot(i: u64) -> Option<&'static Slot> {
     let i = i as usize;
@@ -241,7 +242,6 @@ pub(crate) fn heap_trim_due() -> bool {
     }
     false
 }
-
 
 /// A new listen comm handle.
 pub(crate) fn listen_new(l: ListenComm) -> Result<*mut c_void> {

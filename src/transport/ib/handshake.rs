@@ -22,13 +22,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::caps::{self, Limits, Role};
 use super::device::{IbDev, LINK_ETH};
 use super::gid::{self, SysfsGids};
-use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
+use super::verbs::{Access, Cq, HostRegion, Init, Qp, Rtr, RtrParams, Rts, RtsParams};
 use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
-use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
+use crate::proto::fifo::{FIFO_BYTES, SIZES_BYTES};
 use crate::proto::ib_meta::{Meta, LINK_IWARP};
 use crate::transport::oob::OobCfg;
 use crate::transport::sock::Socket;
@@ -96,6 +97,21 @@ impl ConnCfg {
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: OobCfg::from_config(cfg),
             notices: false,
+        }
+    }
+}
+
+impl ConnCfg {
+    /// What this end's queue depths depend on ([`caps`]): `sender` or not
+    /// (a receiver's CQ also serves its flush QP).
+    pub fn shape(&self, sender: bool) -> caps::Shape {
+        caps::Shape {
+            nqps: self.nqps,
+            split: self.split,
+            use_inline: self.use_inline,
+            notices: self.notices,
+            eager: self.eager > 0,
+            flush: !sender && self.flush,
         }
     }
 }
@@ -245,39 +261,17 @@ pub(super) struct Setup {
     pub eager: u32,
 }
 
-/// Send-queue depth of a receiver QP (CTS writes).
-pub const RECV_SQ_DEPTH: usize = 128;
-
 impl Setup {
     pub fn new(dev: &Arc<IbDev>, cc: &ConnCfg, sender: bool) -> Result<Setup> {
         let local = local_addr(dev, cc)?;
         let nqps = cc.nqps;
-        let lanes = if cc.split { nqps } else { 1 };
-        // completions per lane and FIFO slot: the write that ends the lane and
-        // its send's (2); iWARP signals every data write and the notice
-        let per_slot = if cc.notices { MAX_LANE_WRS + 1 } else { 2 };
-        let cqe = (per_slot * FIFO_DEPTH * lanes + RECV_SQ_DEPTH + 64).min(dev.max_cqe.max(64) as usize) as i32;
-        let cq = Cq::new(&dev.ctx, cqe)?;
-        let wr_cap = |v: usize| v.min(dev.max_qp_wr.max(16) as usize) as u32;
-        let caps = if sender {
-            QpCaps {
-                max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 2 * eager::RING_SLOTS + 32),
-                max_recv_wr: 1,
-                // notices (iWARP) always go inline: no source to keep alive;
-                // data writes follow NCCL_IB_USE_INLINE (p2p::data_inline)
-                max_inline: if cc.use_inline || cc.notices { 64 } else { 0 },
-            }
-        } else {
-            QpCaps {
-                max_send_wr: wr_cap(RECV_SQ_DEPTH),
-                max_recv_wr: wr_cap(2 * FIFO_DEPTH),
-                // a batch of 16 single-buffer CTS fits inline (16 x 32 bytes)
-                max_inline: if cc.use_inline { SLOT_BYTES.max(512) as u32 } else { 0 },
-            }
-        };
+        let role = if sender { Role::Send } else { Role::Recv };
+        let lim = Limits::new(dev.max_qp_wr, dev.max_cqe);
+        let shape = cc.shape(sender);
+        let cq = Cq::new(&dev.ctx, caps::cq_entries(role, &shape, lim) as i32)?;
         let mut qps = Vec::with_capacity(nqps);
-        for _ in 0..nqps {
-            qps.push(Qp::create(&dev.pd, &cq, caps, dev.port, cc.pkey, Access::REMOTE_WRITE)?);
+        for i in 0..nqps {
+            qps.push(Qp::create(&dev.pd, &cq, caps::qp_caps(role, i, &shape, lim), dev.port, cc.pkey, Access::REMOTE_WRITE)?);
         }
         let (region, stage) = if sender {
             // the FIFO, then the credit word the receiver writes

@@ -4,6 +4,7 @@
 //! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (most of the `unsafe`; the rest sits beside the calls it wraps, each with a `// SAFETY:` line);
 //! - [`device`]: discovery, filtering, ordering, properties, async events ([`port`]: link layer and state words);
 //! - [`gid`]: the RoCE GID choice;
+//! - [`caps`]: the depth of every queue (QPs, CQ) and the inline sizes, per end of a connection;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
 //! - [`establish`]: connect/accept, sequencing the handshake into comms;
 //! - [`p2p`]: isend/irecv/test over RDMA writes: the executor of the protocol machines
@@ -18,6 +19,7 @@
 //! - [`iwarp`] / [`rdmacm`] (types in [`cmffi`]): iWARP connection set-up through librdmacm
 //!   (iWARP QPs are connected by the CM, not by hand); [`notice_path`]: iWARP's connection
 //!   and completions without immediates (rules in [`crate::proto::notice`]), used by [`p2p`]'s executor.
+pub mod caps;
 pub mod cmffi;
 pub mod comm;
 pub mod device;

@@ -29,9 +29,6 @@ use crate::transport::{Completion, RawBuf, RecvBuf, MAX_RECVS};
 
 pub use super::link::{format_stats, set_stats_dump, QpStat};
 
-/// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
-/// immediates are outstanding per QP).
-pub(super) const RECV_WRS: usize = FIFO_DEPTH + 16;
 /// Sends still possible per comm (see [`tx::SEND_SLOTS`]).
 pub const SEND_SLOTS: usize = tx::SEND_SLOTS;
 /// Request slots of a receive comm (see [`rx::RECV_POOL`]).

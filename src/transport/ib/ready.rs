@@ -8,15 +8,15 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::caps::{self, Limits, Role, RECV_CTL_SQ, RECV_WRS};
 use super::device::IbDev;
-use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::handshake::{self, ConnCfg, LocalAddr, Setup};
 use super::link::{Link, SendHs};
 use super::notice_path::{CmConnect, NoticeTx, RecvSide};
-use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, RECV_WRS, SEND_SLOTS};
+use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, SEND_SLOTS};
 use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
-use crate::proto::fifo::FIFO_DEPTH;
 use crate::proto::ib_meta::{Meta, META_LEN, READY};
 use crate::proto::nic::WrId;
 use crate::proto::{eager, rx, tx};
@@ -175,7 +175,8 @@ impl RecvComm {
     ) -> Result<RecvComm> {
         let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
-        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+        // control writes all go on QP 0 (the only one that asks for inline room)
+        link.max_inline = qps.first().map_or(0, |q| q.max_inline());
         let nq = qps.len();
         for q in qps.iter().filter(|_| notices.is_none()) {
             for _ in 0..RECV_WRS {
@@ -194,7 +195,7 @@ impl RecvComm {
         } else {
             None
         };
-        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_SQ_DEPTH });
+        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_CTL_SQ });
         let io = RecvIo {
             link,
             flush,
@@ -244,7 +245,7 @@ impl RecvComm {
 
 impl Flush {
     fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
-        let caps = verbs::QpCaps { max_send_wr: FIFO_DEPTH as u32, max_recv_wr: 1, max_inline: 0 };
+        let caps = caps::qp_caps(Role::Flush, 0, &cc.shape(false), Limits::new(dev.max_qp_wr, dev.max_cqe));
         let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
         let me = verbs::RtrParams {
             dest_qpn: qp.qpn(),
