@@ -22,7 +22,11 @@
 #    soft-iWARP pair (RXE_VM_SIW=1, the default) a fifth pass runs every
 #    version's traffic, grouped tags, profiler events and peer death over
 #    siw0 -> siw1 (rdma_cm, notices), a sixth its traffic with 4 QPs split
-#    (a notice per lane), and fuzz_calls runs again on siw0.
+#    (a notice per lane), and fuzz_calls runs again on siw0. A further pass
+#    runs the traffic cases with peer A at RUSTNET_IB_EAGER_LAZY=0 (its rings
+#    registered at connect, as builds before late rings do) against B's late
+#    rings, both directions; with VERBS_PEER_SO=/path/librustnet.so (another
+#    build, e.g. main's) one more runs them with B on that build.
 # 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
 #    any failed, 125 when the VM died or timed out, other values when the build
 #    failed.
@@ -43,6 +47,9 @@
 #                            that write under target/, e.g. CARGO_TARGET_TMPDIR)
 #   VERBS_NO_BUILD=1         skip `cargo build --release` (test binaries are
 #                            still (re)built by `cargo test --no-run`)
+#   VERBS_PEER_SO=PATH       an older plugin build for peer B in an extra
+#                            conformance pass (wire compatibility); a path the
+#                            guest can read (under / but not /tmp)
 #   VERBS_LOSS=auto|1|0      run loss.sh's scenarios (netem loss on veth1 under
 #                            verbs traffic, ~40 s) in the same boot; auto = with
 #                            the default selection (no VERBS_TEST_ARGS)
@@ -105,7 +112,8 @@ if [ "${1:-}" = --in-vm ]; then
   for t in "$@"; do
     runs+=("$t")
     case ${t%%=*} in conformance)
-      runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}")
+      runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}" "conformance_eager_at_connect_vs_late=${t#*=}")
+      [ -n "${VERBS_PEER_SO:-}" ] && runs+=("conformance_with_peer_build=${t#*=}")
       [ "${RXE_VM_PAIRS:-1}" -ge 2 ] && runs+=("conformance_merged_rxe0+rxe2_to_rxe1+rxe3=${t#*=}")
       [ -n "${RXE_VM_SIW_DEVICES:-}" ] && runs+=("conformance_siw0_to_siw1=${t#*=}" "conformance_siw_4qps_split=${t#*=}")
       ;;
@@ -128,6 +136,17 @@ if [ "${1:-}" = --in-vm ]; then
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
         extra=(traffic)
         run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1) ;;
+      conformance_eager_at_connect_vs_late)
+        # A registers its eager rings at connect (a build before late rings
+        # answers the same), B asks for its peer's ring late: both directions
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v8 traffic_v12)
+        export RUSTNET_CONF_A_ENV="RUSTNET_IB_EAGER_LAZY=0" ;;
+      conformance_with_peer_build)
+        # B loads another build (VERBS_PEER_SO): the wire between builds
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v8 traffic_v12)
+        export RUSTNET_CONF_B_ENV="RUSTNET_CONF_LIBNAME=$VERBS_PEER_SO" ;;
       conformance_siw0_to_siw1)
         # iWARP (soft-iWARP): rdma_cm connections, notices instead of
         # immediates; every exported version's traffic, grouped tags,
@@ -259,6 +278,7 @@ sysroot=$(rustc --print sysroot 2>/dev/null) && lib_dirs+=":$sysroot/lib"
 guest_cmd=$(printf '%q ' env \
   "VERBS_SMOKE=${VERBS_SMOKE:-auto}" "VERBS_TEST_ARGS=${VERBS_TEST_ARGS:-}" \
   "VERBS_TEST_TIMEOUT=${VERBS_TEST_TIMEOUT:-600}" "VERBS_ENV=${VERBS_ENV:-}" "VERBS_LOSS=${VERBS_LOSS:-auto}" \
+  "VERBS_PEER_SO=${VERBS_PEER_SO:-}" \
   "VERBS_LIB_DIRS=$lib_dirs" "VERBS_RUSTNET=$target_dir/release/rustnet" bash "$HERE/verbs-suite.sh" --in-vm "${selected[@]}")
 "$HERE/run.sh" "$guest_cmd"
 rc=$?

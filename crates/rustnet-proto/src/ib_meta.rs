@@ -17,7 +17,7 @@
 //!  20 split   u8   1: messages are split across all QPs
 //!  21 family  u8   address family of the GID: 4, 6 (RoCE); 0 unknown / InfiniBand
 //!  22 rocever u8   RoCE version of the GID: 1, 2; 0 unknown / InfiniBand
-//!  23 -       u8
+//!  23 features u8  bit 0: FEAT_LATE_RING (0 from builds before it, which ignore the byte)
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
@@ -45,6 +45,11 @@ const EAGER_OFF: usize = 88 + 4 * MAX_QPS;
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"RNIBMETA");
 /// `link` of an iWARP end (its port reads Ethernet, like RoCE).
 pub const LINK_IWARP: u8 = 3;
+/// `features` bit: the eager ring may come late ([`crate::eager`]). A
+/// sender sets it when it can take a ring announced after connect; a
+/// receiver answers with it (and no ring) when it will announce its ring
+/// on the sender's first request. Builds before it send 0 and ignore it.
+pub const FEAT_LATE_RING: u8 = 1;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 
@@ -85,6 +90,8 @@ pub struct Meta {
     pub eager: u32,
     /// Receiver: its eager ring (address, rkey).
     pub ring: (u64, u32),
+    /// Feature bits ([`FEAT_LATE_RING`]).
+    pub features: u8,
 }
 
 impl Meta {
@@ -105,6 +112,7 @@ impl Meta {
         b[20] = self.split as u8;
         b[21] = self.family;
         b[22] = self.roce_version;
+        b[23] = self.features;
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
@@ -167,6 +175,7 @@ impl Meta {
             gid: b[24..40].try_into().unwrap(),
             family: b[21],
             roce_version: b[22],
+            features: b[23],
             addr: u64::from_le_bytes(b[40..48].try_into().unwrap()),
             rkey: u32::from_le_bytes(b[48..52].try_into().unwrap()),
             name: String::from_utf8_lossy(&b[56..56 + name_end]).into_owned(),
@@ -207,6 +216,7 @@ mod tests {
             name: "rxe0".into(),
             eager: 8192,
             ring: (0x7000_1000, 0x55),
+            features: FEAT_LATE_RING,
         }
     }
 
@@ -215,7 +225,11 @@ mod tests {
         let m = sample();
         assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
         let b = m.encode();
-        assert_eq!((b[21], b[22]), (4, 2), "family and RoCE version at their offsets");
+        assert_eq!((b[21], b[22], b[23]), (4, 2, FEAT_LATE_RING), "family, RoCE version and features at their offsets");
+        // a build before the features byte wrote 0 there: no feature
+        let mut old = b;
+        old[23] = 0;
+        assert_eq!(Meta::decode(&old).unwrap().features, 0);
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_bytes(5), 4096);
     }

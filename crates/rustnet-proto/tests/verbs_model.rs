@@ -8,7 +8,9 @@
 //! one lossless, in-order queue of RDMA writes per QP and direction, whose
 //! writes land (sometimes in two parts, the end last) at random moments,
 //! reading their source when they land as a NIC does, and completion queues
-//! polled at random moments. A quarter of the clean runs model iWARP's
+//! polled at random moments. Half the runs with the eager path have the
+//! receiver's ring come late (asked for by the sender's first small send
+//! without a CTS, announced in its FIFO region). A quarter of the clean runs model iWARP's
 //! notices (no immediates: every lane's completion needs a posted receive,
 //! and one that finds none fails the run, as iWARP has no
 //! receiver-not-ready retry). 1000 seeds; a failure prints its seed (rerun
@@ -30,6 +32,8 @@
 //!   credit or CTS due and room to post it; a sender's mailbox is answered
 //!   within three polls once the receive it waits for is posted; an irecv
 //!   refused for a slot's previous lap writes that lap's CTS before it returns;
+//! - a late ring: no eager or mailbox write lands in it before the receiver
+//!   made it, the sender asks once and takes the address the receiver made;
 //! - liveness: everything completes (the mailbox wakes deferred CTS), every
 //!   write the sender posted is accounted for at close, every profiler
 //!   event opened is closed once, flushes complete, and the bytes the
@@ -44,8 +48,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use rustnet_proto::eager::{self, Header};
-use rustnet_proto::fifo::{self, Cts, FailCode, Imm, ImmKind, WrKind, FIFO_BYTES, FIFO_DEPTH, SIZES_BYTES, SIZES_SLOT_BYTES};
+use rustnet_proto::eager::{self, Header, RING_REQ, RING_REQ_OFF};
+use rustnet_proto::fifo::{self, Cts, FailCode, Imm, ImmKind, WrKind, FIFO_BYTES, FIFO_DEPTH, SIZES_SLOT_BYTES};
 use rustnet_proto::nic::{self, Cqe, Ev, Fail, Lane, RecvNic, SendNic, WrId, POLL_BATCH};
 use rustnet_proto::notice::RecvRing;
 use rustnet_proto::pool::ReqId;
@@ -191,6 +195,11 @@ struct Wire {
     now: Instant,
     nqps: usize,
     eager_max: usize,
+    /// The receiver's ring comes late; has it made it, has the sender its staging?
+    late: bool,
+    r_ring: bool,
+    s_ring: bool,
+    ring_requests: u64,
     // memory
     sfifo: Vec<u8>,
     rstage: Vec<u8>,
@@ -323,7 +332,7 @@ impl SendNic for SNic<'_> {
         Ok(false)
     }
     fn eager_stage(&mut self) -> Option<&mut [u8]> {
-        if self.0.eager_max > 0 {
+        if self.0.eager_max > 0 && (!self.0.late || self.0.s_ring) {
             Some(&mut self.0.seager[..])
         } else {
             None
@@ -359,7 +368,32 @@ impl SendNic for SNic<'_> {
         self.0.s2r[0].push_back(w);
         Ok(())
     }
+    fn post_ring_request(&mut self, r: &tx::RingRequestWr) -> Result<(), Stop> {
+        let seed = self.0.seed;
+        assert!(self.0.late && self.0.ring_requests == 0, "seed {seed}: a ring request without a late ring, or twice");
+        self.0.ring_requests += 1;
+        let w = Write {
+            src: Some((Region::SSizes, RING_REQ_OFF)),
+            dst: (Region::RSizes, RING_REQ_OFF),
+            len: 8,
+            imm: None,
+            signaled: true,
+            tag: Tag::Eager(r.count),
+        };
+        self.0.s2r[0].push_back(w);
+        Ok(())
+    }
+    fn ring_arrived(&mut self, addr: u64, rkey: u32, max: usize) -> Result<(), Stop> {
+        let w = &mut *self.0;
+        assert!(w.late && w.r_ring && !w.s_ring, "seed {}: a ring address the receiver did not make, or twice", w.seed);
+        assert_eq!((addr, rkey, max), (MODEL_RING.0, MODEL_RING.1, w.eager_max), "seed {}: the sender took another ring", w.seed);
+        w.s_ring = true;
+        Ok(())
+    }
 }
+
+/// Where the model's receiver says its late ring is (address, rkey).
+const MODEL_RING: (u64, u32) = (0x5000_0000, 0x77);
 
 impl nic::Link for RNic<'_> {
     type Error = Stop;
@@ -425,7 +459,7 @@ impl RecvNic for RNic<'_> {
     type Ring = [u8];
     type Stage = [u8];
     fn ring(&self) -> Option<&[u8]> {
-        (self.0.eager_max > 0).then_some(&self.0.rring[..])
+        (self.0.eager_max > 0 && (!self.0.late || self.0.r_ring)).then_some(&self.0.rring[..])
     }
     fn deliver(&self, d: &rx::Deliver) {
         let w = &*self.0;
@@ -467,6 +501,15 @@ impl RecvNic for RNic<'_> {
     }
     fn expect(&mut self, _seq: u64, _nlanes: usize) -> Result<(), Stop> {
         Ok(())
+    }
+    fn ring_requested(&self) -> bool {
+        u64::from_le_bytes(self.0.rsizes[RING_REQ_OFF..RING_REQ_OFF + 8].try_into().unwrap()) == RING_REQ
+    }
+    fn make_ring(&mut self, max: usize) -> Result<(u64, u32), Stop> {
+        let w = &mut *self.0;
+        assert!(w.late && !w.r_ring && max == w.eager_max, "seed {}: a ring made twice, or for another limit", w.seed);
+        w.r_ring = true;
+        Ok(MODEL_RING)
     }
 }
 
@@ -513,6 +556,9 @@ impl World {
         // iWARP: completions by notice, no eager path (as decided per device)
         let notices = fault.is_none() && rng.chance(4);
         let eager_max = if notices { 0 } else { eager_max };
+        let late = eager_max > 0 && rng.chance(2);
+        // the control writes' send-queue budget: the shipping one, or twice it
+        let sq_depth = [64, 128][rng.below(2) as usize];
         let small = eager_max > 0 && rng.chance(4);
         let tags: &[i32] = if rng.chance(3) { &[5] } else { &[5, 6, 7] };
         let nrecv = 60 + rng.below(60) as usize;
@@ -564,7 +610,7 @@ impl World {
             }
         }
         let tx = Sender::new();
-        let rx = Receiver::new(rx::Config { nqps, split, eager: eager_max, sq_depth: 128 });
+        let rx = Receiver::new(rx::Config { nqps, split, eager: eager_max, sq_depth, late_ring: late });
         let notices = notices.then(|| {
             (0..nqps)
                 .map(|_| {
@@ -580,12 +626,16 @@ impl World {
             now: Instant::now(),
             nqps,
             eager_max,
+            late,
+            r_ring: false,
+            s_ring: false,
+            ring_requests: 0,
             sfifo: vec![0; FIFO_BYTES + eager::CREDIT_BYTES],
             rstage: vec![0; FIFO_BYTES + eager::CREDIT_BYTES],
             rring: vec![0; ring_len],
             seager: vec![0; ring_len],
-            rsizes: vec![0; SIZES_BYTES],
-            ssizes: vec![0; SIZES_BYTES],
+            rsizes: vec![0; eager::SIZES_AREA_BYTES],
+            ssizes: vec![0; eager::SIZES_AREA_BYTES],
             sheap,
             rheap: RefCell::new(vec![0xcc; addr + 8]),
             bufs,
@@ -632,7 +682,7 @@ impl World {
             flushed: 0,
         };
         // the QPs are connected (as ready.rs's `connected`), then READY arrived (its `progress_ready`)
-        w.tx.connected(tx::Config { nqps, split, eager: eager_max, mailbox_after: Duration::from_millis(1) });
+        w.tx.connected(tx::Config { nqps, split, eager: eager_max, mailbox_after: Duration::from_millis(1), late_ring: late });
         assert_eq!(w.rx.eager_limit(), eager_max);
         let r = w.rx.handshake_done(&mut RNic(&mut w.wire));
         assert!(r.is_ok(), "seed {seed}: handshake_done: {r:?}");
@@ -761,6 +811,13 @@ impl World {
                 }
                 off += fifo::ELEM_BYTES;
             }
+        }
+        if w.dst.0 == Region::RRing {
+            assert!(
+                !self.wire.late || self.wire.r_ring,
+                "seed {}: an eager-path write lands before the receiver made its late ring",
+                self.seed
+            );
         }
         if w.dst == (Region::RRing, 0) && w.len == 8 {
             self.wire.mailbox_landed = Some((u64::from_le_bytes(bytes[..8].try_into().unwrap()), 0));
@@ -1197,13 +1254,19 @@ fn fault_of(seed: u64) -> Option<Fault> {
 #[test]
 fn model_shipping_machines_under_random_interleavings() {
     let mut faults = [0usize; FAULTS.len()];
-    let mut kinds = [0usize; 3];
-    let mut totals = [0u64; 9];
+    let mut kinds = [0usize; 4];
+    let mut totals = [0u64; 10];
     for seed in seeds() {
         let fault = fault_of(seed);
         let r = std::panic::catch_unwind(|| {
             let mut w = World::new(seed, fault);
-            let kind = if w.wire.notices.is_some() { 2 } else { (w.eager_max > 0) as usize };
+            let kind = if w.wire.notices.is_some() {
+                2
+            } else if w.wire.late {
+                3
+            } else {
+                (w.eager_max > 0) as usize
+            };
             w.run();
             let sums = [
                 w.steps,
@@ -1215,6 +1278,7 @@ fn model_shipping_machines_under_random_interleavings() {
                 w.peeks,
                 w.flushed,
                 w.wire.events,
+                w.wire.r_ring as u64,
             ];
             (w.injected, kind, sums)
         });
@@ -1235,12 +1299,14 @@ fn model_shipping_machines_under_random_interleavings() {
         }
     }
     eprintln!(
-        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}; runs eager off/eager on/iWARP notices {kinds:?}; faults injected {faults:?}",
-        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8]
+        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}, late rings made {}; runs eager off/eager on/iWARP notices/late ring {kinds:?}; faults injected {faults:?}",
+        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8], totals[9]
     );
     if std::env::var("VERBS_MODEL_SEED").is_err() {
         // the runs covered both eager modes, the notices and every fault
-        assert!(kinds.iter().all(|&n| n > 100), "eager off/on/notice runs: {kinds:?}");
+        assert!(kinds.iter().all(|&n| n > 100), "eager off/on/notice/late-ring runs: {kinds:?}");
+        // most late-ring runs send small messages ahead of their CTS: the ring gets made
+        assert!(totals[9] as usize > kinds[3] / 2, "late rings made: {} of {} runs", totals[9], kinds[3]);
         assert!(faults.iter().all(|&n| n > 5), "faults injected per kind: {faults:?}");
         assert!(totals[6] > 1000 && totals[7] > 1000, "look-aheads and flushes exercised: {totals:?}");
         // the eager path carries small messages (a mutation that never

@@ -29,8 +29,8 @@ use super::verbs::{Access, Cq, HostRegion, Init, Qp, Rtr, RtrParams, Rts, RtsPar
 use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
-use crate::proto::fifo::{FIFO_BYTES, SIZES_BYTES};
-use crate::proto::ib_meta::{Meta, LINK_IWARP};
+use crate::proto::fifo::FIFO_BYTES;
+use crate::proto::ib_meta::{Meta, FEAT_LATE_RING, LINK_IWARP};
 use crate::transport::oob::OobCfg;
 use crate::transport::sock::Socket;
 pub(super) use crate::transport::sock::{read_some, write_some};
@@ -66,6 +66,8 @@ pub struct ConnCfg {
     pub use_inline: bool,
     /// RUSTNET_IB_EAGER: the eager limit this end offers (0 = off).
     pub eager: u32,
+    /// RUSTNET_IB_EAGER_LAZY: the eager ring may come late ([`crate::proto::eager`]).
+    pub eager_lazy: bool,
     /// iflush posts a loopback RDMA READ even for host memory
     /// (RUSTNET_FORCE_FLUSH=1 and not NCCL_GDR_FLUSH_DISABLE=1).
     pub flush: bool,
@@ -94,6 +96,7 @@ impl ConnCfg {
             addr_range: cfg.ib_addr_range,
             use_inline: cfg.ib_use_inline.get() == 1,
             eager: cfg.ib_eager.get() as u32,
+            eager_lazy: cfg.ib_eager_lazy.get() == 1,
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: OobCfg::from_config(cfg),
             notices: false,
@@ -259,6 +262,8 @@ pub(super) struct Setup {
     pub stage: HostRegion,
     /// The eager limit this end offers (0 = off).
     pub eager: u32,
+    /// ... and whether its ring may come late (RUSTNET_IB_EAGER_LAZY).
+    pub late_ok: bool,
 }
 
 impl Setup {
@@ -276,13 +281,13 @@ impl Setup {
         let (region, stage) = if sender {
             // the FIFO, then the credit word the receiver writes
             let fifo = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
-            (fifo, HostRegion::new(&dev.pd, SIZES_BYTES, Access::LOCAL_READ)?)
+            (fifo, HostRegion::new(&dev.pd, eager::SIZES_AREA_BYTES, Access::LOCAL_READ)?)
         } else {
             // CTS staging, then the credit word's source
             let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
-            (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, stage)
+            (HostRegion::new(&dev.pd, eager::SIZES_AREA_BYTES, Access::REMOTE_WRITE)?, stage)
         };
-        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager })
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, late_ok: cc.eager_lazy })
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
@@ -304,6 +309,8 @@ impl Setup {
             name: self.dev.dev_name.clone(),
             eager: self.eager,
             ring: (0, 0),
+            // a sender takes a ring announced later (a receiver's answer is RecvComm::local_meta)
+            features: if self.eager > 0 && self.late_ok { FEAT_LATE_RING } else { 0 },
         }
     }
 }

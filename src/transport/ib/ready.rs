@@ -17,7 +17,7 @@ use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo
 use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
-use crate::proto::ib_meta::{Meta, META_LEN, READY};
+use crate::proto::ib_meta::{Meta, FEAT_LATE_RING, META_LEN, READY};
 use crate::proto::nic::WrId;
 use crate::proto::{eager, rx, tx};
 use crate::transport::sock::Socket;
@@ -80,19 +80,31 @@ impl SendComm {
         io.link.set_peer(remote);
         io.remote_sizes = (remote.addr, remote.rkey);
         let mut limit = 0;
+        // the receiver's ring: given now (a build before late rings, or
+        // RUSTNET_IB_EAGER_LAZY=0 there), or announced on our first request
+        let late = remote.ring.0 == 0 && remote.features & FEAT_LATE_RING != 0 && io.link.cc.eager_lazy;
         if remote.eager > 0 && remote.eager <= io.eager_offer && remote.ring.0 != 0 {
             limit = remote.eager as usize;
             io.eager = Some(EagerSend {
                 stage: HostRegion::new(&io.link.dev.pd, eager::ring_bytes(limit), Access::LOCAL_READ)?,
                 ring: remote.ring,
             });
+        } else if remote.eager > 0 && remote.eager <= io.eager_offer && late {
+            limit = remote.eager as usize;
         } else if remote.eager > 0 {
             return Err(Error::Protocol {
                 peer: io.link.peer_name(),
                 what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, io.eager_offer),
             });
         }
-        self.tx.connected(tx::Config { nqps: io.link.qps.len(), split: io.link.cc.split, eager: limit, mailbox_after: tx::MAILBOX_AFTER });
+        let cfg = tx::Config {
+            nqps: io.link.qps.len(),
+            split: io.link.cc.split,
+            eager: limit,
+            mailbox_after: tx::MAILBOX_AFTER,
+            late_ring: late,
+        };
+        self.tx.connected(cfg);
         io.hs = Some(SendHs::WriteReady { sent: 0 });
         Ok(())
     }
@@ -140,7 +152,7 @@ pub(super) fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
 
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer } = setup;
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
         let io = SendIo {
@@ -173,7 +185,7 @@ impl RecvComm {
         remote: &Meta,
         notices: Option<Box<RecvSide>>,
     ) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, eager: offer, .. } = setup;
+        let Setup { dev, cq, local, region, stage, eager: offer, late_ok, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         // control writes all go on QP 0 (the only one that asks for inline room)
         link.max_inline = qps.first().map_or(0, |q| q.max_inline());
@@ -190,12 +202,14 @@ impl RecvComm {
         link.set_peer(remote);
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         let limit = offer.min(remote.eager) as usize;
-        let eager = if limit > 0 {
+        // a sender that takes a late ring gets none now: it asks when it first needs it
+        let late_ring = limit > 0 && late_ok && remote.features & FEAT_LATE_RING != 0;
+        let eager = if limit > 0 && !late_ring {
             Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
         } else {
             None
         };
-        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_CTL_SQ });
+        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_CTL_SQ, late_ring });
         let io = RecvIo {
             link,
             flush,
@@ -205,6 +219,7 @@ impl RecvComm {
             local,
             remote_fifo: (remote.addr, remote.rkey),
             eager,
+            late_ring,
             notices,
         };
         Ok(RecvComm { io, rx })
@@ -231,6 +246,7 @@ impl RecvComm {
             name: io.link.dev.dev_name.clone(),
             eager: self.rx.eager_limit() as u32,
             ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
+            features: if io.late_ring { FEAT_LATE_RING } else { 0 },
         };
         if let Some(n) = &io.notices {
             n.fill_meta(&mut m);

@@ -188,6 +188,16 @@ impl Receiver {
     /// Look at the eager ring and the mailbox; post the credit write (and
     /// deferred CTS) when due.
     fn poll_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        if self.ring_missing() {
+            // a late ring: made when the sender asks, its address sent at once
+            if !self.ready || !nic.ring_requested() {
+                return Ok(());
+            }
+            let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;
+            self.ring_made(nic.stage(), addr, rkey);
+            nic.progressed();
+            return self.flush_ctl(nic);
+        }
         let got = {
             let nic_ref = &*nic;
             let Some(ring) = nic_ref.ring() else { return Ok(()) };

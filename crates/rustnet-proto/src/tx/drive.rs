@@ -191,6 +191,9 @@ impl Sender {
         if !self.eager_on() {
             return Ok(None);
         }
+        if !self.ring_known() && !self.late_ring(nic, tag, size)? {
+            return Ok(None);
+        }
         let Some(stage) = nic.eager_stage() else { return Ok(None) };
         let mut plan = self.plan_eager(tag, size, freed, stage);
         if plan == Ok(EagerPlan::Full) {
@@ -215,6 +218,22 @@ impl Sender {
         }
         nic.progressed();
         Ok(Some(w.id))
+    }
+
+    /// A late eager ring: take its address if the receiver's announcement
+    /// landed (our staging is registered then), else ask for it once, on
+    /// the first send that could have gone eagerly. True once it is known.
+    fn late_ring<N: SendNic>(&mut self, nic: &mut N, tag: i32, size: usize) -> R<bool, N> {
+        if let Some(a) = self.read_ring_ann(nic.fifo()).map_err(Fail::Proto)? {
+            nic.ring_arrived(a.addr, a.rkey, a.max as usize).map_err(Fail::Nic)?;
+            self.on_ring();
+            return Ok(true);
+        }
+        if let Some(r) = self.plan_ring_request(tag, size, nic.sizes_stage()) {
+            nic.post_ring_request(&r).map_err(Fail::Nic)?;
+            nic.progressed();
+        }
+        Ok(false)
     }
 
     /// A send could not go: if we have been stuck at this FIFO head for a
