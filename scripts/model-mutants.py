@@ -54,6 +54,11 @@ MUTANTS = [
      "let ready = self.head_ready(nic)?;\n        let freed = self.read_credits(nic.fifo());\n        if ready {"),
     ("the eager fence at close not posted", "tx/drive.rs",
      "        if let Some(count) = self.close_eager() {", "        if let Some(count) = None::<u64> {"),
+    ("a late ring's address never written", "rx.rs",
+     "            self.push(out, RING_ANN_OFF, RING_ANN_BYTES);\n", ""),
+    ("a late ring never made", "rx/drive.rs",
+     "        let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;\n        self.ring_made(nic.stage(), addr, rkey);\n",
+     "        let _ = nic.ring_requested();\n"),
 ]
 
 

@@ -818,14 +818,14 @@ fn eager_small_messages_skip_the_cts_and_arrive_intact() {
     }
 }
 
-/// A late eager ring (the default) costs nothing until the sender has a
-/// small message ready before its CTS: messages above the limit, and small
-/// ones whose CTS is always there first, register nothing; the first small
-/// one sent ahead asks, and the ring is registered on both ends then.
-/// With RUSTNET_IB_EAGER_LAZY=0 on either end it is registered at connect.
+/// A late eager ring (the default) costs nothing until small messages come:
+/// receives above the limit register nothing; the first receive only an
+/// eager message could fill (or the sender's request, its first small send
+/// with no CTS) has the ring registered on both ends. With
+/// RUSTNET_IB_EAGER_LAZY=0 on either end it is registered at connect.
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
-fn a_late_eager_ring_is_registered_only_once_the_sender_asks() {
+fn a_late_eager_ring_is_registered_only_when_small_messages_come() {
     let d = device();
     let (n, idx) = net(&[&d], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);

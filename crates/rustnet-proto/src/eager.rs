@@ -28,14 +28,16 @@
 //! The ring may come late (a feature both ends announce in their
 //! [`Meta`](crate::ib_meta::Meta), [`FEAT_LATE_RING`](crate::ib_meta::FEAT_LATE_RING)):
 //! the receiver then agrees on the limit at connect but registers no ring,
-//! and a connection that never needs one never pays for it. The first time
-//! a send of the eager tag, small enough, finds no CTS, the sender writes
-//! [`RING_REQ`] into the receiver's sizes area at [`RING_REQ_OFF`] (and
-//! sends that message by rendezvous); the receiver, polling, registers the
-//! ring and writes its address ([`RingAnn`]) into the sender's credit block
-//! at [`RING_ANN_OFF`] with its control writes; the sender registers its
-//! staging when it reads that, and from then on everything is as above.
-//! Until the ring exists no receive is deferred and no mailbox is written.
+//! and a connection that never needs one never pays for it. The receiver
+//! registers the ring the first time it posts a receive only eager messages
+//! could fill (its CTS goes at once: no receive is deferred before the
+//! ring exists), or when the sender asks: the first time a send of the
+//! eager tag, small enough, finds no CTS, the sender writes [`RING_REQ`]
+//! into the receiver's sizes area at [`RING_REQ_OFF`] (and sends that
+//! message by rendezvous). The receiver writes the ring's address
+//! ([`RingAnn`]) into the sender's credit block at [`RING_ANN_OFF`] with its
+//! control writes; the sender registers its staging when it reads that, and
+//! from then on everything is as above. No mailbox is written before.
 //!
 //! Ring slot layout (the sender writes header, payload and trailer in one
 //! RDMA write; the marker words are `index + 1`, never 0):

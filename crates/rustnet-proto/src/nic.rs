@@ -250,8 +250,9 @@ pub trait SendNic: Link {
     fn post_eager(&mut self, w: &EagerWr, src: u64, len: usize) -> Result<(), Self::Error>;
     /// Post the mailbox write.
     fn post_mailbox(&mut self, m: &MailboxWr) -> Result<(), Self::Error>;
-    /// Post a signaled empty eager-path write behind the unsignaled ones
-    /// (close): its completion frees `count`.
+    /// Post a signaled empty eager-path write on QP 0 (to the ring, or
+    /// without one to the sizes area): behind the unsignaled ones at close,
+    /// or a blocked sender's probe; its completion frees `count`.
     fn post_fence(&mut self, count: u64) -> Result<(), Self::Error>;
     /// Post the late-ring request ([`RingRequestWr`]: the word staged in the
     /// sizes staging, to the receiver's sizes area) on QP 0.

@@ -177,6 +177,9 @@ struct EagerState {
     made: bool,
     /// Its address still has to go to the sender (a late ring, just made).
     announce: bool,
+    /// A receive only eager messages could fill was posted with no ring:
+    /// make it (the receives after it may then wait for a batch).
+    wanted: bool,
 }
 
 /// A range of CTS slots being planned into chains.
@@ -231,6 +234,7 @@ impl Receiver {
                 mailbox: 0,
                 made: !cfg.late_ring,
                 announce: false,
+                wanted: false,
             }),
             batch: None,
             credit: None,
@@ -348,8 +352,11 @@ impl Receiver {
         if let Some(e) = &mut self.eager {
             e.st.assign(seq, &tags[..n], &mut js[..n]);
             // only eager messages can fill it: its CTS may wait for a batch
-            // (once the ring exists: before, nothing can come eagerly)
-            deferrable = e.made && seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
+            // (once the ring exists: before, nothing can come eagerly, and
+            // the first such receive asks for a late ring to be made)
+            let eager_only = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
+            deferrable = e.made && eager_only;
+            e.wanted |= eager_only;
             for (i, j) in js[..n].iter().enumerate() {
                 if let Some(j) = *j {
                     e.by_j[(j % JWIN as u64) as usize] = Some((j, id, i as u8));
@@ -514,6 +521,14 @@ impl Receiver {
     #[inline]
     pub fn ring_missing(&self) -> bool {
         self.eager.as_ref().is_some_and(|e| !e.made)
+    }
+
+    /// A late ring not made yet that our own receives want (one only eager
+    /// messages could fill was posted): make it without waiting for the
+    /// sender to ask.
+    #[inline]
+    pub fn ring_wanted(&self) -> bool {
+        self.eager.as_ref().is_some_and(|e| !e.made && e.wanted)
     }
 
     /// The late ring was made at `addr` (`rkey`): stage its address for
@@ -945,13 +960,16 @@ mod tests {
         let mut st = stage();
         assert!(rx.ring_missing());
         take(&mut rx, &[5], 100);
-        // eager-only, but without a ring nothing can fill it eagerly: written at once
+        assert!(!rx.ring_wanted(), "a receive a rendezvous may fill wants no ring");
+        // eager-only, but without a ring nothing can fill it eagerly: written
+        // at once; it wants the ring made (the receives after it may then wait)
         take(&mut rx, &[5], 64);
+        assert!(rx.ring_wanted());
         let c = chains(&mut rx, &mut st);
         assert_eq!(c.concat().iter().map(|w| (w.off, w.len)).collect::<Vec<_>>(), [(fifo::slot_offset(0), 2 * ELEM_BYTES)]);
         // the sender asked: the ring is made, its address staged and written before anything else
         rx.ring_made(&mut st[..], 0x7000, 0x42);
-        assert!(!rx.ring_missing() && rx.has_ctl());
+        assert!(!rx.ring_missing() && !rx.ring_wanted() && rx.has_ctl());
         take(&mut rx, &[5], 100);
         let c = chains(&mut rx, &mut st);
         assert_eq!(

@@ -192,6 +192,9 @@ struct EagerState {
     mailbox: u64,
     /// The receiver's ring.
     ring: TxRing,
+    /// Last head an empty probe write was posted for (+ 1): a late ring
+    /// not known yet, and stuck.
+    probed: u64,
 }
 
 /// The sending end's protocol state.
@@ -234,8 +237,15 @@ impl Sender {
         self.split = cfg.split;
         self.mailbox_after = cfg.mailbox_after;
         let ring = if cfg.late_ring { TxRing::Unasked } else { TxRing::Known };
-        self.eager =
-            (cfg.eager > 0).then(|| EagerState { st: EagerTx::new(cfg.eager), pending: 0, quiet: 0, blocked: None, mailbox: 0, ring });
+        self.eager = (cfg.eager > 0).then(|| EagerState {
+            st: EagerTx::new(cfg.eager),
+            pending: 0,
+            quiet: 0,
+            blocked: None,
+            mailbox: 0,
+            ring,
+            probed: 0,
+        });
     }
 
     /// Is the eager path on?
@@ -551,6 +561,36 @@ impl Sender {
         Some(MailboxWr { count, value: head + 1 })
     }
 
+    /// A send could not go at `now`, and the late ring is not known (no
+    /// mailbox yet): once stuck at this FIFO head for
+    /// [`Config::mailbox_after`], post a signaled empty write to the
+    /// receiver (`Some(count)`: [`crate::nic::SendNic::post_fence`]), once per
+    /// head. It asks nothing of the receiver; its completion, or its error,
+    /// says whether the receiver is still reachable, as the mailbox write
+    /// does with a ring (a sender waiting for a CTS has nothing else on
+    /// the wire to fail by when the link goes).
+    pub(crate) fn on_blocked_probe(&mut self, now: Instant) -> Option<u64> {
+        let head = self.fifo.head();
+        let after = self.mailbox_after;
+        let e = self.eager.as_mut().filter(|e| e.ring != TxRing::Known)?;
+        match e.blocked {
+            Some((h, since)) if h == head => {
+                if e.probed == head + 1 || now.saturating_duration_since(since) < after {
+                    return None;
+                }
+            }
+            _ => {
+                e.blocked = Some((head, now));
+                return None;
+            }
+        }
+        e.probed = head + 1;
+        let count = e.quiet as u64 + 1;
+        e.pending += 1;
+        e.quiet = 0;
+        Some(count)
+    }
+
     /// When `Sender::on_blocked` would write the mailbox (a blocked
     /// sender that has not told the receiver yet), if ever. (The transport
     /// has no timer: every `isend` that could not go asks `on_blocked`.)
@@ -743,6 +783,11 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(s.on_blocked(t0, &mut st[..]), None);
         assert_eq!(s.on_blocked(t0 + 10 * MAILBOX_AFTER, &mut st[..]), None, "no mailbox before the ring is known");
+        // an empty probe instead, once per head, after the same wait
+        assert_eq!(s.on_blocked_probe(t0 + MAILBOX_AFTER / 2), None);
+        let p = s.on_blocked_probe(t0 + 10 * MAILBOX_AFTER).unwrap();
+        assert_eq!(s.on_blocked_probe(t0 + 20 * MAILBOX_AFTER), None, "once per head");
+        s.on_eager_done(p);
         assert_eq!(s.plan_ring_request(6, 8, &mut sizes[..]), None, "not the eager tag");
         assert_eq!(s.plan_ring_request(5, 65, &mut sizes[..]), None, "over the limit");
         let r = s.plan_ring_request(5, 8, &mut sizes[..]).unwrap();

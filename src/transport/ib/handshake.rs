@@ -278,14 +278,17 @@ impl Setup {
         for i in 0..nqps {
             qps.push(Qp::create(&dev.pd, &cq, caps::qp_caps(role, i, &shape, lim), dev.port, cc.pkey, Access::REMOTE_WRITE)?);
         }
+        // small regions from the device's shared blocks (slab.rs): the one
+        // the peer writes with a registration of its own, the staging without
+        let ctl = &dev.ctl;
         let (region, stage) = if sender {
             // the FIFO, then the credit word the receiver writes
-            let fifo = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
-            (fifo, HostRegion::new(&dev.pd, eager::SIZES_AREA_BYTES, Access::LOCAL_READ)?)
+            let fifo = ctl.region(FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
+            (fifo, ctl.region(eager::SIZES_AREA_BYTES, Access::LOCAL_READ)?)
         } else {
             // CTS staging, then the credit word's source
-            let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
-            (HostRegion::new(&dev.pd, eager::SIZES_AREA_BYTES, Access::REMOTE_WRITE)?, stage)
+            let stage = ctl.region(FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
+            (ctl.region(eager::SIZES_AREA_BYTES, Access::REMOTE_WRITE)?, stage)
         };
         Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, late_ok: cc.eager_lazy })
     }

@@ -11,7 +11,7 @@
 //!   ([`crate::proto::tx`], [`crate::proto::rx`], through [`crate::proto::nic`]); [`link`]: what
 //!   both ends share (QPs, CQ, failure, liveness, profiler events); [`ready`]: the handshake's
 //!   last steps, run from the data path;
-//! - [`reg`]: the registration cache;
+//! - [`reg`]: the registration cache; [`slab`]: the comms' small control regions from shared blocks per device;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`comm`]: what the plugin holds: one send, receive and registration type for plain and merged devices;
@@ -36,6 +36,7 @@ pub mod port;
 pub mod rdmacm;
 pub mod ready;
 pub mod reg;
+pub mod slab;
 pub mod topo;
 pub mod vdev;
 pub mod verbs;

@@ -317,8 +317,18 @@ impl SendNic for SendIo {
     }
 
     fn post_fence(&mut self, count: u64) -> Result<()> {
-        let Some(e) = &self.eager else { return Ok(()) };
-        let wr = self.eager_wr(e, count, (0, 0, 0), 0, true);
+        let wr = match &self.eager {
+            Some(e) => self.eager_wr(e, count, (0, 0, 0), 0, true),
+            // a late ring not known yet: the probe goes to the sizes area (no bytes)
+            None => SendWr {
+                wr_id: WrId::Eager(count).encode(),
+                local: (0, 0, 0),
+                remote: self.remote_sizes,
+                imm: None,
+                signaled: true,
+                inline: false,
+            },
+        };
         // SAFETY: an empty write: no local memory is read.
         unsafe { self.link.qps[0].post_writes(&[wr]) }
     }

@@ -275,7 +275,7 @@ impl Flush {
             sl: 0,
         };
         let qp = qp.to_rtr(&me)?.to_rts(&verbs::RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt })?;
-        Ok(Flush { qp, scratch: HostRegion::new(&dev.pd, 64, Access::LOCAL_WRITE)? })
+        Ok(Flush { qp, scratch: dev.ctl.region(64, Access::LOCAL_WRITE)? })
     }
 }
 

@@ -15,6 +15,7 @@ impl Receiver {
     /// CTS of receives posted before go out now.
     pub fn handshake_done<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         self.on_ready();
+        self.late_ring(nic)?;
         self.flush_ctl(nic)
     }
 
@@ -71,6 +72,7 @@ impl Receiver {
             }
         }
         nic.progressed();
+        self.late_ring(nic)?;
         self.flush_ctl(nic)?;
         Ok(Some(t))
     }
@@ -189,13 +191,7 @@ impl Receiver {
     /// deferred CTS) when due.
     fn poll_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         if self.ring_missing() {
-            // a late ring: made when the sender asks, its address sent at once
-            if !self.ready || !nic.ring_requested() {
-                return Ok(());
-            }
-            let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;
-            self.ring_made(nic.stage(), addr, rkey);
-            nic.progressed();
+            self.late_ring(nic)?;
             return self.flush_ctl(nic);
         }
         let got = {
@@ -209,6 +205,20 @@ impl Receiver {
         // credits due go now, deferred CTS with them (the same post); and a
         // mailbox that said the sender waits makes its CTS due now too
         self.flush_ctl(nic)
+    }
+
+    /// A late eager ring is made when the sender asks for it (its first
+    /// small send found no CTS) or when one of our receives only eager
+    /// messages could fill was posted, once READY came; its address goes
+    /// out with the next control writes (the caller flushes them).
+    fn late_ring<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        if !self.ready || !self.ring_missing() || !(self.ring_wanted() || nic.ring_requested()) {
+            return Ok(());
+        }
+        let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;
+        self.ring_made(nic.stage(), addr, rkey);
+        nic.progressed();
+        Ok(())
     }
 
     /// Post the control writes planned now (CTS slots in order, the credit

@@ -241,6 +241,15 @@ impl Sender {
     /// us credits).
     fn note_blocked<N: SendNic>(&mut self, nic: &mut N) {
         let now = nic.now();
+        if !self.ring_known() {
+            // a late ring not known yet: no mailbox, but the receiver is probed
+            if let Some(count) = self.on_blocked_probe(now) {
+                if let Err(e) = nic.post_fence(count) {
+                    nic.fail(Fail::Nic(e));
+                }
+            }
+            return;
+        }
         let Some(stage) = nic.eager_stage() else { return };
         let Some(m) = self.on_blocked(now, stage) else { return };
         if let Err(e) = nic.post_mailbox(&m) {
