@@ -886,7 +886,13 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
             None => break,
         }
     }
-    assert_eq!(sids.len(), rustnet::proto::eager::RING_SLOTS, "sends accepted with no receive posted");
+    // (less the slots of the eager messages that brought the ring up, unless their credits came back)
+    let slots = rustnet::proto::eager::RING_SLOTS;
+    assert!(
+        (slots - before as usize..=slots).contains(&sids.len()),
+        "{} sends accepted with no receive posted: the ring has {slots} slots, {before} used before",
+        sids.len()
+    );
     // now post the receives; the rest of the sends follow as credits come back
     let (mut posted, mut rids, mut done) = (0, Vec::new(), vec![false; N]);
     let t0 = Instant::now();
