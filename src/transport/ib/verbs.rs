@@ -674,7 +674,7 @@ impl Mr {
 /// reference to its bytes (the NIC may write them at any time): reads are
 /// volatile copies, writes go through raw pointers. Its own page-aligned
 /// allocation and registration ([`HostRegion::new`]), or a piece of a
-/// shared block lent by [`super::slab`] ([`HostRegion::lent`]).
+/// shared block lent by the device's slab (`slab.rs`, [`HostRegion::lent`]).
 pub struct HostRegion {
     ptr: *mut u8,
     len: usize,
