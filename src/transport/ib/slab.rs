@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::verbs::{Access, HostRegion, Pd};
-use crate::error::{Error, Result};
+use super::verbs::{Access, HostRegion, Mr, Pd};
+use crate::error::{Errno, Error, Result};
 
 /// Bytes of one block.
 const BLOCK: usize = 64 << 10;
@@ -60,14 +60,15 @@ struct Block {
     free: Vec<(usize, usize)>,
 }
 
-/// A block's bytes: registered (local pieces) or plain (remote pieces).
+/// A block's bytes: registered as a whole (local pieces) or not (remote
+/// pieces, each registered on its own).
 struct BlockMem {
     ptr: *mut u8,
     /// Local key of the block's registration (local blocks).
     lkey: u32,
     // Fields drop in order: the registration before the memory.
-    _region: Option<HostRegion>,
-    _plain: Option<PlainAlloc>,
+    _mr: Option<Mr>,
+    _map: Mapped,
 }
 
 // SAFETY: the block's bytes are plain memory owned by it (or its region);
@@ -77,38 +78,51 @@ unsafe impl Send for BlockMem {}
 // to the bytes is ever made.
 unsafe impl Sync for BlockMem {}
 
-/// A zeroed page-aligned allocation nobody registered as a whole.
-struct PlainAlloc {
+/// A block's zeroed pages, mapped on their own (not from the heap: a
+/// block comes and goes with its comms, and heap blocks of this size left
+/// the heap fragmented over thousands of connect/close cycles); unmapped,
+/// back to the system, when the block goes.
+struct Mapped {
     ptr: *mut u8,
-    layout: std::alloc::Layout,
+    len: usize,
 }
 
-impl Drop for PlainAlloc {
+impl Drop for Mapped {
     fn drop(&mut self) {
-        // SAFETY: allocated with this layout in PlainAlloc::new and freed
-        // once, after every piece of it was returned (its registrations
-        // dropped before: field order of HostRegion).
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+        // SAFETY: mapped by Mapped::new with this length and unmapped once,
+        // after every piece of it was returned and every registration over
+        // it dropped (field order of BlockMem and HostRegion).
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
 }
 
 impl BlockMem {
     /// An unregistered block.
     fn plain() -> Result<BlockMem> {
-        let a = PlainAlloc::new(BLOCK)?;
-        Ok(BlockMem { ptr: a.ptr, lkey: 0, _region: None, _plain: Some(a) })
+        let m = Mapped::new(BLOCK)?;
+        Ok(BlockMem { ptr: m.ptr, lkey: 0, _mr: None, _map: m })
+    }
+
+    /// A block registered as a whole with `access` on `pd`.
+    fn registered(pd: &Pd, access: Access) -> Result<BlockMem> {
+        let m = Mapped::new(BLOCK)?;
+        // SAFETY: the mapping lives until the block drops, after this
+        // registration (field order).
+        let mr = unsafe { pd.reg_mr(m.ptr, BLOCK, access)? };
+        Ok(BlockMem { ptr: m.ptr, lkey: mr.lkey(), _mr: Some(mr), _map: m })
     }
 }
 
-impl PlainAlloc {
-    fn new(len: usize) -> Result<PlainAlloc> {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| Error::Internal(format!("layout: {e}")))?;
-        // SAFETY: non-zero size layout.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::Internal(format!("out of memory allocating a {len}-byte control block")));
+impl Mapped {
+    fn new(len: usize) -> Result<Mapped> {
+        // SAFETY: a fresh private anonymous mapping; no address hint.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::sys(format!("mmap of a {len}-byte control block"), Errno::last()));
         }
-        Ok(PlainAlloc { ptr, layout })
+        Ok(Mapped { ptr: p as *mut u8, len })
     }
 }
 
@@ -216,13 +230,8 @@ impl CtlSlab {
         if let Some(t) = p.take(size) {
             return Ok(t);
         }
-        let mem = Arc::new(if remote {
-            BlockMem::plain()?
-        } else {
-            // local write: the flush reads and iWARP's notice receives land in pieces too
-            let r = HostRegion::new(&self.pd, BLOCK, Access::LOCAL_WRITE)?;
-            BlockMem { ptr: r.addr(), lkey: r.lkey(), _region: Some(r), _plain: None }
-        });
+        // local blocks with local write: the flush reads land in pieces too
+        let mem = Arc::new(if remote { BlockMem::plain()? } else { BlockMem::registered(&self.pd, Access::LOCAL_WRITE)? });
         let (id, off) = p.add(mem.clone(), size);
         Ok((mem, id, off))
     }
