@@ -10,12 +10,15 @@
 #   TCP   two network namespaces joined by a veth (root + iproute2; else
 #         loopback, and the link faults are skipped loudly); faults: peer B
 #         SIGKILLed and restarted, link cut for 2 x RUSTNET_SOCKET_TIMEOUT + 2 s
-#         (both ends must fail, naming the peer), link flapped for 0.5 s (both
-#         ends must survive with every byte intact).
+#         and link flapped for 0.5 s: both ends must survive both with every
+#         byte intact (the cut by recovering: RUSTNET_RECOVERY_TIMEOUT, default
+#         120 s; with RUSTNET_RECOVERY_TIMEOUT=0 a cut must fail both ends,
+#         naming the peer).
 #   VM    soft-RoCE (tests/rxe-vm), rxe0/veth0 <-> rxe1/veth1, RUSTNET_TRANSPORT=ib,
 #         1% loss (netem) on both veths for the whole run, the same faults
-#         (the cut/flap take veth1 down; a flap fails the verbs comms too, as
-#         the plugin fails every comm of a port that reports IBV_EVENT_PORT_ERR).
+#         (the cut/flap take veth1 down, and its port with it: the verbs
+#         comms recover in place and must survive both, every byte intact,
+#         as long as RUSTNET_RECOVERY_TIMEOUT outlasts the cut).
 #         Runs under `flock /tmp/rxe-vm.lock`.
 #
 # Knobs: SOAK_SECONDS (1800, TCP part), SOAK_VM_SECONDS (300; 0 = skip the VM),

@@ -430,6 +430,8 @@ knobs! {
     fault_qp_error: String = "RUSTNET_FAULT_QP_ERROR", default "", accepts "send:N[:K], recv:N[:K] or random:P";
     /// Testing only: seed of RUSTNET_FAULT_QP_ERROR=random:P (0: from the clock, logged).
     fault_seed: Int<0, 4294967295> = "RUSTNET_FAULT_SEED", default "0", accepts "an integer 0..4294967295";
+    /// Testing only: reset one TCP stream of each comm (as a middlebox's reset or `ss -K` would: the peer gets a reset, the local end an error) after the N-th data write of each send comm (`send:N`) or the N-th data read of each receive comm (`recv:N`), then every K after that (`send:N:K`, `recv:N:K`), so the recovery (RUSTNET_RECOVERY_TIMEOUT) can be driven on any host. A send comm resets the stream it just wrote, a receive comm stream (count modulo its streams). Empty: off.
+    fault_tcp_reset: String = "RUSTNET_FAULT_TCP_RESET", default "", accepts "send:N[:K] or recv:N[:K]";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.
     nccl_debug: LogLevel = "NCCL_DEBUG", default "WARN", accepts "WARN, INFO or TRACE";
 }

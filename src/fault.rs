@@ -99,12 +99,129 @@ fn injected(site: Site) -> ! {
     panic!("RUSTNET_FAULT_PANIC: injected panic at {site:?}, after the transport changed its state");
 }
 
+// ---------------------------------------------------------------- QP errors
+
+/// Which comms `RUSTNET_FAULT_QP_ERROR` hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpSide {
+    /// Send comms (counted at each lane posted).
+    Send,
+    /// Receive comms (counted at each chain of control writes posted).
+    Recv,
+}
+
+const QP_OFF: u8 = 0;
+const QP_SEND: u8 = 1;
+const QP_RECV: u8 = 2;
+const QP_RANDOM: u8 = 3;
+
+static QP_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(QP_OFF);
+static QP_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static QP_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static QP_POSTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static QP_RNG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Parse `RUSTNET_FAULT_QP_ERROR` (`send:N[:K]`, `recv:N[:K]`,
+/// `random:P`; empty: off) and `RUSTNET_FAULT_SEED`.
+pub fn arm_qp(v: &str, seed: u64) -> Result<()> {
+    let bad = || Error::Config {
+        name: "RUSTNET_FAULT_QP_ERROR",
+        value: v.into(),
+        accepts: "send:N[:K], recv:N[:K] (the N-th post, then every K-th) or random:P (per mille per post)".into(),
+    };
+    let v = v.trim();
+    let parts: Vec<&str> = v.split(':').collect();
+    let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+    let (mode, at, every) = match parts.as_slice() {
+        [""] => (QP_OFF, 0, 0),
+        ["send", n] => (QP_SEND, num(n)?, 0),
+        ["recv", n] => (QP_RECV, num(n)?, 0),
+        ["send", n, k] => (QP_SEND, num(n)?, num(k)?),
+        ["recv", n, k] => (QP_RECV, num(n)?, num(k)?),
+        ["random", p] if num(p)? <= 1000 => (QP_RANDOM, num(p)?, 0),
+        _ => return Err(bad()),
+    };
+    if mode != QP_OFF && mode != QP_RANDOM && at == 0 {
+        return Err(bad());
+    }
+    let seed = if seed == 0 && mode == QP_RANDOM {
+        let s = crate::random::random_u64() | 1;
+        tracing::warn!("RUSTNET_FAULT_QP_ERROR={v}: seed {s} (set RUSTNET_FAULT_SEED={s} to repeat)");
+        s
+    } else {
+        seed | 1
+    };
+    QP_RNG.store(seed, Ordering::Relaxed);
+    QP_AT.store(at, Ordering::Relaxed);
+    QP_EVERY.store(every, Ordering::Relaxed);
+    QP_POSTS.store(0, Ordering::Relaxed);
+    QP_MODE.store(mode, Ordering::Relaxed);
+    if mode != QP_OFF {
+        tracing::warn!("RUSTNET_FAULT_QP_ERROR={v}: QPs will be moved to the error state on purpose (testing only)");
+    }
+    Ok(())
+}
+
+/// A post on a comm of `side` was made: is a QP error due now?
+#[inline(always)]
+pub fn qp_error_due(side: QpSide) -> bool {
+    let mode = QP_MODE.load(Ordering::Relaxed);
+    mode != QP_OFF && qp_due_slow(mode, side)
+}
+
+#[cold]
+fn qp_due_slow(mode: u8, side: QpSide) -> bool {
+    match (mode, side) {
+        (QP_SEND, QpSide::Send) | (QP_RECV, QpSide::Recv) => {
+            let n = QP_POSTS.fetch_add(1, Ordering::Relaxed) + 1;
+            let (at, every) = (QP_AT.load(Ordering::Relaxed), QP_EVERY.load(Ordering::Relaxed));
+            n == at || (every > 0 && n > at && (n - at).is_multiple_of(every))
+        }
+        (QP_RANDOM, _) => {
+            // xorshift; a lost update between threads only changes which post
+            let mut x = QP_RNG.load(Ordering::Relaxed);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            QP_RNG.store(x, Ordering::Relaxed);
+            x % 1000 < QP_AT.load(Ordering::Relaxed)
+        }
+        _ => false,
+    }
+}
+
 /// Unload: forget the armed slot name.
 ///
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
     ARMED.store(0, Ordering::Relaxed);
+    QP_MODE.store(QP_OFF, Ordering::Relaxed);
     // SAFETY: our caller guarantees Global::clear's contract (no reference from get/get_or_init is alive or used again).
     unsafe { SLOT.clear() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_error_specs_parse_or_name_what_is_accepted() {
+        for bad in ["send", "send:0", "send:x", "recv:1:y", "random:1001", "other:3", "send:1:2:3"] {
+            let e = arm_qp(bad, 0).unwrap_err().to_string();
+            assert!(e.contains("RUSTNET_FAULT_QP_ERROR") && e.contains("send:N[:K]"), "{bad}: {e}");
+        }
+        assert_eq!(QP_MODE.load(Ordering::Relaxed), QP_OFF, "a refused value arms nothing");
+        // (the counters are process-wide; this test is the only one that arms them)
+        arm_qp("send:3:2", 0).unwrap();
+        let hits: Vec<bool> = (0..9).map(|_| qp_error_due(QpSide::Send)).collect();
+        assert_eq!(hits, [false, false, true, false, true, false, true, false, true], "the 3rd post, then every 2nd");
+        assert!(!qp_error_due(QpSide::Recv), "send comms only");
+        arm_qp("random:1000", 5).unwrap();
+        assert!(qp_error_due(QpSide::Recv) && qp_error_due(QpSide::Send), "1000 per mille: every post");
+        arm_qp("random:0", 5).unwrap();
+        assert!(!qp_error_due(QpSide::Send));
+        arm_qp("", 0).unwrap();
+        assert!(!qp_error_due(QpSide::Send));
+    }
 }

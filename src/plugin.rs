@@ -54,6 +54,7 @@ impl Plugin {
     fn create() -> Result<Plugin> {
         let cfg = Config::from_env()?;
         crate::fault::arm(&cfg.fault_panic)?;
+        crate::fault::arm_qp(&cfg.fault_qp_error, cfg.fault_seed.get() as u64)?;
         crate::log::set_max_level(cfg.nccl_debug);
         let net = select_net(&cfg)?;
         let p = Plugin { cfg, net };
@@ -172,7 +173,10 @@ impl Plugin {
         let tc = traffic_class.or(ctx.traffic_class());
         let mut st = if h.stage == 0 {
             match &self.net {
-                Net::Tcp(t) => Connecting::Tcp(t.connect(&h, tc)?),
+                Net::Tcp(t) => {
+                    let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
+                    Connecting::Tcp(Box::new(t.connect(dev, &h, tc)?))
+                }
                 Net::Ib(n) => {
                     let dev = usize::try_from(dev).map_err(|_| Error::InvalidArg(format!("device {dev} is negative")))?;
                     Connecting::Ib(Box::new(n.connect_any(dev, handle, &h, tc)?))
@@ -263,24 +267,24 @@ impl Plugin {
             Net::Ib(n) => n.stats_of(side),
             Net::Tcp(_) => (String::new(), Vec::new()),
         };
-        let (way, peer, qps) = match body {
+        let (way, peer, qps, recovery) = match body {
             CommBody::Send(s) => match &*s.lock() {
-                AnySend::Tcp(t) => (stats::Way::Send, t.peer().to_string(), Vec::new()),
+                AnySend::Tcp(t) => (stats::Way::Send, t.peer().to_string(), Vec::new(), t.recovery_stats()),
                 AnySend::Ib(c) => {
                     let (peer, qps) = ib_stats(ib::Side::Send(c));
-                    (stats::Way::Send, peer, qps)
+                    (stats::Way::Send, peer, qps, Default::default())
                 }
             },
             CommBody::Recv(r) => match &*r.lock() {
-                AnyRecv::Tcp(t) => (stats::Way::Recv, t.peer().to_string(), Vec::new()),
+                AnyRecv::Tcp(t) => (stats::Way::Recv, t.peer().to_string(), Vec::new(), t.recovery_stats()),
                 AnyRecv::Ib(c) => {
                     let (peer, qps) = ib_stats(ib::Side::Recv(c));
-                    (stats::Way::Recv, peer, qps)
+                    (stats::Way::Recv, peer, qps, Default::default())
                 }
             },
         };
         let nccl_comm = (nccl_comm != 0).then(|| format!("{nccl_comm:#018x}"));
-        stats::open_comm(way, self.transport_name(), self.dev_name(dev), peer, nccl_comm, qps)
+        stats::open_comm(way, self.transport_name(), self.dev_name(dev), peer, nccl_comm, qps, recovery)
     }
 
     /// Register memory for `comm`.
@@ -406,7 +410,7 @@ static CONNECTING: Mutex<Option<HashMap<u64, (Connecting, std::time::Instant, u6
 const ABANDONED_CONNECT: std::time::Duration = std::time::Duration::from_secs(120);
 
 enum Connecting {
-    Tcp(TcpConnecting),
+    Tcp(Box<TcpConnecting>),
     Ib(Box<ib::Connecting>),
 }
 
@@ -463,6 +467,7 @@ pub enum CommBody {
 
 /// Transport-specific sending end: one arm per transport, each the
 /// transport's own comm (the verbs one hides plain and merged devices).
+#[allow(clippy::large_enum_variant)] // the verbs comm is boxed; the TCP one stays inline (its owner's call)
 pub enum AnySend {
     /// TCP.
     Tcp(tcp::SendComm),

@@ -19,3 +19,31 @@ pub fn random_u64() -> u64 {
     }
     u64::from_ne_bytes(v) | 1
 }
+
+/// 128 bits for a secret (the TCP resume token). Unlike [`random_u64`] this
+/// waits for the kernel's entropy pool if it is not ready yet (only ever
+/// early in a boot), so the secret is never one a stranger could predict.
+pub fn secret_128() -> [u8; 16] {
+    let mut v = [0u8; 16];
+    let mut got = 0usize;
+    while got < v.len() {
+        // SAFETY: the pointer and length stay inside v.
+        let r = unsafe { libc::getrandom(v[got..].as_mut_ptr() as *mut libc::c_void, v.len() - got, 0) };
+        if r > 0 {
+            got += r as usize;
+        } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            // no getrandom(2) (Linux < 3.17): the same pool through the file
+            use std::io::Read;
+            if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+                if f.read_exact(&mut v).is_ok() {
+                    return v;
+                }
+            }
+            // last resort: two ids (never expected on a supported kernel)
+            v[..8].copy_from_slice(&random_u64().to_le_bytes());
+            v[8..].copy_from_slice(&random_u64().to_le_bytes());
+            return v;
+        }
+    }
+    v
+}

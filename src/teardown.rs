@@ -26,6 +26,7 @@ extern "C" fn on_unload() {
             crate::plugin::teardown();
             crate::context::release();
             crate::transport::ib::release();
+            crate::transport::tcp::release();
             crate::gpu::release();
             crate::fault::release();
             crate::intern::release();

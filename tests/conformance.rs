@@ -418,6 +418,7 @@ const MISUSE: PeerHalf = PeerHalf { name: "misuse", run: PeerRun::Plugin(peer_mi
 const CONNECT_CHURN: PeerHalf = PeerHalf { name: "connect_churn", run: PeerRun::Plugin(peer_connect_churn) };
 const HANDLE_MISUSE: PeerHalf = PeerHalf { name: "handle_misuse", run: PeerRun::Plugin(peer_handle_misuse) };
 const PANIC_MID: PeerHalf = PeerHalf { name: "panic_mid", run: PeerRun::Plugin(peer_panic_mid) };
+const RECOVERING_TRAFFIC: PeerHalf = PeerHalf { name: "recovering_traffic", run: PeerRun::Plugin(peer_recovering_traffic) };
 
 /// Every peer half, for the child to find its own by name.
 const PEER_HALVES: &[&PeerHalf] = &[
@@ -435,6 +436,7 @@ const PEER_HALVES: &[&PeerHalf] = &[
     &CONNECT_CHURN,
     &HANDLE_MISUSE,
     &PANIC_MID,
+    &RECOVERING_TRAFFIC,
 ];
 
 fn peer_main(role: String) {
@@ -522,6 +524,37 @@ fn peer_traffic(peer: &mut Peer, e: &PeerEnv) {
         std::process::exit(1);
     }
     peer.say(&format!("DONE bytes={total} fds={fd0}->{fd1} threads={th0}->{th1} rss_kib={rss0}->{rss1}{}", prof_summary()));
+}
+
+/// Both directions on one pair of comms for RUSTNET_CONF_RUNS runs of the
+/// shared traffic loop (every byte, size and canary checked), "RUN k" after
+/// each, so the coordinator can cut or reset the link in the middle. The
+/// listen comm is closed right after accept, as NCCL's proxy does: the
+/// receive comm must take its sender's reconnection without it.
+fn peer_recovering_traffic(peer: &mut Peer, e: &PeerEnv) {
+    let runs = env_u64("RUSTNET_CONF_RUNS", 20);
+    let rounds = env_u64("RUSTNET_CONF_ROUNDS", 20) as usize;
+    let max_big = env_u64("RUSTNET_CONF_MAX_BIG", 1 << 20) as usize;
+    let (s, r, l) = peer.connect_pair();
+    peer.p.close_listen(l).unwrap();
+    let t0 = Instant::now();
+    let mut total = 0;
+    for k in 0..runs {
+        match traffic(&peer.p, s, r, e.my_seed + 100 * k, e.peer_seed + 100 * k, rounds, 8, max_big) {
+            Ok(b) => total += b,
+            Err(err) => {
+                peer.say(&format!("FAIL run {k} after {:.1} s: {err}", t0.elapsed().as_secs_f64()));
+                std::process::exit(1);
+            }
+        }
+        peer.say(&format!("RUN {k}"));
+    }
+    // both sides received everything before anyone closes
+    peer.say("CYCLE");
+    peer.hear("GO");
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.say(&format!("DONE bytes={total} runs={runs} secs={:.1}", t0.elapsed().as_secs_f64()));
 }
 
 fn peer_killed_sender(peer: &mut Peer, _e: &PeerEnv) {
@@ -1098,9 +1131,21 @@ fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
         a.send("GO");
         b.send("GO");
     }
+    let (la, lb) = (a.stderr.clone(), b.stderr.clone());
     let ra = finish(a)?;
     let rb = finish(b)?;
-    Ok(format!("A: {ra}; B: {rb}"))
+    // comms that recovered after a fault (the VM suite injects QP errors
+    // with RUSTNET_FAULT_QP_ERROR and says RUSTNET_CONF_WANT_RECOVERY=1)
+    let recovered = |l: &StderrLog| {
+        l.wait_eof(Duration::from_secs(5));
+        l.text().lines().filter(|x| x.contains(" recovered in ")).count()
+    };
+    let n = recovered(&la) + recovered(&lb);
+    if n == 0 && std::env::var("RUSTNET_CONF_WANT_RECOVERY").as_deref() == Ok("1") {
+        return Err(format!("no comm recovered, though faults were injected (RUSTNET_FAULT_QP_ERROR): A: {ra}; B: {rb}"));
+    }
+    let rec = if n > 0 { format!(" recoveries={n}") } else { String::new() };
+    Ok(format!("A: {ra}; B: {rb}{rec}"))
 }
 
 fn killed_peer_case() -> Result<String, String> {
@@ -1263,8 +1308,9 @@ impl Drop for NetnsPair {
     }
 }
 
-/// A silent dead peer (the link cut, no FIN, no RST): both ends must fail
-/// within RUSTNET_SOCKET_TIMEOUT (keepalive; the sender's acknowledgement watch), not hang.
+/// A silent dead peer (the link cut, no FIN, no RST) with recovery off
+/// (RUSTNET_RECOVERY_TIMEOUT=0): both ends must fail within
+/// RUSTNET_SOCKET_TIMEOUT (keepalive; the sender's acknowledgement watch), not hang.
 fn link_cut_case() -> Result<String, String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || !sh("ip netns list") {
@@ -1273,8 +1319,8 @@ fn link_cut_case() -> Result<String, String> {
     let ns = NetnsPair::new()?;
     let id = std::process::id() % 100000;
     let t = Duration::from_secs(30);
-    let env_a = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", "rnA")];
-    let env_b = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", "rnB")];
+    let env_a = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "0"), ("NCCL_SOCKET_IFNAME", "rnA")];
+    let env_b = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "0"), ("NCCL_SOCKET_IFNAME", "rnB")];
     let mut a = spawn_in(Some(&ns.a), "A", 8, &KILLED_RECEIVER_SIDE, &env_a);
     let mut b = spawn_in(Some(&ns.b), "B", 8, &CUT_SENDER, &env_b);
     swap_handles(&mut a, &mut b, t).map_err(|e| format!("{e}; A: {}; B: {}", a.stderr.text(), b.stderr.text()))?;
@@ -1304,6 +1350,237 @@ fn link_cut_case() -> Result<String, String> {
         tb.as_secs_f64(),
         ta.as_secs_f64()
     ))
+}
+
+/// Root and iproute2, or why the case is skipped.
+fn need_netns(what: &str) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !sh("ip netns list") {
+        return Err(format!("SKIPPED: needs root and iproute2 (ip netns) {what}"));
+    }
+    Ok(())
+}
+
+/// What the peers' logs say about their recoveries: (comms recovered, bytes sent again).
+fn recoveries_in(logs: &[&StderrLog]) -> (usize, u64) {
+    let mut n = 0;
+    let mut bytes = 0;
+    for l in logs {
+        for line in l.text().lines().filter(|x| x.contains("TCP send comm to") && x.contains("recovered after")) {
+            n += 1;
+            bytes += line.split("; ").last().and_then(|t| t.split_whitespace().next()).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    (n, bytes)
+}
+
+/// How long each send comm's recovery took, per the logs ("recovered after X s"), s.
+fn recovery_secs(logs: &[&StderrLog]) -> Vec<f64> {
+    let mut v = Vec::new();
+    for l in logs {
+        for line in l.text().lines().filter(|x| x.contains("TCP send comm to")) {
+            if let Some(t) = line.split("recovered after ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|t| t.parse().ok()) {
+                v.push(t);
+            }
+        }
+    }
+    v
+}
+
+/// Traffic both ways between two namespaces while the link goes down for
+/// `down`, longer than RUSTNET_SOCKET_TIMEOUT=3 (issue 20's goal: a 20 s
+/// cut, 0 failures): the send comms notice the silence, reconnect through
+/// the receivers' resume ports once the link is back and resend what was
+/// not taken; every byte arrives once (the traffic loop checks each).
+fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let id = std::process::id() % 100000;
+    let t = Duration::from_secs(60);
+    let common = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_CONF_RUNS", "30"), ("RUSTNET_CONF_ROUNDS", "20")];
+    let env = |ifn| [common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", ifn)];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &RECOVERING_TRAFFIC, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &RECOVERING_TRAFFIC, &env("rnB"));
+    swap_handles(&mut a, &mut b, t).map_err(|e| format!("{e}; A: {}; B: {}", a.stderr.text(), b.stderr.text()))?;
+    a.expect("RUN 1", t)?;
+    let cut = Instant::now();
+    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
+        return Err("could not cut the link".into());
+    }
+    std::thread::sleep(down);
+    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
+        return Err("could not restore the link".into());
+    }
+    let up = Instant::now();
+    // traffic flowing again: every send comm that set out to reconnect says it recovered
+    let count = |pat: &str| a.stderr.text().matches(pat).count() + b.stderr.text().matches(pat).count();
+    let flowing = loop {
+        let (going, back) = (count("reconnecting to its resume port"), count("TCP send comm to"));
+        let recovered = back - going;
+        if going > 0 && recovered >= going {
+            break Some(up.elapsed());
+        }
+        if up.elapsed() > Duration::from_secs(60) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let done = |p: &Proc, who: &str| {
+        p.expect("CYCLE", Duration::from_secs(120))
+            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
+    };
+    done(&a, "A")?;
+    done(&b, "B")?;
+    let after = up.elapsed();
+    a.send("GO");
+    b.send("GO");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a)?;
+    let rb = finish(b)?;
+    let (n, bytes) = recoveries_in(&[&ea, &eb]);
+    if n == 0 {
+        return Err(format!("the traffic went on but no send comm says it recovered; A: {}; B: {}", ea.tail(20), eb.tail(20)));
+    }
+    let took: Vec<String> = recovery_secs(&[&ea, &eb]).iter().map(|s| format!("{s:.1}")).collect();
+    let flowing = flowing.ok_or("no send comm said it recovered within 60 s of the link coming back")?;
+    Ok(format!(
+        "link down {:.1} s (RUSTNET_SOCKET_TIMEOUT=3); traffic flowing again {:.2} s after it came back (every \
+         reconnecting send comm recovered), both finished {:.1} s after; {n} send comm(s) recovered (after {} s, counted \
+         from noticing the silence), {bytes} bytes sent again; 0 failures; A: {ra}; B: {rb}",
+        (up - cut).as_secs_f64(),
+        flowing.as_secs_f64(),
+        after.as_secs_f64(),
+        took.join(", ")
+    ))
+}
+
+/// A cut that outlasts the recovery window (RUSTNET_RECOVERY_TIMEOUT=4):
+/// both ends fail, each naming its peer, the time waited and the knob.
+fn link_cut_past_window_case() -> Result<String, String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let id = std::process::id() % 100000;
+    let t = Duration::from_secs(30);
+    let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "4"), ("NCCL_SOCKET_IFNAME", ifn)];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &KILLED_RECEIVER_SIDE, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &CUT_SENDER, &env("rnB"));
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("STARTED", t)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let cut = Instant::now();
+    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
+        return Err("could not cut the link".into());
+    }
+    let rb = b.expect("DONE", Duration::from_secs(30)).map_err(|e| format!("sender did not fail within 30 s of the cut: {e}"))?;
+    let tb = cut.elapsed();
+    let ra = a.expect("DONE", Duration::from_secs(60)).map_err(|e| format!("receiver did not fail: {e}"))?;
+    a.stderr.wait_eof(Duration::from_secs(10));
+    b.stderr.wait_eof(Duration::from_secs(10));
+    let (ea, eb) = (a.stderr.text(), b.stderr.text());
+    for p in [&mut a, &mut b] {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+    if !rb.contains("send_error=6") || !ra.contains("recv_error=6") {
+        return Err(format!("expected ncclRemoteError on both ends: sender {rb}; receiver {ra}"));
+    }
+    let named =
+        |log: &str, peer: &str| log.lines().any(|l| l.contains("RUSTNET_RECOVERY_TIMEOUT=4") && l.contains(peer) && l.contains("gave up"));
+    if !named(&eb, "10.78.0.1") || !named(&ea, "10.78.0.2") {
+        return Err(format!("an error does not name the peer, the time and RUSTNET_RECOVERY_TIMEOUT=4; A: {ea}; B: {eb}"));
+    }
+    if tb < Duration::from_secs(4) || tb > Duration::from_secs(20) {
+        return Err(format!("the sender failed {tb:?} after the cut (window 4 s after 3 s of silence)"));
+    }
+    let line =
+        |log: &str| log.lines().find(|l| l.contains("RUSTNET_RECOVERY_TIMEOUT=4") && l.contains("gave up")).unwrap_or("").to_string();
+    Ok(format!("sender failed {:.1} s after the cut: {}; receiver: {}", tb.as_secs_f64(), line(&eb), line(&ea)))
+}
+
+/// A peer killed while the other end recovers (the link cut, so the
+/// survivor is already waiting or reconnecting): the survivor fails soon
+/// after the link is back (its reconnection or probe is refused), naming
+/// the peer, instead of waiting out RUSTNET_RECOVERY_TIMEOUT (120 s here).
+fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let id = std::process::id() % 100000;
+    let t = Duration::from_secs(30);
+    let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", ifn)];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &KILLED_RECEIVER_SIDE, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &CUT_SENDER, &env("rnB"));
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("STARTED", t)?;
+    std::thread::sleep(Duration::from_millis(300));
+    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
+        return Err("could not cut the link".into());
+    }
+    // past RUSTNET_SOCKET_TIMEOUT: the ends have noticed and recover
+    std::thread::sleep(Duration::from_secs(6));
+    let (victim, survivor, what) = if kill_sender { (&mut b, &mut a, "recv_error=6") } else { (&mut a, &mut b, "send_error=6") };
+    let _ = victim.child.kill();
+    let _ = victim.child.wait();
+    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
+        return Err("could not restore the link".into());
+    }
+    let up = Instant::now();
+    let r = survivor
+        .expect("DONE", Duration::from_secs(60))
+        .map_err(|e| format!("the survivor did not fail: {e}; {}", survivor.stderr.tail(20)))?;
+    let took = up.elapsed();
+    // the peer exits after DONE: its stderr (read by another thread) is then complete
+    survivor.stderr.wait_eof(Duration::from_secs(40));
+    let log = survivor.stderr.text();
+    let _ = survivor.child.kill();
+    let _ = survivor.child.wait();
+    // (the receiver also tries its send side afterwards: its line comes later)
+    if !r.contains(what) {
+        return Err(format!("expected {what}: {r}"));
+    }
+    let recovering = log.contains("reconnecting to its resume port") || log.contains("waiting for the sender to reconnect");
+    let gone = log.lines().find(|l| l.contains("process is gone") || l.contains("receiving process is gone")).unwrap_or("").to_string();
+    if !recovering || gone.is_empty() {
+        return Err(format!("expected a recovery, then an error saying the peer's process is gone: {log}"));
+    }
+    if took > Duration::from_secs(if kill_sender { 40 } else { 15 }) {
+        return Err(format!("the survivor took {took:?} after the link came back"));
+    }
+    Ok(format!(
+        "{} killed during the recovery; the survivor failed {:.1} s after link-up: {gone}",
+        if kill_sender { "sender" } else { "receiver" },
+        took.as_secs_f64()
+    ))
+}
+
+/// Streams reset in the middle of transfers (RUSTNET_FAULT_TCP_RESET: A's
+/// send comms reset a stream after write 40 and every 150, B's receive
+/// comms after read 60 and every 200), traffic both ways, every byte
+/// checked: the comms reconnect and resend; nothing fails, nothing is lost
+/// or delivered twice.
+fn reset_mid_transfer_case() -> Result<String, String> {
+    let t = Duration::from_secs(240);
+    let common = [("RUSTNET_CONF_CYCLES", "2"), ("RUSTNET_CONF_ROUNDS", "40")];
+    let mut a = spawn("A", 8, &TRAFFIC, &[common[0], common[1], ("RUSTNET_FAULT_TCP_RESET", "send:40:150")]);
+    let mut b = spawn("B", 8, &TRAFFIC, &[common[0], common[1], ("RUSTNET_FAULT_TCP_RESET", "recv:60:200")]);
+    for _ in 0..2 {
+        swap_handles(&mut a, &mut b, t)?;
+        a.expect("CYCLE", t).map_err(|e| format!("{e}; A: {}", a.stderr.tail(20)))?;
+        b.expect("CYCLE", t).map_err(|e| format!("{e}; B: {}", b.stderr.tail(20)))?;
+        a.send("GO");
+        b.send("GO");
+    }
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a)?;
+    let rb = finish(b)?;
+    let resets = |l: &StderrLog| l.text().matches("RUSTNET_FAULT_TCP_RESET: resetting").count();
+    let (n, bytes) = recoveries_in(&[&ea, &eb]);
+    let injected = resets(&ea) + resets(&eb);
+    if injected == 0 || n == 0 {
+        return Err(format!("{injected} resets injected, {n} recoveries: the case tested nothing; A: {}", ea.tail(10)));
+    }
+    Ok(format!("{injected} resets injected, {n} send comm recoveries, {bytes} bytes sent again, 0 failures; A: {ra}; B: {rb}"))
 }
 
 /// Traffic over IPv6 only (NCCL_SOCKET_FAMILY=AF_INET6) between two namespaces.
@@ -1761,6 +2038,11 @@ fn main() {
     cases.push(Case::new("connect_close_churn_flat", connect_churn_case));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
         cases.push(Case::new("tcp_link_cut_silent_peer", link_cut_case));
+        cases.push(Case::new("tcp_reset_mid_transfer_recovers", reset_mid_transfer_case));
+        cases.push(Case::new("tcp_link_cut_20s_recovers", || link_cut_recovers_case(Duration::from_secs(20))));
+        cases.push(Case::new("tcp_link_cut_past_recovery_window_fails", link_cut_past_window_case));
+        cases.push(Case::new("tcp_receiver_killed_during_recovery", || killed_during_recovery_case(false)));
+        cases.push(Case::new("tcp_sender_killed_during_recovery", || killed_during_recovery_case(true)));
         cases.push(Case::new("tcp_ipv6_between_namespaces", ipv6_case));
     }
     let t0 = Instant::now();

@@ -202,6 +202,10 @@ fn fuzz_reply() {
     fuzz("reply");
 }
 #[test]
+fn fuzz_resume() {
+    fuzz("resume");
+}
+#[test]
 fn fuzz_wire_header() {
     fuzz("wire_header");
 }
@@ -216,6 +220,10 @@ fn fuzz_eager() {
 #[test]
 fn fuzz_fifo() {
     fuzz("fifo");
+}
+#[test]
+fn fuzz_recover() {
+    fuzz("recover");
 }
 
 /// The committed corpus holds at least the generated seeds, byte for byte
@@ -341,11 +349,38 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n12345".to_vec());
             add("short", h.encode()[..20].to_vec());
         }
+        "resume" => {
+            use rustnet::proto::resume::{Ack, HelloExt, ResumeHello, ResumeReply, Token};
+            let tagged = |t: u8, b: &[u8]| [&[t][..], b].concat();
+            add("ext-v4", tagged(0, &HelloExt { token: Token([7; 16]), probe: Some("10.0.0.2:4000".parse().unwrap()) }.encode()));
+            add("ext-v6", tagged(0, &HelloExt { token: Token([9; 16]), probe: Some("[fe80::2%3]:4001".parse().unwrap()) }.encode()));
+            add("ext-none", tagged(0, &HelloExt { token: Token::NONE, probe: None }.encode()));
+            let h = ResumeHello {
+                version: PROTO_VERSION,
+                stream: 1,
+                nstreams: 2,
+                conn_id: 0xabc,
+                epoch: 3,
+                sent: 1 << 33,
+                elapsed_ms: 1500,
+                token: Token([5; 16]),
+            };
+            add("hello-valid", tagged(1, &h.encode()));
+            add("hello-near-epoch-0", tagged(1, &ResumeHello { epoch: 0, ..h }.encode()));
+            add("hello-near-stream-eq-n", tagged(1, &ResumeHello { stream: 2, ..h }.encode()));
+            add("reply-accepted", tagged(2, &ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 12345 }.encode()));
+            add("reply-bad-token", tagged(2, &ResumeReply { verdict: Verdict::BadToken, version: PROTO_VERSION, offset: 0 }.encode()));
+            let mut ack = tagged(3, &Ack { stream: 1, offset: 500 }.encode());
+            ack.push(1); // 2 streams
+            ack.extend_from_slice(&10u64.to_le_bytes());
+            ack.extend_from_slice(&600u64.to_le_bytes());
+            add("ack-valid", ack);
+        }
         "reply" => {
-            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION }.encode().to_vec());
-            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION }.encode().to_vec());
-            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1 }.encode().to_vec());
-            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION }.encode();
+            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
+            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
+            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1, resume_port: 0 }.encode().to_vec());
+            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION, resume_port: 0 }.encode();
             b[8] = 7;
             add("near-unknown-verdict", b.to_vec());
             add("http", b"HTTP/1.1 400 Bad".to_vec());
@@ -391,7 +426,7 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
                 name: "mlx5_0".into(),
                 eager: 8192,
                 ring: (0x7f00_beef_0000, 0x99),
-                features: 1,
+                flags: 3,
             };
             add("valid-roce", m.encode().to_vec());
             let ib = Meta { qpns: (1..=128).collect(), link: 1, family: 0, roce_version: 0, lid: 7, eager: 0, ..m.clone() };
@@ -487,6 +522,33 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
                 "imm-sizes-too-big",
                 imm_part(head(0, 0, [0; 32]).u8(0).u8(0).u8(0), Imm::new(5, ImmKind::Sizes(2)).encode(), &[10, 10], &[11, 3]).0,
             );
+        }
+        "recover" => {
+            use rustnet::proto::recover::{InflightRecv, Point, QpAddr, RcMsg, RxPoint, TxPoint};
+            let enc = |m: RcMsg| {
+                let mut b = Vec::new();
+                m.encode(&mut b);
+                b
+            };
+            let mut addr = QpAddr { nqps: 2, gid: [0xfe; 16], gid_index: 3, lid: 7, mtu: 3, ..QpAddr::default() };
+            addr.qpns[..2].copy_from_slice(&[0x11, 0x12]);
+            let mut rx = RxPoint { cts_written: 70, next_seq: 72, eager_next: 40, credit: 33, n: 2, ..RxPoint::default() };
+            rx.inflight[0] = InflightRecv { seq: 69, got: 0b01 };
+            rx.inflight[1] = InflightRecv { seq: 71, got: 0 };
+            let tx = TxPoint { fifo_head: 69, eager_posted: 44, mailbox: 70 };
+            add("halt", enc(RcMsg::Halt { epoch: 1 }));
+            add("go", enc(RcMsg::Go { epoch: 2 }));
+            add("give-up", enc(RcMsg::GiveUp { epoch: 3 }));
+            add("state-tx", enc(RcMsg::State { epoch: 1, addr: Box::new(addr), point: Box::new(Point::Tx(tx)) }));
+            let st = enc(RcMsg::State { epoch: 1, addr: Box::new(addr), point: Box::new(Point::Rx(rx)) });
+            add("state-rx", st.clone());
+            let mut two = enc(RcMsg::Halt { epoch: 4 });
+            two.extend_from_slice(&st);
+            add("halt-then-state", two);
+            let mut bad = st.clone();
+            bad[12 + 24 + 8 + 1 + 32] = 40; // more waiting receives than FIFO slots
+            add("state-near-n", bad);
+            add("near-magic", b"RNRX".to_vec());
         }
         other => panic!("no seeds for {other}"),
     }

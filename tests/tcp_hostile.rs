@@ -449,3 +449,105 @@ fn child_wrong_listener() {
     println!("MEASURE silent_server_connect_failed_after_s={:.3} knob=2", took.as_secs_f64());
     assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(6), "{took:?}");
 }
+
+/// Listening TCP sockets of this process: their local ports.
+fn own_listen_ports() -> Vec<u16> {
+    let mut inodes = std::collections::HashSet::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            if let Some(i) = t.to_str().and_then(|s| s.strip_prefix("socket:[")).and_then(|s| s.strip_suffix(']')) {
+                inodes.insert(i.to_string());
+            }
+        }
+    }
+    let mut ports = Vec::new();
+    for f in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        for l in std::fs::read_to_string(f).unwrap_or_default().lines().skip(1) {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() > 9 && w[3] == "0A" && inodes.contains(w[9]) {
+                ports.push(u16::from_str_radix(w[1].rsplit(':').next().unwrap(), 16).unwrap());
+            }
+        }
+    }
+    ports
+}
+
+#[test]
+fn strangers_at_the_resume_port_cannot_take_over_a_comm() {
+    // every send comm of the child resets a stream after its 3rd write and every 4th after
+    let (out, err) = child("child_resume_strangers", &[("RUSTNET_FAULT_TCP_RESET", "send:3:4")]);
+    assert!(out.contains("STRANGERS REFUSED"), "{out}");
+    assert!(
+        err.contains("refused a reconnection from 127.0.0.1:") && err.contains("not a librustnet resume hello"),
+        "no WARN naming the stranger; stderr:\n{err}"
+    );
+    assert!(err.contains("recovered after"), "the real comm did not recover while strangers were at its port; stderr:\n{err}");
+}
+
+#[test]
+#[ignore = "child process of strangers_at_the_resume_port_cannot_take_over_a_comm"]
+fn child_resume_strangers() {
+    use rustnet::proto::handle::PROTO_VERSION;
+    use rustnet::proto::resume::{ResumeHello, ResumeReply, Token, RESUME_REPLY_LEN};
+    use rustnet::proto::wire::{Hello, Reply, Verdict, REPLY_LEN, TCP_HELLO_LEN};
+    if !is_child() {
+        return;
+    }
+    let p = plugin();
+    let before = own_listen_ports();
+    let (mut h, l) = p.listen(0).unwrap();
+    let listen_port = addr_of(&h).port();
+    let resume: Vec<u16> = own_listen_ports().into_iter().filter(|x| *x != listen_port && !before.contains(x)).collect();
+    assert_eq!(resume.len(), 1, "expected one resume port besides the listen port: {resume:?}");
+    let rp = SocketAddr::new(addr_of(&h).ip(), resume[0]);
+    // a stranger without the listener's nonce does not learn the resume port from it
+    let mut st = TcpStream::connect(addr_of(&h)).unwrap();
+    let mut hello = [0u8; TCP_HELLO_LEN];
+    hello[..32].copy_from_slice(&Hello { version: PROTO_VERSION, stream: 0, nstreams: 1, conn_id: 9, nonce: 0xbad }.encode());
+    st.write_all(&hello).unwrap();
+    let _ = p.accept(l).unwrap();
+    let mut b = [0u8; REPLY_LEN];
+    st.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let _ = p.accept(l);
+        if st.read_exact(&mut b).is_ok() {
+            break;
+        }
+    }
+    let r = Reply::decode(&b).unwrap();
+    assert_eq!((r.verdict, r.resume_port), (Verdict::WrongNonce, 0), "a refusal must not name the resume port");
+    let (s, r, _) = serve(&p, &mut h, l, Duration::from_secs(10));
+    // NCCL closes the listen comm after accept; the resume port stays
+    p.close_listen(l).unwrap();
+    // strangers at the resume port: garbage, and a well-formed resume for a connection this process does not have
+    let answer = |bytes: &[u8]| -> Option<Verdict> {
+        let mut c = TcpStream::connect(rp).unwrap();
+        c.write_all(bytes).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; RESUME_REPLY_LEN];
+        c.read_exact(&mut b).ok()?;
+        Some(ResumeReply::decode(&b).unwrap().verdict)
+    };
+    let mut garbage = b"GET / HTTP/1.0\r\n\r\n".to_vec();
+    garbage.resize(64, b'x');
+    assert_eq!(answer(&garbage), Some(Verdict::Malformed));
+    let forged = ResumeHello {
+        version: PROTO_VERSION,
+        stream: 0,
+        nstreams: 1,
+        conn_id: 0x1234,
+        epoch: 1,
+        sent: 0,
+        elapsed_ms: 0,
+        token: Token([7; 16]),
+    };
+    assert_eq!(answer(&forged.encode()), Some(Verdict::UnknownComm));
+    // the real comm goes on, through resets and reconnections
+    for _ in 0..10 {
+        transfer(&p, s, r);
+    }
+    println!("STRANGERS REFUSED");
+    p.close_send(s).unwrap();
+    p.close_recv(r).unwrap();
+}

@@ -652,8 +652,10 @@ fn port_active(dev: &str) -> bool {
 }
 
 /// `ip link set <netdev> down` in the middle of a stream between two
-/// devices: both ends fail by the RC retry limit (a PORT_ERR alone fails no comm),
-/// nothing hangs. Named to run last: it disturbs the VM's network, and puts
+/// devices, for good: both ends stop at the RC retry limit (a PORT_ERR
+/// alone fails no comm), recover, wait for the port, and fail when the
+/// recovery window (RUSTNET_RECOVERY_TIMEOUT, 3 s here) is spent, naming
+/// the knob; nothing hangs. Named to run last: it disturbs the VM's network, and puts
 /// the link and its routes back afterwards.
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
@@ -665,7 +667,7 @@ fn zz_link_down_mid_transfer_fails_both_ends() {
         return;
     }
     let ifname = netdev_of(&d1).unwrap_or_else(|| panic!("cannot find the netdev under {d1}"));
-    let (n, idx) = net(&[&d1, &d2], &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "2")]);
+    let (n, idx) = net(&[&d1, &d2], &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "2"), ("RUSTNET_RECOVERY_TIMEOUT", "3")]);
     let (mut s, mut r) = pair(&n, idx[0], idx[1]);
     let mut src = Buf::new(1 << 20);
     let mut dst = Buf::new(1 << 20);
@@ -736,6 +738,7 @@ fn zz_link_down_mid_transfer_fails_both_ends() {
     assert!(k.unwrap() < Duration::from_secs(30));
     for e in [&serr, &rerr] {
         assert!(matches!(e, Error::Remote { .. } | Error::Sys { .. }), "{e}");
+        assert!(e.to_string().contains("RUSTNET_RECOVERY_TIMEOUT=3"), "the error names the recovery window: {e}");
     }
     assert!(port_active(&d1) && port_active(&d2), "ports did not come back");
 }

@@ -87,10 +87,18 @@ pub struct QpCounter {
 }
 
 /// The QP counters of one verbs comm, shared with the writer. Set once the
-/// QPs exist (a sender learns them at the end of its handshake).
+/// QPs exist (a sender learns them at the end of its handshake). Also what
+/// the comm's recoveries did (a recovery replaces the QPs; their counters
+/// go on under the first QPs' numbers).
 #[derive(Debug, Default)]
 pub struct QpTable {
     qps: OnceCell<Box<[QpCounter]>>,
+    /// Recoveries the comm completed after a fabric fault.
+    pub recoveries: Counter,
+    /// Payload bytes they wrote again.
+    pub replayed_bytes: Counter,
+    /// The last recovery's length, microseconds (0: none yet).
+    pub last_recovery_us: AtomicU64,
 }
 
 impl QpTable {
@@ -114,6 +122,36 @@ impl QpTable {
         self.qps
             .get()
             .map_or_else(Vec::new, |t| t.iter().map(|q| QpStat { qpn: q.qpn, msgs: q.msgs.get(), bytes: q.bytes.get() }).collect())
+    }
+}
+
+/// What one comm's recoveries cost, bumped by its transport when the comm
+/// recovers from a fabric fault (never on the data path) and read by the
+/// writer. Every comm has one (zero until a recovery), whether or not a
+/// statistics file is configured.
+#[derive(Debug, Default)]
+pub struct RecoveryStats {
+    /// Recoveries completed (the comm went on after a reset, a cut link, ...).
+    pub recoveries: Counter,
+    /// Payload and header bytes sent a second time because the receiver had
+    /// not taken them when the connection failed.
+    pub replayed_bytes: Counter,
+    /// How long the last recovery took, from the fault being noticed to
+    /// traffic moving again, in microseconds (0: none yet).
+    pub last_us: AtomicU64,
+}
+
+impl RecoveryStats {
+    /// One recovery that took `took` and sent `replayed` bytes again.
+    pub fn record(&self, took: Duration, replayed: u64) {
+        self.recoveries.add(1);
+        self.replayed_bytes.add(replayed);
+        self.last_us.store(took.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// The last recovery's duration in seconds (0: none yet).
+    pub fn last_seconds(&self) -> f64 {
+        self.last_us.load(Ordering::Relaxed) as f64 / 1e6
     }
 }
 
@@ -162,6 +200,8 @@ pub struct CommStats {
     /// Verbs: the QP counters, with the device of each QP set (a merged
     /// device has one set per member).
     pub qps: Vec<(String, Arc<QpTable>)>,
+    /// Its recoveries, shared with the transport's comm.
+    pub recovery: Arc<RecoveryStats>,
 }
 
 /// Settings of the writer (from the knob table).
@@ -181,6 +221,23 @@ struct Totals {
     bytes: u64,
     errors: u64,
     comms: u64,
+    recoveries: u64,
+    replayed: u64,
+}
+
+impl CommStats {
+    /// Recoveries of this comm (every member of a merged device), and the bytes they wrote again.
+    fn recovered(&self) -> (u64, u64) {
+        // verbs count per member (QP table), TCP per comm (RecoveryStats)
+        let tcp = (self.recovery.recoveries.get(), self.recovery.replayed_bytes.get());
+        self.qps.iter().fold(tcp, |(n, b), (_, t)| (n + t.recoveries.get(), b + t.replayed_bytes.get()))
+    }
+
+    /// The longest of the members' last recoveries, seconds.
+    fn last_recovery_s(&self) -> f64 {
+        let tcp = self.recovery.last_us.load(Ordering::Relaxed);
+        self.qps.iter().map(|(_, t)| t.last_recovery_us.load(Ordering::Relaxed)).fold(tcp, u64::max) as f64 / 1e6
+    }
 }
 
 struct Registry {
@@ -277,6 +334,7 @@ pub fn open_comm(
     peer: String,
     nccl_comm: Option<String>,
     qps: Vec<(String, Arc<QpTable>)>,
+    recovery: Arc<RecoveryStats>,
 ) -> Option<Arc<CommStats>> {
     let mut life = lock(&LIFE);
     let mut r = lock(&REG);
@@ -295,6 +353,7 @@ pub fn open_comm(
         bytes: Counter::default(),
         errors: Counter::default(),
         qps,
+        recovery,
     });
     r.live.push(c.clone());
     r.start.get_or_insert_with(SystemTime::now);
@@ -317,6 +376,9 @@ pub fn close_comm(c: &Arc<CommStats>) {
     t.bytes += c.bytes.get();
     t.errors += c.errors.get();
     t.comms += 1;
+    let (n, b) = c.recovered();
+    t.recoveries += n;
+    t.replayed += b;
     let last = r.live.is_empty();
     drop(r);
     if last {
@@ -436,10 +498,13 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         t.bytes += c.bytes.get();
         t.errors += c.errors.get();
         t.comms += 1;
+        let (n, b) = c.recovered();
+        t.recoveries += n;
+        t.replayed += b;
         *open.entry((c.device.clone(), c.transport, c.way)).or_default() += 1;
     }
     type Get = fn(&Totals) -> u64;
-    let dev_metrics: [(&'static str, &'static str, Get); 5] = [
+    let dev_metrics: [(&'static str, &'static str, Get); 7] = [
         ("rustnet_device_bytes_total", "Payload bytes of completed requests, per device and direction (closed comms included).", |t| {
             t.bytes
         }),
@@ -447,6 +512,12 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         ("rustnet_device_completions_total", "Requests test() reported done, per device and direction.", |t| t.completions),
         ("rustnet_device_errors_total", "Calls that returned an error on a comm of this device, per direction.", |t| t.errors),
         ("rustnet_device_comms_total", "Comms opened on this device, per direction (open and closed).", |t| t.comms),
+        (
+            "rustnet_device_recoveries_total",
+            "Recoveries after a fabric fault completed by comms of this device, per direction (closed comms included).",
+            |t| t.recoveries,
+        ),
+        ("rustnet_device_replayed_bytes_total", "Payload bytes those recoveries wrote again, per device and direction.", |t| t.replayed),
     ];
     for (name, help, get) in dev_metrics {
         let mut f = Family::counter(name, help);
@@ -464,15 +535,20 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
 
     // per open comm
     let ids: Vec<String> = r.live.iter().map(|c| c.id.to_string()).collect();
-    type CGet = fn(&CommStats) -> u64;
-    let comm_metrics: [(&'static str, &'static str, CGet); 4] = [
-        ("rustnet_comm_bytes_total", "Payload bytes of completed requests on an open comm.", |c| c.bytes.get()),
-        ("rustnet_comm_messages_total", "Messages posted on an open comm (isend: 1, irecv: one per buffer).", |c| c.msgs.get()),
-        ("rustnet_comm_completions_total", "Requests test() reported done on an open comm.", |c| c.completions.get()),
-        ("rustnet_comm_errors_total", "Calls on an open comm that returned an error.", |c| c.errors.get()),
+    type CGet = fn(&CommStats) -> f64;
+    let comm_metrics: [(&'static str, &'static str, bool, CGet); 7] = [
+        ("rustnet_comm_bytes_total", "Payload bytes of completed requests on an open comm.", true, |c| c.bytes.get() as f64),
+        ("rustnet_comm_messages_total", "Messages posted on an open comm (isend: 1, irecv: one per buffer).", true, |c| {
+            c.msgs.get() as f64
+        }),
+        ("rustnet_comm_completions_total", "Requests test() reported done on an open comm.", true, |c| c.completions.get() as f64),
+        ("rustnet_comm_errors_total", "Calls on an open comm that returned an error.", true, |c| c.errors.get() as f64),
+        ("rustnet_comm_recoveries_total", "Recoveries after a fabric fault an open comm completed.", true, |c| c.recovered().0 as f64),
+        ("rustnet_comm_replayed_bytes_total", "Payload bytes an open comm's recoveries wrote again.", true, |c| c.recovered().1 as f64),
+        ("rustnet_comm_last_recovery_seconds", "How long an open comm's last recovery took (0: none yet).", false, |c| c.last_recovery_s()),
     ];
-    for (name, help, get) in comm_metrics {
-        let mut f = Family::counter(name, help);
+    for (name, help, counter, get) in comm_metrics {
+        let mut f = if counter { Family::counter(name, help) } else { Family::gauge(name, help) };
         for (c, id) in r.live.iter().zip(&ids) {
             let mut l = join(
                 &base,
@@ -481,7 +557,7 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
             if let Some(n) = &c.nccl_comm {
                 l.push(("nccl_comm", n));
             }
-            f.sample(&l, get(c) as f64);
+            f.sample(&l, get(c));
         }
         f.finish(&mut out);
     }
@@ -554,6 +630,9 @@ mod tests {
         qt.set([0x11u32, 0x12].into_iter());
         qt.bump(1, 100);
         qt.bump(1, 50);
+        qt.recoveries.add(1);
+        qt.replayed_bytes.add(4096);
+        qt.last_recovery_us.store(250_000, Ordering::Relaxed);
         let c = Arc::new(CommStats {
             id: 4,
             way: Way::Send,
@@ -566,12 +645,16 @@ mod tests {
             bytes: Counter::default(),
             errors: Counter::default(),
             qps: vec![("mlx5_0".into(), qt)],
+            recovery: Arc::default(),
         });
         c.msgs.add(2);
         c.completions.add(2);
         c.bytes.add(150);
         let mut retired = BTreeMap::new();
-        retired.insert(("mlx5_0".to_string(), "ib", Way::Send), Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1 });
+        retired.insert(
+            ("mlx5_0".to_string(), "ib", Way::Send),
+            Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1, recoveries: 2, replayed: 10 },
+        );
         let r = Registry { setup: None, live: vec![c], retired, next_id: 5, start: Some(UNIX_EPOCH + Duration::from_secs(100)) };
         let text = render(&r, &s, UNIX_EPOCH + Duration::from_secs(110));
         let e = prom::parse(&text).unwrap();
@@ -587,7 +670,50 @@ mod tests {
         assert_eq!(e.sum("rustnet_comm_bytes_total", &[("comm", "4"), ("peer", "10.0.0.2:5000")]), 150.0);
         assert_eq!(e.sum("rustnet_qp_bytes_total", &[("qp", "0x12"), ("nccl_comm", "0x00000000deadbeef")]), 150.0);
         assert_eq!(e.sum("rustnet_qp_messages_total", &[("qp", "0x11")]), 0.0);
+        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "4")]), 1.0);
+        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[]), 4096.0);
+        assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(0.25));
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "mlx5_0")]), 3.0, "closed and open comms");
+        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4106.0);
         assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
         assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
+    }
+
+    #[test]
+    fn tcp_recoveries_are_counted_per_comm_and_device() {
+        let s = Setup { dir: "/nonexistent".into(), interval: Duration::from_secs(1), transport: "socket", host: "h1".into(), rank: None };
+        let c = Arc::new(CommStats {
+            id: 0,
+            way: Way::Recv,
+            transport: "socket",
+            device: "eth0".into(),
+            peer: "10.0.0.2:5000".into(),
+            nccl_comm: None,
+            msgs: Counter::default(),
+            completions: Counter::default(),
+            bytes: Counter::default(),
+            errors: Counter::default(),
+            qps: Vec::new(),
+            recovery: Arc::default(),
+        });
+        c.recovery.record(Duration::from_millis(700), 100);
+        c.recovery.record(Duration::from_millis(1500), 4096);
+        let mut retired = BTreeMap::new();
+        retired.insert(("eth0".to_string(), "socket", Way::Recv), Totals { comms: 1, recoveries: 2, replayed: 10, ..Totals::default() });
+        let r = Registry { setup: None, live: vec![c.clone()], retired, next_id: 1, start: None };
+        let e = prom::parse(&render(&r, &s, UNIX_EPOCH + Duration::from_secs(10))).unwrap();
+        assert_eq!(e.sum("rustnet_comm_recoveries_total", &[("comm", "0"), ("peer", "10.0.0.2:5000"), ("dir", "recv")]), 2.0);
+        assert_eq!(e.sum("rustnet_comm_replayed_bytes_total", &[("comm", "0")]), 4196.0);
+        assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(1.5), "the last one, not the longest");
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "eth0"), ("dir", "recv"), ("transport", "socket")]), 4.0);
+        assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[("device", "eth0")]), 4206.0);
+        // a closed comm's recoveries stay in the device totals
+        let mut r = r;
+        r.live.clear();
+        let t = r.retired.get_mut(&("eth0".to_string(), "socket", Way::Recv)).unwrap();
+        let (n, b) = c.recovered();
+        (t.recoveries, t.replayed) = (t.recoveries + n, t.replayed + b);
+        let e = prom::parse(&render(&r, &s, UNIX_EPOCH + Duration::from_secs(11))).unwrap();
+        assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "eth0")]), 4.0);
     }
 }

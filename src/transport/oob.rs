@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::error::{Errno, Error, Result};
 use crate::proto::handle::{Handle, HandleKind, PROTO_VERSION};
-use crate::proto::wire::{Hello, Reply, Verdict, HELLO_LEN, REPLY_LEN};
+use crate::proto::resume::HelloExt;
+use crate::proto::wire::{Hello, Reply, Verdict, HELLO_LEN, REPLY_LEN, TCP_HELLO_LEN};
 use crate::random::random_u64;
 use crate::transport::sock::{nofile_limit, write_some, Io, Poller, Socket, POLL_BATCH};
 
@@ -59,7 +60,8 @@ const EVICT_PER_CALL: usize = 16;
 struct Pending {
     sock: Socket,
     peer: SocketAddr,
-    buf: [u8; HELLO_LEN],
+    /// The hello (a TCP stream's carries the [`HelloExt`] after it).
+    buf: [u8; TCP_HELLO_LEN],
     got: usize,
 }
 
@@ -68,6 +70,20 @@ struct Group {
     nstreams: usize,
     streams: Vec<Option<Socket>>,
     peer: SocketAddr,
+    /// TCP: the first stream's hello extension (every stream must carry the same).
+    ext: Option<HelloExt>,
+}
+
+/// One incoming connection with all its streams.
+pub struct Incoming {
+    /// Its streams, in order.
+    pub socks: Vec<Socket>,
+    /// The connecting side's address.
+    pub peer: SocketAddr,
+    /// The connection id of its hellos.
+    pub conn_id: u64,
+    /// TCP: what its hellos carried after the hello (resume token, the sender's resume port).
+    pub ext: Option<HelloExt>,
 }
 
 /// Connections a listener turned away, logged at most every [`WARN_EVERY`]:
@@ -133,6 +149,9 @@ pub struct Listener {
     fd_failures: u64,
     /// IP TOS / IPv6 traffic class of the accepted data sockets (the context's class).
     tos: Option<u8>,
+    /// TCP: the port of this process's resume listener, told to every
+    /// accepted stream in its reply (0: no recovery).
+    resume_port: u16,
 }
 
 impl Listener {
@@ -157,6 +176,7 @@ impl Listener {
             fd_warned: None,
             fd_failures: 0,
             tos: None,
+            resume_port: 0,
         };
         Ok((l, h))
     }
@@ -171,9 +191,25 @@ impl Listener {
         Ok(self)
     }
 
+    /// Tell every accepted TCP stream that this process's resume listener
+    /// is at `port` on this listener's address (0: no recovery).
+    pub fn with_resume_port(mut self, port: u16) -> Listener {
+        self.resume_port = port;
+        self
+    }
+
     /// The address peers connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Bytes of a hello on this listener's streams.
+    fn hello_len(&self) -> usize {
+        if self.kind == HandleKind::Tcp {
+            TCP_HELLO_LEN
+        } else {
+            HELLO_LEN
+        }
     }
 
     /// Accepted connections still without a valid hello.
@@ -186,6 +222,11 @@ impl Listener {
     /// its streams. Strangers speaking anything else are dropped with a WARN
     /// and the listener keeps serving.
     pub fn accept_streams(&mut self) -> Result<Option<(Vec<Socket>, SocketAddr)>> {
+        Ok(self.accept_incoming()?.map(|i| (i.socks, i.peer)))
+    }
+
+    /// [`Self::accept_streams`] with the connection id and (TCP) the hello extension.
+    pub fn accept_incoming(&mut self) -> Result<Option<Incoming>> {
         let now = Instant::now();
         self.take_new(now)?;
         self.expire(now);
@@ -201,7 +242,7 @@ impl Listener {
                     s.set_tos(self.addr.is_ipv6(), t)?;
                 }
             }
-            return Ok(Some((socks, g.peer)));
+            return Ok(Some(Incoming { socks, peer: g.peer, conn_id: id, ext: g.ext }));
         }
         self.check_groups()?;
         Ok(None)
@@ -219,7 +260,7 @@ impl Listener {
                         self.rejected.note(peer, format!("cannot watch it: {e}"));
                         continue;
                     }
-                    self.pending.insert(token, Pending { sock, peer, buf: [0; HELLO_LEN], got: 0 });
+                    self.pending.insert(token, Pending { sock, peer, buf: [0; TCP_HELLO_LEN], got: 0 });
                     self.order.push_back((token, now));
                     while self.pending.len() > self.cfg.max_strangers.max(1) {
                         let Some(p) = self.pop_oldest() else { break };
@@ -301,8 +342,9 @@ impl Listener {
             self.order.pop_front();
             let p = self.pending.remove(&tok).expect("checked above");
             let why = format!(
-                "{} of {HELLO_LEN} hello bytes after {:.1} s (RUSTNET_SOCKET_TIMEOUT={})",
+                "{} of {} hello bytes after {:.1} s (RUSTNET_SOCKET_TIMEOUT={})",
                 p.got,
+                self.hello_len(),
                 age.as_secs_f64(),
                 self.cfg.timeout_s
             );
@@ -333,11 +375,22 @@ impl Listener {
     }
 
     fn read_hello(&mut self, tok: u64) -> Result<()> {
+        let need = self.hello_len();
         let Some(p) = self.pending.get_mut(&tok) else { return Ok(()) };
-        let failed = match p.sock.read_on(&mut p.buf, &mut p.got) {
+        let failed = match p.sock.read_on(&mut p.buf[..need], &mut p.got) {
             Ok(Io::Done(_)) => None,
+            // the hello proper is in: a wrong version or nonce is answered
+            // at once, not after waiting for an extension an older build
+            // never sends
+            Ok(Io::Again) if p.got >= HELLO_LEN => {
+                let Err(r) = Hello::decode(p.buf[..HELLO_LEN].try_into().unwrap(), self.nonce) else { return Ok(()) };
+                let p = self.pending.remove(&tok).expect("looked up above");
+                self.poll.remove(&p.sock);
+                self.refuse(p, r.verdict, r.why);
+                return Ok(());
+            }
             Ok(Io::Again) => return Ok(()),
-            Ok(Io::Eof) => Some(format!("closed after {} of {} hello bytes", p.got, HELLO_LEN)),
+            Ok(Io::Eof) => Some(format!("closed after {} of {} hello bytes", p.got, need)),
             Err(e) => Some(format!("read failed: {e}")),
         };
         let p = self.pending.remove(&tok).expect("looked up above");
@@ -346,8 +399,19 @@ impl Listener {
             self.rejected.note(p.peer, why);
             return Ok(());
         }
-        match Hello::decode(&p.buf, self.nonce) {
-            Ok(h) => self.add_stream(h, p),
+        let ext = if need > HELLO_LEN {
+            match HelloExt::decode(p.buf[HELLO_LEN..need].try_into().unwrap()) {
+                Ok(e) => Some(e),
+                Err(r) => {
+                    self.refuse(p, r.verdict, r.why);
+                    return Ok(());
+                }
+            }
+        } else {
+            None
+        };
+        match Hello::decode(p.buf[..HELLO_LEN].try_into().unwrap(), self.nonce) {
+            Ok(h) => self.add_stream(h, ext, p),
             Err(r) => {
                 self.refuse(p, r.verdict, r.why);
                 Ok(())
@@ -357,7 +421,7 @@ impl Listener {
 
     /// Tell the connection why (one short write, best effort), close it and note it for the WARN.
     fn refuse(&mut self, p: Pending, verdict: Verdict, why: String) {
-        let _ = p.sock.write(&Reply { verdict, version: PROTO_VERSION }.encode());
+        let _ = p.sock.write(&Reply { verdict, version: PROTO_VERSION, resume_port: 0 }.encode());
         self.rejected.note(p.peer, why);
     }
 
@@ -387,13 +451,14 @@ impl Listener {
         })
     }
 
-    fn add_stream(&mut self, h: Hello, p: Pending) -> Result<()> {
+    fn add_stream(&mut self, h: Hello, ext: Option<HelloExt>, p: Pending) -> Result<()> {
         let g = self.groups.entry(h.conn_id).or_insert_with(|| Group {
             nstreams: h.nstreams as usize,
             streams: (0..h.nstreams).map(|_| None).collect(),
             peer: p.peer,
+            ext,
         });
-        if g.nstreams != h.nstreams as usize || g.streams[h.stream as usize].is_some() {
+        if g.nstreams != h.nstreams as usize || g.streams[h.stream as usize].is_some() || g.ext != ext {
             let why = format!("stream {}/{} inconsistent with its connection", h.stream, h.nstreams);
             self.refuse(p, Verdict::Inconsistent, why);
             return Ok(());
@@ -403,7 +468,7 @@ impl Listener {
         // 16 bytes into a fresh socket's empty buffer: one write; if the
         // peer is already gone, check_groups sees it.
         if self.kind == HandleKind::Tcp {
-            let _ = p.sock.write(&Reply { verdict: Verdict::Accepted, version: PROTO_VERSION }.encode());
+            let _ = p.sock.write(&Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: self.resume_port }.encode());
         }
         g.streams[h.stream as usize] = Some(p.sock);
         Ok(())
@@ -426,7 +491,9 @@ fn is_resource_shortage(e: Errno) -> bool {
 struct ConnStream {
     sock: Socket,
     connected: bool,
-    hello: [u8; HELLO_LEN],
+    /// The hello (TCP: and its extension), `hello_len` bytes of it.
+    hello: [u8; TCP_HELLO_LEN],
+    hello_len: usize,
     sent: usize,
     reply: [u8; REPLY_LEN],
     got: usize,
@@ -440,6 +507,9 @@ pub struct Connector {
     /// Wait for the listener's acceptance (TCP; the verbs exchange has its own).
     confirm: bool,
     started: Instant,
+    conn_id: u64,
+    /// The resume port the listener named in its reply to stream 0 (TCP).
+    resume_port: u16,
 }
 
 impl Connector {
@@ -452,14 +522,41 @@ impl Connector {
     /// TOS / IPv6 traffic class byte (the communicator's traffic class),
     /// from the SYN on.
     pub fn start_tos(h: &Handle, nstreams: usize, cfg: OobCfg, tos: Option<u8>) -> Result<Connector> {
+        let ext = (h.kind == HandleKind::Tcp).then_some(HelloExt { token: crate::proto::resume::Token::NONE, probe: None });
+        Connector::start_ext(h, nstreams, cfg, tos, ext)
+    }
+
+    /// [`Connector::start_tos`] with the hello extension of a TCP
+    /// connection (`h.kind` TCP) on every stream.
+    pub fn start_ext(h: &Handle, nstreams: usize, cfg: OobCfg, tos: Option<u8>, ext: Option<HelloExt>) -> Result<Connector> {
         let conn_id = random_u64();
         let mut streams = Vec::with_capacity(nstreams);
         for i in 0..nstreams {
             let sock = Socket::connect_start_tos(h.addr, tos)?;
-            let hello = Hello { version: PROTO_VERSION, stream: i as u16, nstreams: nstreams as u16, conn_id, nonce: h.nonce }.encode();
-            streams.push(ConnStream { sock, connected: false, hello, sent: 0, reply: [0; REPLY_LEN], got: 0 });
+            let mut hello = [0u8; TCP_HELLO_LEN];
+            hello[..HELLO_LEN].copy_from_slice(
+                &Hello { version: PROTO_VERSION, stream: i as u16, nstreams: nstreams as u16, conn_id, nonce: h.nonce }.encode(),
+            );
+            let hello_len = match (h.kind, ext) {
+                (HandleKind::Tcp, e) => {
+                    hello[HELLO_LEN..].copy_from_slice(&e.unwrap_or(HelloExt { token: Default::default(), probe: None }).encode());
+                    TCP_HELLO_LEN
+                }
+                _ => HELLO_LEN,
+            };
+            streams.push(ConnStream { sock, connected: false, hello, hello_len, sent: 0, reply: [0; REPLY_LEN], got: 0 });
         }
-        Ok(Connector { peer: h.addr, streams, cfg, confirm: h.kind == HandleKind::Tcp, started: Instant::now() })
+        Ok(Connector { peer: h.addr, streams, cfg, confirm: h.kind == HandleKind::Tcp, started: Instant::now(), conn_id, resume_port: 0 })
+    }
+
+    /// The connection id its hellos carry.
+    pub fn conn_id(&self) -> u64 {
+        self.conn_id
+    }
+
+    /// TCP, once connected: the resume port the listener named (0: none).
+    pub fn resume_port(&self) -> u16 {
+        self.resume_port
     }
 
     /// Advance; `Ok(true)` once every stream is connected, has sent its
@@ -469,7 +566,7 @@ impl Connector {
         let peer = self.peer;
         let remote = |what: String| Error::Remote { peer: peer.to_string(), what };
         let mut all = true;
-        for s in &mut self.streams {
+        for (k, s) in self.streams.iter_mut().enumerate() {
             if !s.connected {
                 s.connected = s.sock.connect_done(&self.peer)?;
                 if !s.connected {
@@ -478,7 +575,7 @@ impl Connector {
                 }
                 s.sock.tune_stream(self.cfg.timeout_s, self.cfg.bufsize)?;
             }
-            if !write_some(&s.sock, &s.hello, &mut s.sent, &peer, "hello")? {
+            if !write_some(&s.sock, &s.hello[..s.hello_len], &mut s.sent, &peer, "hello")? {
                 all = false;
                 continue;
             }
@@ -504,6 +601,9 @@ impl Connector {
             if r.verdict != Verdict::Accepted {
                 return Err(remote(format!("the listener refused the connection: {}", r.verdict.explain())));
             }
+            if k == 0 {
+                self.resume_port = r.resume_port;
+            }
         }
         if !all && self.started.elapsed() >= Duration::from_secs(self.cfg.connect_timeout_s.max(1) as u64) {
             return Err(remote(self.overdue()));
@@ -521,7 +621,7 @@ impl Connector {
                  (SYNs unanswered: host down, address unreachable from here, or a firewall dropping them)",
                 self.streams.len()
             )
-        } else if self.streams.iter().any(|s| s.sent < HELLO_LEN) {
+        } else if self.streams.iter().any(|s| s.sent < s.hello_len) {
             format!("the listener took no hello bytes within RUSTNET_CONNECT_TIMEOUT={t} s")
         } else {
             format!(
@@ -758,8 +858,10 @@ mod tests {
         }
     }
 
-    fn hello(h: &Handle, conn_id: u64, stream: u16) -> [u8; HELLO_LEN] {
-        Hello { version: PROTO_VERSION, stream, nstreams: 2, conn_id, nonce: h.nonce }.encode()
+    fn hello(h: &Handle, conn_id: u64, stream: u16) -> [u8; TCP_HELLO_LEN] {
+        let mut b = [0u8; TCP_HELLO_LEN];
+        b[..HELLO_LEN].copy_from_slice(&Hello { version: PROTO_VERSION, stream, nstreams: 2, conn_id, nonce: h.nonce }.encode());
+        b
     }
 
     /// Call accept_streams until it answers something other than "not yet".

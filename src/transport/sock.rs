@@ -270,6 +270,68 @@ impl Socket {
         Ok(())
     }
 
+    /// Send a FIN now (no more data from us), whatever is left unread in
+    /// our receive queue: a close alone would send a reset then, which
+    /// the peer could not tell from a network fault.
+    pub fn shutdown_write(&self) {
+        // SAFETY: plain shutdown(2) on our descriptor; an error (not
+        // connected) leaves nothing to do.
+        unsafe { libc::shutdown(self.as_raw_fd(), libc::SHUT_WR) };
+    }
+
+    /// Make the coming close send a reset and drop what is queued
+    /// (SO_LINGER 0): a stream given up for a fresh one must not go on
+    /// delivering, nor look like a deliberate close to the peer.
+    pub fn set_abortive_close(&self) {
+        let l = libc::linger { l_onoff: 1, l_linger: 0 };
+        let _ = self.setopt(libc::SOL_SOCKET, libc::SO_LINGER, l, "SO_LINGER");
+    }
+
+    /// Testing (RUSTNET_FAULT_TCP_RESET): reset the connection now and keep
+    /// the descriptor (connect(2) with AF_UNSPEC dissolves the association:
+    /// the peer gets a reset, our next read or write an error), as a
+    /// middlebox's reset or `ss -K` would.
+    pub fn reset_now(&self) {
+        // SAFETY: an all-zero sockaddr with family AF_UNSPEC is valid; its size is passed.
+        unsafe {
+            let mut sa: libc::sockaddr = std::mem::zeroed();
+            sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+            libc::connect(self.as_raw_fd(), &sa, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t);
+        }
+    }
+
+    /// The errno of a failed non-blocking connect, once the connect is over
+    /// (`Ok(None)` while in progress, `Ok(Some(0))` when connected).
+    pub fn connect_status(&self) -> std::result::Result<Option<i32>, Errno> {
+        let mut p = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        if r < 0 {
+            return Err(Errno::last());
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: err/len are valid out-pointers of the right size.
+        let r = unsafe {
+            libc::getsockopt(self.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut libc::c_void, &mut len)
+        };
+        if r < 0 {
+            return Err(Errno::last());
+        }
+        Ok(Some(err))
+    }
+
+    /// Linear retransmission timeouts while little data is in flight
+    /// (TCP_THIN_LINEAR_TIMEOUTS): a message sent while the link is down is
+    /// sent again at the base timeout a few times before backing off, so it
+    /// goes soon after the link comes back.
+    pub fn set_thin_linear_timeouts(&self) -> Result<()> {
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_THIN_LINEAR_TIMEOUTS, 1 as libc::c_int, "TCP_THIN_LINEAR_TIMEOUTS")
+    }
+
     /// Set the IP TOS / IPv6 traffic class byte.
     pub fn set_tos(&self, v6: bool, tos: u8) -> Result<()> {
         if v6 {
@@ -603,6 +665,15 @@ impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// Wait until one of `fds` is readable (or has an error or hang-up), or
+/// `timeout_ms` passed; how many are ready (0: timeout or EINTR).
+pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) -> usize {
+    let mut p: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // SAFETY: `p` holds p.len() valid pollfd entries for the call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+    r.max(0) as usize
 }
 
 /// An IP interface as `getifaddrs` reports it.

@@ -13,17 +13,38 @@
 #     4.3 s per retransmission timeout (a lost last packet of a burst waits
 #     for it), which leaves an emulated link mostly idle (LOSS_SLOW=1 adds a
 #     1% run at 20 anyway).
-#   - 100% loss: the comms must fail, naming the peer, within the time
-#     NCCL_IB_TIMEOUT/NCCL_IB_RETRY_CNT imply: 4.096 us * 2^timeout *
-#     (retry_cnt + 1). Small values keep it short. (rxe, like the IB spec's
-#     RNR counter, treats retry_cnt 7 as "retry forever"; real HCAs do not.)
+#   - 100% loss with recovery off (RUSTNET_RECOVERY_TIMEOUT=0): the comms
+#     must fail, naming the peer, within the time NCCL_IB_TIMEOUT /
+#     NCCL_IB_RETRY_CNT imply: 4.096 us * 2^timeout * (retry_cnt + 1). Small
+#     values keep it short. (rxe, like the IB spec's RNR counter, treats
+#     retry_cnt 7 as "retry forever"; real HCAs do not.)
+#   - cut-rec: 100% loss with recovery on (RUSTNET_RECOVERY_TIMEOUT=5): the
+#     comms stop, recover, find no peer answering and fail once the window is
+#     spent (the retry budget + 5 s), naming the knob.
+#   - flap-0.5, flap-3, flap-20: veth1 down for that long mid-transfer (the
+#     port goes down: PORT_ERR, then PORT_ACTIVE), default NCCL_IB_TIMEOUT and
+#     NCCL_IB_RETRY_CNT, traffic by time (LOSS_SECONDS): no error, every byte
+#     right, and "again" = from link-up to the first message received after
+#     it (the plugin recovers on PORT_ACTIVE instead of waiting for the HCA's
+#     next retransmission); more than LOSS_RESUME_MAX (2) s fails. The
+#     out-of-band sockets go over lo there (NCCL_SOCKET_IFNAME on a network
+#     other than the fabric, as on most clusters), so "again" times the
+#     recovery and not the rig putting its routes back; flap-3-shared keeps
+#     them on veth0 (the fabric's own link).
+#   - qperr (by name only): 300 s of traffic (LOSS_QPERR_SECONDS) with a QP
+#     forced to the error state every 700th data post (RUSTNET_FAULT_QP_ERROR):
+#     no error, every byte right; the statistics table counts the recoveries.
+#   - flap-connect: veth1 down for 3 s from just before the connections are
+#     set up: connect and accept wait for the port (RUSTNET_CONNECT_TIMEOUT),
+#     then the traffic runs clean.
 # Per scenario it prints the time, the rxe hw_counters that moved (both
 # devices, summed), the plugin's own statistics file (RUSTNET_STATS_DIR,
 # read by `rustnet stats`), `rustnet watch`'s verdict during the 1% run, and
 # the WARN naming the peer when a comm failed; then one table.
 #
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
-# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18"; also loss1-t20), LOSS_MSG (message size, 1 MiB),
+# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3"; LOSS_SLOW=1 adds loss1-t20
+# and flap-20), LOSS_RESUME_MAX (2 s), LOSS_REPEAT (runs per scenario, 1), LOSS_MSG (message size, 1 MiB),
 # LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail
@@ -53,14 +74,44 @@ if [ "${1:-}" = --in-vm ]; then
   }
   fails=0
   rows=()
-  # scenario NAME LOSS TIMEOUT RETRY MODE
+  # flap DEV SECONDS OUT: link down, wait, up, the rig's routes back; the
+  # link-down and link-up times (unix seconds) into OUT.down / OUT.up
+  cat > $W/flap.sh <<'FLAP'
+#!/bin/bash
+dev=$1 down=$2 out=$3 after=${4:-2}
+routes=$(ip -o route show table all | grep " dev $dev" || true)
+sleep "$after"
+ip link set "$dev" down
+date +%s.%N > "$out.down"
+sleep "$down"
+ip link set "$dev" up
+date +%s.%N > "$out.up"
+# (a host re-adds an interface's connected routes when it comes up; the
+# rig's policy routes it does not: put them back in one batch, at once)
+sed -n 's/^/route replace /p' <<<"$routes" | ip -force -batch - 2>/dev/null
+date +%s.%N > "$out.routes"
+FLAP
+  chmod +x $W/flap.sh
+  # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS] [FLAP_AT: run|connect]
   scenario() {
-    local name=$1 loss=$2 to=$3 rc=$4 mode=$5 out dir line secs expect="" res
+    local name=$1 loss=$2 to=$3 rc=$4 mode=$5 xenv=${6:-} flap=${7:-} at=${8:-run} out dir line secs expect="" res again="-" window=0
     dir=$W/stats-$name out=$W/$name
     echo
-    echo "=== $name: loss $loss on $devs, NCCL_IB_TIMEOUT=$to NCCL_IB_RETRY_CNT=$rc, expect $mode"
+    echo "=== $name: loss $loss on $devs, NCCL_IB_TIMEOUT=$to NCCL_IB_RETRY_CNT=$rc $xenv${flap:+, veth1 down for $flap s}, expect $mode"
     apply=""
     for d in $devs; do apply+="tc qdisc replace dev $d root netem loss $loss; "; done
+    local by_time=() before=""
+    if [ -n "$flap" ] && [ "$at" = connect ]; then
+      # the link goes down just before the connections are set up
+      before="setsid $W/flap.sh veth1 $flap $out 0 > /dev/null 2>&1 & sleep 0.3"
+      apply=""
+    elif [ -n "$flap" ]; then
+      apply="setsid $W/flap.sh veth1 $flap $out > /dev/null 2>&1 &"
+    fi
+    if [ -n "$flap" ]; then
+      by_time=("LOSS_SECONDS=$(awk -v f="$flap" 'BEGIN { print f + 15 }')" "LOSS_DEADLINE_S=$(awk -v f="$flap" 'BEGIN { print int(f + 90) }')")
+      rm -f "$out.up" "$out.down" "$out.routes"
+    fi
     snap $out.before
     watch_pid=""
     if [ "$name" = loss1 ]; then
@@ -69,9 +120,11 @@ if [ "${1:-}" = --in-vm ]; then
       # a copy of the statistics file mid-run (open comms: per-comm and per-QP series)
       (sleep 4; cp "$dir"/*.prom $out.mid.prom 2>/dev/null) &
     fi
+    # shellcheck disable=SC2086  # xenv: assignments, one per word
     env NCCL_IB_TIMEOUT="$to" NCCL_IB_RETRY_CNT="$rc" LOSS_MODE="$mode" LOSS_APPLY="$apply" \
       RUSTNET_STATS_DIR="$dir" RUSTNET_STATS_INTERVAL=1 LOSS_BYTES="${LOSS_BYTES:-33554432}" \
-      timeout 300 "$T/rustnet-loss" > $out.out 2> $out.err
+      LOSS_TIMELINE="$out.timeline" LOSS_BEFORE="$before" $xenv "${by_time[@]}" \
+      timeout 480 "$T/rustnet-loss" > $out.out 2> $out.err
     local prc=$?
     [ -n "$watch_pid" ] && { sleep 1.2; kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
     for d in $devs; do tc qdisc del dev "$d" root 2>/dev/null; done
@@ -83,9 +136,23 @@ if [ "${1:-}" = --in-vm ]; then
     cnt=$(delta $out.before $out.after)
     echo "rxe hw_counters (rxe0+rxe1): $cnt"
     if [ "$mode" = fail ]; then
-      expect=$(awk -v t="$to" -v r="$rc" 'BEGIN { printf "%.3f", 4.096e-6 * 2^t * (r + 1) }')
-      echo "expected: 4.096 us * 2^$to * ($rc + 1) = $expect s"
-      grep -m2 'comm failed' $out.err | sed 's/^/  WARN: /' | cut -c1-400
+      [[ $xenv == *RUSTNET_RECOVERY_TIMEOUT=* ]] && { window=${xenv##*RUSTNET_RECOVERY_TIMEOUT=}; window=${window%% *}; }
+      expect=$(awk -v t="$to" -v r="$rc" -v w="$window" 'BEGIN { printf "%.3f", 4.096e-6 * 2^t * (r + 1) + w }')
+      echo "expected: 4.096 us * 2^$to * ($rc + 1) + a recovery window of $window s = $expect s"
+      grep -m2 'comm failed' $out.err | sed 's/^/  WARN: /' | cut -c1-500
+    fi
+    if [ -n "$flap" ]; then
+      grep -E 'recover' $out.err | head -6 | sed 's/^/  WARN: /' | cut -c1-300
+      if [ -s "$out.up" ]; then
+        # from link-up to the first message received after it, and the longest silence
+        again=$(awk -v up="$(cat "$out.up")" '$1 > up { print $1 - up; exit }' "$out.timeline")
+        again=$(printf '%.2f' "${again:-999}")
+        echo "link down $(awk -v a="$(cat "$out.down")" -v b="$(cat "$out.up")" 'BEGIN { printf "%.2f", b - a }') s (routes back $(awk -v a="$(cat "$out.up")" -v b="$(cat "$out.routes" 2>/dev/null || echo 0)" 'BEGIN { printf "%.2f", b - a }') s after link-up); traffic again ${again} s after link-up; longest gap between messages $(sort -n "$out.timeline" | awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }') s"
+        grep -h 'recovered in' $out.err | sed 's/^/  WARN: /' | cut -c1-200
+      else
+        echo "the flap did not finish (no link-up time)"
+        again=999
+      fi
     fi
     echo "plugin statistics ($dir):"
     "$T/rustnet" stats "$dir" | sed 's/^/  /'
@@ -107,24 +174,48 @@ if [ "${1:-}" = --in-vm ]; then
       if ! grep -q '^LOSS failed' $out.out; then res=FAIL
       elif ! grep -q 'comm failed.*10\.199\.0\.' $out.err; then res="FAIL(no peer named)"
       elif awk -v s="$secs" -v e="$expect" 'BEGIN { exit !(s > 3 * e + 2) }'; then res="FAIL(too slow)"
+      elif [ "$window" != 0 ] && ! grep -q 'comm failed.*RUSTNET_RECOVERY_TIMEOUT' $out.err; then res="FAIL(knob not named)"
       fi
+    fi
+    if [ -n "$flap" ] && [ "$res" = PASS ] && awk -v a="$again" -v m="${LOSS_RESUME_MAX:-2}" 'BEGIN { exit !(a > m) }'; then
+      res="FAIL(again after ${again} s)"
     fi
     [ $prc != 0 ] && [ "$res" = PASS ] && res="FAIL(exit $prc)"
     [ "$res" = PASS ] || fails=$((fails + 1))
-    rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$res | $cnt")")
+    rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$again" "$res | $cnt")")
   }
-  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18} "
-  [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 "
-  pick() { [[ $want == *" $1 "* ]] && scenario "$@"; }
+  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect} "
+  [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 flap-20 "
+  # each picked scenario runs LOSS_REPEAT times (1): rows name/2, name/3, ...
+  pick() {
+    [[ $want == *" $1 "* ]] || return 0
+    local k name=$1
+    shift
+    for k in $(seq 1 "${LOSS_REPEAT:-1}"); do
+      if [ "$k" = 1 ]; then scenario "$name" "$@"; else scenario "$name/$k" "$@"; fi
+    done
+  }
   pick clean   0%   14 7 ok
   pick loss1   1%   14 7 ok
   pick loss1-t20 1% 20 7 ok
-  pick cut-t14 100% 14 2 fail
-  pick cut-t16 100% 16 3 fail
-  pick cut-t18 100% 18 1 fail
+  pick cut-t14 100% 14 2 fail RUSTNET_RECOVERY_TIMEOUT=0
+  pick cut-t16 100% 16 3 fail RUSTNET_RECOVERY_TIMEOUT=0
+  pick cut-t18 100% 18 1 fail RUSTNET_RECOVERY_TIMEOUT=0
+  pick cut-rec 100% 14 2 fail RUSTNET_RECOVERY_TIMEOUT=5
+  # the out-of-band sockets on lo (as on a cluster whose NCCL_SOCKET_IFNAME
+  # is another network than the RDMA fabric): "again" is the recovery's own
+  # time; the -shared ones use veth0, whose routes the rig puts back itself
+  pick flap-0.5 0%  20 7 ok NCCL_SOCKET_IFNAME=lo 0.5
+  pick flap-3  0%   20 7 ok NCCL_SOCKET_IFNAME=lo 3
+  pick flap-20 0%   20 7 ok NCCL_SOCKET_IFNAME=lo 20
+  pick flap-3-shared 0% 20 7 ok "" 3
+  pick flap-connect 0% 20 7 ok "" 3 connect
+  # five minutes of traffic with a QP moved to the error state every 700th
+  # data post of each send comm (from the 300th): about 20 recoveries
+  pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:700 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
   echo
-  echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way; fail = from the loss to the first failed call)"
-  printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" "result | rxe hw_counters (rxe0+rxe1)"
+  echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way, or how long a flap run lasted; fail = from the loss to the first failed call; again: from link-up to the next message received)"
+  printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" again "result | rxe hw_counters (rxe0+rxe1)"
   printf '%s\n' "${rows[@]}"
   [ $fails = 0 ] && echo "loss: PASS" || echo "loss: FAIL ($fails scenario(s))"
   [ $fails = 0 ]
@@ -139,6 +230,7 @@ fi
 case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
-  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
+  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
+  "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
   bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"

@@ -119,7 +119,9 @@ if [ "${1:-}" = --in-vm ]; then
   for t in "$@"; do
     runs+=("$t")
     case ${t%%=*} in conformance)
-      runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}" "conformance_eager_at_connect_vs_late=${t#*=}")
+      runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}")
+      runs+=("conformance_qp_faults=${t#*=}" "conformance_qp_faults_4qps_split=${t#*=}")
+      runs+=("conformance_eager_at_connect_vs_late=${t#*=}")
       [ -n "${VERBS_PEER_SO:-}" ] && runs+=("conformance_with_peer_build=${t#*=}")
       [ "${RXE_VM_PAIRS:-1}" -ge 2 ] && runs+=("conformance_merged_rxe0+rxe2_to_rxe1+rxe3=${t#*=}")
       [ -n "${RXE_VM_SIW_DEVICES:-}" ] && runs+=("conformance_siw0_to_siw1=${t#*=}" "conformance_siw_4qps_split=${t#*=}")
@@ -143,6 +145,15 @@ if [ "${1:-}" = --in-vm ]; then
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
         extra=(traffic)
         run_env=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1) ;;
+      conformance_qp_faults|conformance_qp_faults_4qps_split)
+        # QPs moved to the error state at random posts (3 per mille, both
+        # ends, both sides): every comm recovers in place, every byte checked,
+        # and at least one recovery must have happened
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v8 traffic_v12 grouped_tags_across_rounds)
+        run_env=(RUSTNET_FAULT_QP_ERROR=random:3 RUSTNET_FAULT_SEED=7 RUSTNET_CONF_WANT_RECOVERY=1)
+        [ "$name" = conformance_qp_faults_4qps_split ] && run_env+=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1)
+        export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1" ;;
       conformance_eager_at_connect_vs_late)
         # A registers its eager rings at connect (a build before late rings
         # answers the same), B asks for its peer's ring late: both directions
@@ -218,7 +229,7 @@ if [ "${1:-}" = --in-vm ]; then
     if [ -x "${VERBS_RUSTNET%/*}/rustnet-loss" ]; then
       echo "=== loss: tests/rxe-vm/loss.sh --in-vm"
       t0=$EPOCHREALTIME
-      LOSS_TARGET=${VERBS_RUSTNET%/*} timeout -k 10 300 bash "$HERE/loss.sh" --in-vm < /dev/null
+      LOSS_TARGET=${VERBS_RUSTNET%/*} timeout -k 10 480 bash "$HERE/loss.sh" --in-vm < /dev/null
       rc=$?
       dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
       if [ $rc = 0 ]; then results+=("PASS loss (${dt} s)"); else results+=("FAIL loss (exit $rc, ${dt} s)"); fails=$((fails + 1)); fi

@@ -26,7 +26,7 @@
 //! flush at once (and hand back credits).
 //!
 //! The ring may come late (a feature both ends announce in their
-//! [`Meta`](crate::ib_meta::Meta), [`FEAT_LATE_RING`](crate::ib_meta::FEAT_LATE_RING)):
+//! [`Meta`](crate::ib_meta::Meta), [`FLAG_LATE_RING`](crate::ib_meta::FLAG_LATE_RING)):
 //! the receiver then agrees on the limit at connect but registers no ring,
 //! and a connection that never needs one never pays for it. The receiver
 //! registers the ring the first time it posts a receive only eager messages
@@ -409,6 +409,16 @@ impl EagerRx {
         }
     }
 
+    /// Ring slots released in order (the credit counter's value now).
+    pub fn freed(&self) -> u64 {
+        self.freed
+    }
+
+    /// The counter as last written.
+    pub fn reported_value(&self) -> u64 {
+        self.reported
+    }
+
     /// The counter was written.
     pub fn reported(&mut self, v: u64) {
         self.reported = self.reported.max(v);
@@ -506,6 +516,15 @@ impl CtsQueue {
         let want = if self.next - self.written >= CTS_BATCH as u64 { self.next } else { self.must.max(self.written) };
         let to = want.min(self.head + FIFO_DEPTH as u64);
         (to > self.written).then_some((self.written, to))
+    }
+
+    /// A recovering connection: the sender has moved past every slot below
+    /// `head` and nothing at or above it is known to have landed. Every CTS
+    /// from `head` on is written again, as soon as there is room.
+    pub fn rewind(&mut self, head: u64) {
+        self.sender_head(head);
+        self.written = self.written.min(head.max(self.written.saturating_sub(FIFO_DEPTH as u64)));
+        self.must = self.next;
     }
 
     /// `[written(), to)` went out.

@@ -57,6 +57,41 @@ pub enum ProtoError {
     /// A data message header with the wrong magic: the stream is out of step.
     #[error("bad message header magic {0:#010x}")]
     HeaderMagic(u32),
+    /// An acknowledgement record with the wrong magic: the reverse stream is out of step.
+    #[error("bad acknowledgement magic {0:#010x}")]
+    AckMagic(u32),
+    /// An acknowledgement for a stream the connection does not have.
+    #[error("acknowledgement for stream {stream} of a {nstreams}-stream connection")]
+    AckStream {
+        /// The stream named.
+        stream: u16,
+        /// Streams of the connection.
+        nstreams: usize,
+    },
+    /// An acknowledgement of bytes never sent.
+    #[error("acknowledgement of {offset} bytes on stream {stream}, but only {sent} were sent")]
+    AckBeyond {
+        /// The stream.
+        stream: u16,
+        /// Bytes acknowledged.
+        offset: u64,
+        /// Bytes written on it.
+        sent: u64,
+    },
+    /// A resume offset outside what was acknowledged and what was written.
+    #[error(
+        "resume from byte {offset} of stream {stream}, outside the {acked} bytes it acknowledged before          and the {sent} written"
+    )]
+    ResumeOffset {
+        /// The stream.
+        stream: usize,
+        /// The receiver's offset.
+        offset: u64,
+        /// What it had acknowledged.
+        acked: u64,
+        /// What the sender wrote.
+        sent: u64,
+    },
     /// A message whose tag no posted buffer waits for.
     #[error("message with tag {tag} arrived but the posted receive waits for tags {want:?}")]
     NoTag {
@@ -271,6 +306,42 @@ pub enum ProtoError {
     CtsCount {
         /// The slot's sequence number.
         seq: u64,
+    },
+
+    // --- recovery messages on the out-of-band socket (recover.rs)
+    /// Bytes after READY that are not a recovery message (hex).
+    #[error("sent bytes that are not a librustnet recovery message on the out-of-band connection ({shown})")]
+    RecoverMagic {
+        /// The first bytes, in hex.
+        shown: String,
+    },
+    /// A recovery message of a kind this build does not know.
+    #[error("sent a recovery message of unknown kind {kind}")]
+    RecoverKind {
+        /// Its kind byte.
+        kind: u8,
+    },
+    /// A recovery message whose length does not fit its kind.
+    #[error("sent a recovery message of kind {kind} with a {len}-byte body")]
+    RecoverLength {
+        /// Its kind byte.
+        kind: u8,
+        /// The length it claims.
+        len: usize,
+    },
+    /// A recovery message whose fields break the rules.
+    #[error("sent a recovery message with {what}")]
+    RecoverField {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A recovery message out of the protocol's order.
+    #[error("sent {what} (recovery epoch {epoch})")]
+    RecoverOrder {
+        /// Its epoch.
+        epoch: u32,
+        /// What came.
+        what: &'static str,
     },
 
     // --- iWARP completion notices (notice.rs)

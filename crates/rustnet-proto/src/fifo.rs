@@ -305,7 +305,7 @@ pub struct Mismatch {
 }
 
 /// The slot the sender is filling.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Group {
     /// Sequence number of the slot.
     pub seq: u64,
@@ -552,6 +552,13 @@ impl SqBudget {
         } else {
             None
         }
+    }
+
+    /// The QP's send queue was emptied (it was replaced after a fault):
+    /// nothing posted holds an entry any more.
+    pub fn reset(&mut self) {
+        self.retired = self.posted;
+        self.last_signaled = self.posted;
     }
 
     /// A signaled WR numbered `count` completed: it and all before it are done.

@@ -21,6 +21,7 @@ use crate::fifo::{self, Cts, FailCode, Imm, ImmKind, PlannedWr, SendFifo, Slot, 
 use crate::handle::{Handle, HANDLE_SIZE, PROTO_VERSION};
 use crate::ib_meta::{Meta, META_LEN};
 use crate::pool::ReqId;
+use crate::resume::{self, Ack, HelloExt, ResumeHello, ResumeReply, ACK_LEN, HELLO_EXT_LEN, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
 use crate::wire::{self, Hello, MsgHeader, RecvSpec, Reply, Verdict, HDR_LEN, HELLO_LEN, REPLY_LEN};
 use crate::MAX_RECVS;
 
@@ -37,6 +38,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("ib_meta", ib_meta),
     ("eager", eager),
     ("fifo", fifo),
+    ("recover", recover),
+    ("resume", resume_records),
 ];
 
 /// Reads fixed-size fields from fuzz input; zeros once it runs out, so
@@ -125,7 +128,8 @@ pub fn hello(data: &[u8]) {
         Err(r) => {
             // the refusal the listener answers with must reach the connector intact
             assert!(!r.why.is_empty() && r.verdict != Verdict::Accepted, "{r:?}");
-            let back = Reply::decode(&Reply { verdict: r.verdict, version: PROTO_VERSION }.encode()).expect("our reply decodes");
+            let back =
+                Reply::decode(&Reply { verdict: r.verdict, version: PROTO_VERSION, resume_port: 0 }.encode()).expect("our reply decodes");
             return assert_eq!(back.verdict, r.verdict);
         }
     };
@@ -152,6 +156,71 @@ pub fn reply(data: &[u8]) {
     let e = r.encode();
     assert_eq!(e[..12], b[..12]);
     assert_eq!(Reply::decode(&e), Ok(r));
+}
+
+// ------------------------------------------------------------------ TCP recovery records
+
+/// The records of TCP recovery (`proto::resume`), chosen by the first byte:
+/// 0 `HelloExt::decode` (after a TCP stream's hello, from any client of a
+/// listen port), 1 `ResumeHello::decode` (any client of a resume port),
+/// 2 `ResumeReply::decode` (whatever answers at a resume port), 3
+/// `Ack::decode` against fuzzed per-stream byte counts (the receiving peer),
+/// then `rewind` over a fuzzed piece and offset. Round trips are stable, a
+/// refusal is never "accepted", an acknowledgement never passes what was sent.
+pub fn resume_records(data: &[u8]) {
+    let mut r = Input { b: data };
+    match r.u8() % 4 {
+        0 => {
+            let b: [u8; HELLO_EXT_LEN] = r.bytes();
+            match HelloExt::decode(&b) {
+                Ok(e) => {
+                    assert!(e.probe.map_or(true, |p| p.port() != 0));
+                    assert_eq!(HelloExt::decode(&e.encode()), Ok(e));
+                    assert_eq!(e.encode()[..16], b[..16], "the token comes back");
+                }
+                Err(f) => assert!(!f.why.is_empty() && f.verdict != Verdict::Accepted),
+            }
+        }
+        1 => {
+            let b: [u8; RESUME_HELLO_LEN] = r.bytes();
+            match ResumeHello::decode(&b) {
+                Ok(h) => {
+                    assert_eq!(h.version, PROTO_VERSION);
+                    assert!(h.nstreams >= 1 && usize::from(h.nstreams) <= wire::MAX_STREAMS && h.stream < h.nstreams && h.epoch > 0);
+                    let e = h.encode();
+                    assert_eq!(e[..14], b[..14]);
+                    assert_eq!(e[16..44], b[16..44]);
+                    assert_eq!(e[48..], b[48..]);
+                    assert_eq!(ResumeHello::decode(&e), Ok(h));
+                }
+                Err(f) => assert!(!f.why.is_empty() && f.verdict != Verdict::Accepted),
+            }
+        }
+        2 => {
+            let b: [u8; RESUME_REPLY_LEN] = r.bytes();
+            match ResumeReply::decode(&b) {
+                Ok(x) => {
+                    assert!(!x.verdict.explain().is_empty());
+                    assert_eq!(ResumeReply::decode(&x.encode()), Ok(x));
+                }
+                Err(w) => assert!(!w.to_string().is_empty()),
+            }
+        }
+        _ => {
+            let b: [u8; ACK_LEN] = r.bytes();
+            let n = 1 + r.u8() as usize % wire::MAX_STREAMS;
+            let sent: Vec<u64> = (0..n).map(|_| r.u64()).collect();
+            if let Ok(a) = Ack::decode(&b, &sent) {
+                assert!(usize::from(a.stream) < n && a.offset <= sent[usize::from(a.stream)]);
+                assert_eq!(Ack::decode(&a.encode(), &sent), Ok(a));
+            }
+            let (start, len, at) = (r.u64() >> 1, r.u32() as u64, r.u64() >> 1);
+            match resume::rewind(start, start + len, at) {
+                resume::Rewind::Held => assert!(start + len <= at),
+                resume::Rewind::From(d) => assert!(d < len.max(1) && (d == 0 || start + d == at)),
+            }
+        }
+    }
 }
 
 // ------------------------------------------------------------------ TCP message header
@@ -220,7 +289,7 @@ pub fn ib_meta(data: &[u8]) {
     // the name is informative only: cut to 31 bytes, invalid UTF-8 replaced
     assert_eq!(Meta { name: String::new(), ..m2.clone() }, Meta { name: String::new(), ..m.clone() });
     // every field but the name comes back at its offset (reserved bytes zero,
-    // split as 0/1, the features byte as it came: unknown bits are kept, not read)
+    // split as 0/1, the flags byte as it came: unknown bits are kept, not read)
     let mut want = b;
     want[20] = (b[20] != 0) as u8;
     want[52..56].fill(0);
@@ -230,6 +299,40 @@ pub fn ib_meta(data: &[u8]) {
     assert_eq!(e[600..], b[600..]);
     assert!(e[q..600].iter().all(|&c| c == 0));
     assert_eq!(m2.encode(), e, "a second round trip is stable");
+}
+
+// ------------------------------------------------------------------ recovery messages
+
+/// `RcMsg::decode`: what a peer writes on the out-of-band socket after
+/// READY (recovery messages), as it arrives: any prefix is "not yet" or
+/// the same error, a message decodes to what encodes back to its bytes,
+/// and the restart points it carries keep their own rules.
+pub fn recover(data: &[u8]) {
+    use crate::recover::{Point, RcMsg, RC_HDR, RC_MAX_PAYLOAD};
+    let whole = RcMsg::decode(data);
+    let (m, used) = match whole {
+        Ok(Some(x)) => x,
+        Ok(None) => return assert!(data.len() < RC_HDR + RC_MAX_PAYLOAD),
+        Err(w) => return assert!(!w.to_string().is_empty()),
+    };
+    assert!(used >= RC_HDR && used <= data.len() && used <= RC_HDR + RC_MAX_PAYLOAD);
+    for k in [0, 3, RC_HDR - 1, used - 1] {
+        if k < used {
+            assert_eq!(RcMsg::decode(&data[..k]), Ok(None), "a prefix of {k} bytes of a whole message");
+        }
+    }
+    let mut e = Vec::new();
+    m.encode(&mut e);
+    assert_eq!(RcMsg::decode(&e), Ok(Some((m.clone(), e.len()))), "an encoded message decodes to itself");
+    // the bytes come back but for the header's reserved byte and the address's padding
+    assert_eq!(e.len(), used);
+    if let RcMsg::State { addr, point, .. } = &m {
+        assert!((1..=crate::ib_meta::MAX_QPS).contains(&addr.nqps));
+        if let Point::Rx(r) = **point {
+            assert!(r.n <= crate::fifo::FIFO_DEPTH && r.cts_written <= r.next_seq && r.credit <= r.eager_next);
+            assert!(r.inflight[..r.n].iter().all(|f| f.seq < r.next_seq));
+        }
+    }
 }
 
 // ------------------------------------------------------------------ eager ring (header and trailer)

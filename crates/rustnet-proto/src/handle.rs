@@ -26,8 +26,10 @@ pub const HANDLE_SIZE: usize = 128;
 pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"RUSTNETH");
 /// Wire protocol version; both sides must agree exactly. 3: the TCP
 /// listener answers every hello (accepted, or why not) and `connect`
-/// completes only on an acceptance.
-pub const PROTO_VERSION: u16 = 3;
+/// completes only on an acceptance. 4: TCP hellos carry a resume token and
+/// replies a resume port; a recovering TCP connection acknowledges what it
+/// received ([`crate::resume`]).
+pub const PROTO_VERSION: u16 = 4;
 
 /// Which transport a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,8 @@
 //!  20 split   u8   1: messages are split across all QPs
 //!  21 family  u8   address family of the GID: 4, 6 (RoCE); 0 unknown / InfiniBand
 //!  22 rocever u8   RoCE version of the GID: 1, 2; 0 unknown / InfiniBand
-//!  23 features u8  bit 0: FEAT_LATE_RING (0 from builds before it, which ignore the byte)
+//!  23 flags   u8   bit 0 (FLAG_RECOVERY): this end recovers a comm in place after a fabric fault (recover.rs);
+//!                  bit 1 (FLAG_LATE_RING): the eager ring may come late (eager.rs)
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
@@ -45,11 +46,15 @@ const EAGER_OFF: usize = 88 + 4 * MAX_QPS;
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"RNIBMETA");
 /// `link` of an iWARP end (its port reads Ethernet, like RoCE).
 pub const LINK_IWARP: u8 = 3;
-/// `features` bit: the eager ring may come late ([`crate::eager`]). A
+/// [`Meta::flags`]: this end speaks the recovery messages of
+/// [`crate::recover`] after READY (builds before them left the byte 0, and
+/// a comm recovers only when both ends set it).
+pub const FLAG_RECOVERY: u8 = 1;
+/// [`Meta::flags`]: the eager ring may come late ([`crate::eager`]). A
 /// sender sets it when it can take a ring announced after connect; a
 /// receiver answers with it (and no ring) when it will announce its ring
-/// on the sender's first request. Builds before it send 0 and ignore it.
-pub const FEAT_LATE_RING: u8 = 1;
+/// later. Builds before it leave the bit 0 and ignore it.
+pub const FLAG_LATE_RING: u8 = 2;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 
@@ -90,8 +95,8 @@ pub struct Meta {
     pub eager: u32,
     /// Receiver: its eager ring (address, rkey).
     pub ring: (u64, u32),
-    /// Feature bits ([`FEAT_LATE_RING`]).
-    pub features: u8,
+    /// FLAG_* bits (unknown bits are ignored).
+    pub flags: u8,
 }
 
 impl Meta {
@@ -112,7 +117,7 @@ impl Meta {
         b[20] = self.split as u8;
         b[21] = self.family;
         b[22] = self.roce_version;
-        b[23] = self.features;
+        b[23] = self.flags;
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
@@ -175,7 +180,6 @@ impl Meta {
             gid: b[24..40].try_into().unwrap(),
             family: b[21],
             roce_version: b[22],
-            features: b[23],
             addr: u64::from_le_bytes(b[40..48].try_into().unwrap()),
             rkey: u32::from_le_bytes(b[48..52].try_into().unwrap()),
             name: String::from_utf8_lossy(&b[56..56 + name_end]).into_owned(),
@@ -184,6 +188,7 @@ impl Meta {
                 u64::from_le_bytes(b[EAGER_OFF + 8..EAGER_OFF + 16].try_into().unwrap()),
                 u32::from_le_bytes(b[EAGER_OFF + 4..EAGER_OFF + 8].try_into().unwrap()),
             ),
+            flags: b[23],
         })
     }
 }
@@ -216,7 +221,7 @@ mod tests {
             name: "rxe0".into(),
             eager: 8192,
             ring: (0x7000_1000, 0x55),
-            features: FEAT_LATE_RING,
+            flags: FLAG_RECOVERY | FLAG_LATE_RING,
         }
     }
 
@@ -225,11 +230,11 @@ mod tests {
         let m = sample();
         assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
         let b = m.encode();
-        assert_eq!((b[21], b[22], b[23]), (4, 2, FEAT_LATE_RING), "family, RoCE version and features at their offsets");
-        // a build before the features byte wrote 0 there: no feature
+        assert_eq!((b[21], b[22], b[23]), (4, 2, FLAG_RECOVERY | FLAG_LATE_RING), "family, RoCE version and flags at their offsets");
+        // a build before the late ring left its bit 0: the flag is not read as set
         let mut old = b;
-        old[23] = 0;
-        assert_eq!(Meta::decode(&old).unwrap().features, 0);
+        old[23] &= !FLAG_LATE_RING;
+        assert_eq!(Meta::decode(&old).unwrap().flags & FLAG_LATE_RING, 0);
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_bytes(5), 4096);
     }

@@ -15,6 +15,8 @@ pub mod mem;
 pub mod nic;
 pub mod notice;
 pub mod pool;
+pub mod recover;
+pub mod resume;
 pub mod rx;
 pub mod tx;
 pub mod wire;

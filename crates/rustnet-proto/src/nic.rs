@@ -240,14 +240,15 @@ pub trait SendNic: Link {
     fn fifo(&self) -> &Self::Fifo;
     /// The sizes staging (a grouped receive's sizes, written before its lanes).
     fn sizes_stage(&mut self) -> &mut Self::Stage;
-    /// Post one lane's WRs. Returns whether every data write of it went
-    /// inline (its bytes copied at post time).
-    fn post_lane(&mut self, lane: &Lane<'_>) -> Result<bool, Self::Error>;
+    /// Post one lane's WRs.
+    fn post_lane(&mut self, lane: &Lane<'_>) -> Result<(), Self::Error>;
     /// The eager staging (ring layout), when the eager path is on.
     fn eager_stage(&mut self) -> Option<&mut Self::Stage>;
-    /// Copy send `src`'s `len` payload bytes to the staging at
-    /// [`crate::tx::Sender::payload_off`] and post the eager write `w` on QP 0.
-    fn post_eager(&mut self, w: &EagerWr, src: u64, len: usize) -> Result<(), Self::Error>;
+    /// Post the eager write `w` on QP 0: first, with `copy: Some((src,
+    /// len))`, copy the send's `len` payload bytes at `src` to the staging
+    /// at [`crate::tx::Sender::payload_off`]; with `None` the staging
+    /// already holds the message (written again after a fault).
+    fn post_eager(&mut self, w: &EagerWr, copy: Option<(u64, usize)>) -> Result<(), Self::Error>;
     /// Post the mailbox write.
     fn post_mailbox(&mut self, m: &MailboxWr) -> Result<(), Self::Error>;
     /// Post a signaled empty eager-path write on QP 0 (to the ring, or

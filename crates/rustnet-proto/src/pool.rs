@@ -108,6 +108,11 @@ impl<T> Pool<T> {
         Ok(s.val.take().unwrap())
     }
 
+    /// Every live request.
+    pub fn iter(&self) -> impl Iterator<Item = (ReqId, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| s.val.as_ref().map(|v| (ReqId { slot: i as u8, gen: s.gen }, v)))
+    }
+
     /// Every live request, for failing them all at once.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (ReqId, &mut T)> {
         self.slots.iter_mut().enumerate().filter_map(|(i, s)| {

@@ -24,6 +24,7 @@ use crate::error::ProtoError;
 use crate::fifo::{self, Cts, Imm, ImmKind, SqBudget, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH};
 use crate::mem::{Mem, MemMut};
 use crate::pool::{Pool, ReqId, Stale};
+use crate::recover::{InflightRecv, RxPoint};
 use crate::{MAX_RECVS, MAX_REQUESTS};
 
 mod drive;
@@ -40,6 +41,16 @@ pub const CHAIN: usize = 16;
 pub const CREDIT_OFF: usize = FIFO_BYTES;
 /// Signal at least one control write in this many.
 pub const CTL_SIGNAL: usize = 16;
+/// Receives whose CTS elements are kept: a receive is taken only once the
+/// CTS of its slot's previous lap was written, which is at most a lap past
+/// the sender's head, so receives run at most two laps ahead of the head;
+/// every CTS from the head on can be written again after a fault.
+pub const CTS_KEEP: usize = 2 * FIFO_DEPTH;
+
+#[inline]
+fn keep(seq: u64) -> usize {
+    (seq % CTS_KEEP as u64) as usize
+}
 
 /// How the connection was set up.
 #[derive(Debug, Clone, Copy)]
@@ -152,6 +163,9 @@ struct Req {
     dst: [u64; MAX_RECVS],
     /// Rendezvous words still to come (one per lane).
     lanes_left: usize,
+    /// Lanes whose word came (bit = lane): a lane's word comes once, and a
+    /// recovering connection resends exactly the lanes not here.
+    got: u128,
     imm: Option<ImmKind>,
     sizes: [usize; MAX_RECVS],
     /// Buffers filled (bit i), by rendezvous or eager message.
@@ -180,6 +194,8 @@ struct EagerState {
     /// A receive only eager messages could fill was posted with no ring:
     /// make it (the receives after it may then wait for a batch).
     wanted: bool,
+    /// The ring comes late (its address goes to the sender in a control write).
+    late: bool,
 }
 
 /// A range of CTS slots being planned into chains.
@@ -198,9 +214,12 @@ pub struct Receiver {
     ready: bool,
     reqs: Pool<Req>,
     by_slot: [Option<(u64, ReqId)>; FIFO_DEPTH],
-    /// The CTS elements of each slot's receive until they are written.
-    cts_store: Box<[[Cts; MAX_RECVS]; FIFO_DEPTH]>,
-    slot_n: [u8; FIFO_DEPTH],
+    /// The CTS elements of each receive, by `seq % CTS_KEEP`, until the
+    /// sender has moved past it (a recovering connection writes every CTS
+    /// from the sender's head on again; receives run up to two laps ahead
+    /// of that head, see [`CTS_KEEP`]), and their buffer counts.
+    cts_store: Box<[[Cts; MAX_RECVS]; CTS_KEEP]>,
+    slot_n: [u8; CTS_KEEP],
     budget: SqBudget,
     /// Send-queue entries the control writes may hold ([`Config::sq_depth`]).
     sq_depth: usize,
@@ -222,8 +241,8 @@ impl Receiver {
             ready: false,
             reqs: Pool::new(RECV_POOL),
             by_slot: [None; FIFO_DEPTH],
-            cts_store: Box::new([[Cts::default(); MAX_RECVS]; FIFO_DEPTH]),
-            slot_n: [0; FIFO_DEPTH],
+            cts_store: Box::new([[Cts::default(); MAX_RECVS]; CTS_KEEP]),
+            slot_n: [0; CTS_KEEP],
             budget: SqBudget::new(cfg.sq_depth, CTL_SIGNAL),
             sq_depth: cfg.sq_depth,
             cts: CtsQueue::new(),
@@ -235,6 +254,7 @@ impl Receiver {
                 made: !cfg.late_ring,
                 announce: false,
                 wanted: false,
+                late: cfg.late_ring,
             }),
             batch: None,
             credit: None,
@@ -342,10 +362,12 @@ impl Receiver {
             dst[i] = c.addr;
             tags[i] = c.tag;
         }
-        let req = Req { flush: false, seq, n, caps, dst, lanes_left: nlanes, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
+        let req =
+            Req { flush: false, seq, n, caps, dst, lanes_left: nlanes, got: 0, imm: None, sizes: [0; MAX_RECVS], filled: 0, done: false };
         let Some(id) = self.reqs.alloc(req) else { return Ok(None) };
-        self.cts_store[slot][..n].copy_from_slice(elems);
-        self.slot_n[slot] = n as u8;
+        let keep = keep(seq);
+        self.cts_store[keep][..n].copy_from_slice(elems);
+        self.slot_n[keep] = n as u8;
         self.by_slot[slot] = Some((seq, id));
         let mut deferrable = false;
         let mut js = [None; MAX_RECVS];
@@ -461,20 +483,35 @@ impl Receiver {
     }
 
     /// A completion word arrived (a WRITE_WITH_IMM's immediate, or an iWARP
-    /// notice's word): which receive, and on its last lane the sizes.
-    /// `sizes_slot` reads the sizes the sender wrote for a grouped receive
-    /// (the sizes area on IB/RoCE, the notice on iWARP); it is called only
-    /// when the word says so.
-    pub(crate) fn on_imm(&mut self, word: u32, sizes_slot: impl FnOnce(u64) -> [u32; MAX_RECVS]) -> Result<ImmEvent, ProtoError> {
+    /// notice's word) on our QP `qp`: which receive, and on its last lane
+    /// the sizes. `sizes_slot` reads the sizes the sender wrote for a
+    /// grouped receive (the sizes area on IB/RoCE, the notice on iWARP); it
+    /// is called only when the word says so.
+    pub(crate) fn on_imm(
+        &mut self,
+        word: u32,
+        qp: Option<usize>,
+        sizes_slot: impl FnOnce(u64) -> [u32; MAX_RECVS],
+    ) -> Result<ImmEvent, ProtoError> {
         let imm = Imm::decode(word)?;
         let slot = imm.slot as usize;
         let Some((seq, id)) = self.by_slot[slot] else {
             return Err(ProtoError::ImmNoReceive { slot, imm: format!("{imm:?}") });
         };
+        let nqps = self.nqps;
+        let (first, nlanes) = fifo::lanes(seq, nqps, self.split);
         let Ok(r) = self.reqs.get_mut(id) else { return Err(ProtoError::ImmNoReceive { slot, imm: format!("{imm:?}") }) };
-        if r.lanes_left == 0 {
+        // the lane: the QP it came on (a message on one QP has one lane)
+        let lane = match qp {
+            _ if nlanes == 1 => 0,
+            Some(q) => (q + nqps - first) % nqps,
+            None => (!r.got).trailing_zeros() as usize,
+        };
+        let bit = 1u128 << lane.min(127);
+        if r.lanes_left == 0 || lane >= nlanes || r.got & bit != 0 {
             return Err(ProtoError::ImmExtra { seq });
         }
+        r.got |= bit;
         r.lanes_left -= 1;
         if !matches!(r.imm, Some(ImmKind::Fail(_))) {
             r.imm = Some(imm.kind);
@@ -523,6 +560,14 @@ impl Receiver {
         self.eager.as_ref().is_some_and(|e| !e.made)
     }
 
+    /// After a fault: a late ring made, its address written again (the
+    /// write may have been lost with the old QPs).
+    pub(crate) fn reannounce_ring(&mut self) {
+        if let Some(e) = self.eager.as_mut().filter(|e| e.late && e.made) {
+            e.announce = true;
+        }
+    }
+
     /// A late ring not made yet that our own receives want (one only eager
     /// messages could fill was posted): make it without waiting for the
     /// sender to ask.
@@ -546,6 +591,12 @@ impl Receiver {
     #[inline]
     pub fn credit_due(&self) -> bool {
         self.credit.is_some()
+    }
+
+    /// The credit counter last written to the sender (0 without the eager path).
+    #[inline]
+    pub fn credits_reported(&self) -> u64 {
+        self.eager.as_ref().map_or(0, |e| e.st.reported_value())
     }
 
     /// Plan the next chain of control writes due now (CTS slots in order,
@@ -580,7 +631,7 @@ impl Receiver {
         if let Some(mut b) = self.batch {
             // each further element of a grouped receive: one write more
             while b.q < b.end {
-                let n = self.slot_n[(b.q % FIFO_DEPTH as u64) as usize] as usize;
+                let n = self.slot_n[keep(b.q)] as usize;
                 while b.i < n {
                     if out.n == CHAIN {
                         self.batch = Some(b);
@@ -620,7 +671,7 @@ impl Receiver {
         let mut room = self.budget.room().checked_sub(1 + self.credit.is_some() as usize)?;
         let mut end = from;
         while end < lap_end {
-            let more = self.slot_n[(end % FIFO_DEPTH as u64) as usize] as usize - 1;
+            let more = self.slot_n[keep(end)] as usize - 1;
             if more > room {
                 break;
             }
@@ -631,9 +682,9 @@ impl Receiver {
             return None; // retried once completions free the queue
         }
         for q in from..end {
-            let slot = (q % FIFO_DEPTH as u64) as usize;
-            for i in 0..self.slot_n[slot] as usize {
-                stage.write(fifo::elem_offset(q, i), &self.cts_store[slot][i].encode(q));
+            let k = keep(q);
+            for i in 0..self.slot_n[k] as usize {
+                stage.write(fifo::elem_offset(q, i), &self.cts_store[k][i].encode(q));
             }
         }
         Some(Batch { end, q: from, i: 1 })
@@ -662,6 +713,23 @@ impl Receiver {
     #[inline]
     pub fn is_done(&self, id: ReqId) -> Result<bool, Stale> {
         self.reqs.get(id).map(|r| r.done)
+    }
+
+    /// Where this side stands, for the peer of a recovering connection
+    /// (taken once the QPs stopped and every completion word that landed
+    /// was read).
+    pub fn restart_point(&self) -> RxPoint {
+        let mut p = RxPoint { cts_written: self.cts.written(), next_seq: self.cts.next(), ..RxPoint::default() };
+        if let Some(e) = &self.eager {
+            p.eager_next = e.st.next();
+            p.credit = e.st.freed();
+        }
+        for (seq, id) in self.by_slot.iter().flatten() {
+            let got = self.reqs.get(*id).map_or(0, |r| r.got);
+            p.inflight[p.n] = InflightRecv { seq: *seq, got };
+            p.n += 1;
+        }
+        p
     }
 
     /// If `id` is done: free it and say what it got.
@@ -698,6 +766,7 @@ impl Receiver {
             caps: [0; MAX_RECVS],
             dst: [0; MAX_RECVS],
             lanes_left: 0,
+            got: 0,
             imm: None,
             sizes: [0; MAX_RECVS],
             filled: 0,
@@ -804,14 +873,14 @@ mod tests {
         let mut rx = Receiver::new(cfg(1, false, 0));
         rx.on_ready();
         let t = take(&mut rx, &[1], 100);
-        let ev = rx.on_imm(Imm::new(0, ImmKind::Size(37)).encode(), no_sizes).unwrap();
+        let ev = rx.on_imm(Imm::new(0, ImmKind::Size(37)).encode(), None, no_sizes).unwrap();
         assert_eq!((ev.id, ev.seq, ev.n), (t.id, 0, 1));
         assert_eq!(ev.sizes.unwrap()[0], 37);
         assert_eq!(rx.is_done(t.id), Ok(true));
         assert_eq!(rx.finish(t.id).unwrap().unwrap().sizes[0], 37);
         assert_eq!(rx.live(), 0);
         // the slot holds no receive any more
-        assert!(matches!(rx.on_imm(Imm::new(0, ImmKind::Size(1)).encode(), no_sizes), Err(ProtoError::ImmNoReceive { slot: 0, .. })));
+        assert!(matches!(rx.on_imm(Imm::new(0, ImmKind::Size(1)).encode(), None, no_sizes), Err(ProtoError::ImmNoReceive { slot: 0, .. })));
     }
 
     #[test]
@@ -821,14 +890,14 @@ mod tests {
         let t = take(&mut rx, &[1, 2], 100);
         assert_eq!(t.nlanes, 2);
         let w = Imm::new(0, ImmKind::Sizes(2)).encode();
-        assert_eq!(rx.on_imm(w, no_sizes).unwrap().sizes, None, "one lane of two");
+        assert_eq!(rx.on_imm(w, None, no_sizes).unwrap().sizes, None, "one lane of two");
         let sizes = |seq: u64| {
             assert_eq!(seq, 0);
             let mut s = [0; MAX_RECVS];
             s[..2].copy_from_slice(&[100, 0]);
             s
         };
-        assert_eq!(&rx.on_imm(w, sizes).unwrap().sizes.unwrap()[..2], &[100, 0]);
+        assert_eq!(&rx.on_imm(w, None, sizes).unwrap().sizes.unwrap()[..2], &[100, 0]);
         assert_eq!(rx.is_done(t.id), Ok(true));
         let _ = SIZES_SLOT_BYTES;
     }
@@ -838,13 +907,16 @@ mod tests {
         let mut rx = Receiver::new(cfg(1, false, 0));
         rx.on_ready();
         take(&mut rx, &[1], 10);
-        assert!(matches!(rx.on_imm(Imm::new(0, ImmKind::Size(11)).encode(), no_sizes), Err(ProtoError::ImmOverflow { size: 11, cap: 10 })));
+        assert!(matches!(
+            rx.on_imm(Imm::new(0, ImmKind::Size(11)).encode(), None, no_sizes),
+            Err(ProtoError::ImmOverflow { size: 11, cap: 10 })
+        ));
         let mut rx = Receiver::new(cfg(1, false, 0));
         take(&mut rx, &[1], 10);
-        let e = rx.on_imm(Imm::new(0, ImmKind::Fail(FailCode::TooLarge)).encode(), no_sizes).unwrap_err();
+        let e = rx.on_imm(Imm::new(0, ImmKind::Fail(FailCode::TooLarge)).encode(), None, no_sizes).unwrap_err();
         assert_eq!(e, ProtoError::SenderTooLarge);
         assert!(e.is_size_mismatch());
-        assert!(matches!(rx.on_imm(0x8000_0000, no_sizes), Err(ProtoError::Imm(_))));
+        assert!(matches!(rx.on_imm(0x8000_0000, None, no_sizes), Err(ProtoError::Imm(_))));
     }
 
     #[test]
@@ -858,7 +930,7 @@ mod tests {
         chains(&mut rx, &mut st);
         assert!(!rx.slot_free() && !rx.can_take());
         assert_eq!(rx.take_recv(&elems(&[1], 10, 0), &mut |_| ()).unwrap(), None);
-        rx.on_imm(Imm::new(0, ImmKind::Size(1)).encode(), no_sizes).unwrap();
+        rx.on_imm(Imm::new(0, ImmKind::Size(1)).encode(), None, no_sizes).unwrap();
         assert!(rx.can_take());
         // its CTS waits until the sender moved past slot 0 (the completion said so)
         assert_eq!(take(&mut rx, &[1], 10).seq, FIFO_DEPTH as u64);

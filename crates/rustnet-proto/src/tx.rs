@@ -18,11 +18,12 @@
 //!   that head into the receiver's mailbox, once per head.
 use std::time::{Duration, Instant};
 
-use crate::eager::{self, EagerTx, RingAnn, HDR_BYTES, RING_ANN_BYTES, RING_ANN_OFF, RING_REQ, RING_REQ_OFF};
+use crate::eager::{self, EagerTx, RingAnn, HDR_BYTES, RING_ANN_BYTES, RING_ANN_OFF, RING_REQ, RING_REQ_OFF, RING_SLOTS};
 use crate::error::ProtoError;
 use crate::fifo::{self, Cts, FailCode, Group, SendFifo, Slot, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH};
 use crate::mem::{Mem, MemMut};
 use crate::pool::{Pool, ReqId, Stale};
+use crate::recover::TxPoint;
 use crate::{MAX_RECVS, MAX_REQUESTS};
 
 mod drive;
@@ -96,8 +97,9 @@ pub enum Sent {
 /// `off + HDR_BYTES` first) to the same offset of the receiver's ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EagerWr {
-    /// The send's request (done already: the bytes are copied).
-    pub id: ReqId,
+    /// The send's request (done already: the bytes are copied); `None`
+    /// when it is written again after a fault (the staging holds it).
+    pub id: Option<ReqId>,
     /// Ring index.
     pub idx: u64,
     /// Offset in staging and ring.
@@ -163,22 +165,53 @@ pub struct WriteDone {
     pub last: bool,
 }
 
+/// What a resume resent (`Sender::resume`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Replayed {
+    /// Lanes of rendezvous messages written again.
+    pub lanes: u64,
+    /// Eager messages written again.
+    pub eager: u64,
+    /// Payload bytes of both.
+    pub bytes: u64,
+    /// Lanes the receiver had but whose completion the sender never saw.
+    pub confirmed: u64,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct SendReq {
     size: usize,
     done: bool,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A posted group whose lanes have not all completed: kept whole, so a
+/// resume after a fault can post the lanes the receiver lacks again (the
+/// sends' buffers stay NCCL's until then: a send is done only when every
+/// lane of its group is known to have landed).
+#[derive(Debug, Clone)]
 struct Inflight {
-    seq: u64,
-    n: usize,
-    reqs: [Option<ReqId>; MAX_RECVS],
-    lanes_left: usize,
+    g: Group,
+    nlanes: usize,
+    /// Lanes known landed (their completion, or the receiver's word at a resume).
+    done: u128,
     active: bool,
 }
 
-const NO_INFLIGHT: Inflight = Inflight { seq: 0, n: 0, reqs: [None; MAX_RECVS], lanes_left: 0, active: false };
+impl Inflight {
+    fn all(&self) -> u128 {
+        lanes_mask(self.nlanes)
+    }
+}
+
+/// The bits of lanes `0..n`.
+#[inline]
+pub fn lanes_mask(n: usize) -> u128 {
+    if n >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << n) - 1
+    }
+}
 
 struct EagerState {
     st: EagerTx,
@@ -195,6 +228,8 @@ struct EagerState {
     /// Last head an empty probe write was posted for (+ 1): a late ring
     /// not known yet, and stuck.
     probed: u64,
+    /// Bytes on the wire of each ring slot's message (for a resend).
+    wire_len: [u32; RING_SLOTS],
 }
 
 /// The sending end's protocol state.
@@ -204,7 +239,7 @@ pub struct Sender {
     mailbox_after: Duration,
     fifo: SendFifo,
     reqs: Pool<SendReq>,
-    inflight: [Inflight; FIFO_DEPTH],
+    inflight: Box<[Inflight; FIFO_DEPTH]>,
     eager: Option<EagerState>,
     eager_stats: (u64, u64),
 }
@@ -224,7 +259,7 @@ impl Sender {
             mailbox_after: MAILBOX_AFTER,
             fifo: SendFifo::new(),
             reqs: Pool::new(SEND_SLOTS),
-            inflight: [NO_INFLIGHT; FIFO_DEPTH],
+            inflight: Box::new(std::array::from_fn(|_| Inflight { g: Group::default(), nlanes: 0, done: 0, active: false })),
             eager: None,
             eager_stats: (0, 0),
         }
@@ -245,6 +280,7 @@ impl Sender {
             mailbox: 0,
             ring,
             probed: 0,
+            wire_len: [0; RING_SLOTS],
         });
     }
 
@@ -276,6 +312,18 @@ impl Sender {
             return Err(ProtoError::EagerRing { addr: a.addr, max: a.max, agreed: e.st.max });
         }
         Ok(Some(a))
+    }
+
+    /// After a fault: a late ring asked for but not known is asked for again
+    /// (the request may have been lost with the old QPs; a second one is
+    /// harmless), and a stuck head may be probed again.
+    pub(crate) fn resume_late_ring(&mut self) {
+        if let Some(e) = &mut self.eager {
+            if e.ring == TxRing::Asked {
+                e.ring = TxRing::Unasked;
+            }
+            e.probed = 0;
+        }
     }
 
     /// The late ring's address arrived and our staging is ready: eager
@@ -447,19 +495,14 @@ impl Sender {
     }
 
     /// `g`'s writes were posted on its lanes (`nlanes` of them, each ending
-    /// with a signaled write); `copied`: every data byte went inline, so its
-    /// sends are done now (their completions still free the slot).
+    /// with a signaled write). Its sends are done when every lane completed.
     #[inline]
-    pub(crate) fn on_posted(&mut self, g: &Group, nlanes: usize, copied: bool) {
-        let slot = (g.seq % FIFO_DEPTH as u64) as usize;
-        self.inflight[slot] = Inflight { seq: g.seq, n: g.n, reqs: g.reqs, lanes_left: nlanes, active: true };
-        if copied {
-            for r in g.reqs[..g.n].iter().flatten() {
-                if let Ok(q) = self.reqs.get_mut(*r) {
-                    q.done = true;
-                }
-            }
-        }
+    pub(crate) fn on_posted(&mut self, g: &Group, nlanes: usize) {
+        let f = &mut self.inflight[(g.seq % FIFO_DEPTH as u64) as usize];
+        f.g.clone_from(g);
+        f.nlanes = nlanes;
+        f.done = 0;
+        f.active = true;
     }
 
     /// Which QPs slot `seq`'s writes use: `(first, count)`.
@@ -468,26 +511,49 @@ impl Sender {
         fifo::lanes(seq, self.nqps, self.split)
     }
 
-    /// The signaled last write of a lane of slot `seq` completed. `None`:
-    /// not a write this machine waits for.
+    /// The signaled last write of a lane of slot `seq` completed on our QP
+    /// `qp`. `None`: not a write this machine waits for (an old lap's, or a
+    /// lane already known landed).
     #[inline]
-    pub(crate) fn on_write_done(&mut self, seq: u64) -> Option<WriteDone> {
+    pub(crate) fn on_write_done(&mut self, seq: u64, qp: usize) -> Option<WriteDone> {
+        let (first, _) = self.lanes(seq);
+        let nqps = self.nqps;
         let f = &mut self.inflight[(seq % FIFO_DEPTH as u64) as usize];
-        if !f.active || f.seq != seq || f.lanes_left == 0 {
+        if !f.active || f.g.seq != seq {
             return None;
         }
-        f.lanes_left -= 1;
-        let last = f.lanes_left == 0;
-        let (reqs, n) = (f.reqs, f.n);
+        let lane = if f.nlanes == 1 { 0 } else { (qp + nqps - first) % nqps };
+        let bit = 1u128 << lane.min(127);
+        if lane >= f.nlanes || f.done & bit != 0 {
+            return None;
+        }
+        f.done |= bit;
+        let last = f.done == f.all();
+        let (reqs, n) = (f.g.reqs, f.g.n);
         if last {
-            f.active = false;
-            for r in reqs[..n].iter().flatten() {
-                if let Ok(q) = self.reqs.get_mut(*r) {
-                    q.done = true;
-                }
-            }
+            self.finish_group((seq % FIFO_DEPTH as u64) as usize);
         }
         Some(WriteDone { reqs, n, last })
+    }
+
+    /// Every lane of the group in `slot` landed: its sends are done and the
+    /// slot may take its next lap.
+    fn finish_group(&mut self, slot: usize) {
+        let f = &mut self.inflight[slot];
+        f.active = false;
+        let (reqs, n) = (f.g.reqs, f.g.n);
+        for r in reqs[..n].iter().flatten() {
+            if let Ok(q) = self.reqs.get_mut(*r) {
+                q.done = true;
+            }
+        }
+    }
+
+    /// Where this side stands, for the peer of a recovering connection
+    /// (taken once the QPs stopped and every completion was read).
+    pub fn restart_point(&self) -> TxPoint {
+        let (eager_posted, mailbox) = self.eager.as_ref().map_or((0, 0), |e| (e.st.posted(), e.mailbox));
+        TxPoint { fifo_head: self.fifo.head(), eager_posted, mailbox }
     }
 
     /// Should a send of `tag`/`size` go into the receiver's ring now, with
@@ -515,6 +581,7 @@ impl Sender {
         let (idx, h) = e.st.take(size, head);
         let off = eager::slot_offset(idx, e.st.max);
         let len = eager::wire_len(size);
+        e.wire_len[(idx % RING_SLOTS as u64) as usize] = len as u32;
         stage.write(off, &h.encode(idx));
         stage.write(off + len - 8, &eager::marker(idx).to_le_bytes());
         // a completion every EAGER_SIGNAL writes frees the SQ entries before it
@@ -525,7 +592,7 @@ impl Sender {
         e.blocked = None;
         self.eager_stats.0 += 1;
         self.eager_stats.1 += size as u64;
-        Ok(EagerPlan::Go(EagerWr { id, idx, off, len, count, signaled }))
+        Ok(EagerPlan::Go(EagerWr { id: Some(id), idx, off, len, count, signaled }))
     }
 
     /// Payload offset of an eager write in the staging.
@@ -679,10 +746,10 @@ mod tests {
         assert_eq!((g.seq, g.n, g.sizes[0], g.sizes[1], g.reqs[0], g.reqs[1]), (0, 2, 10, 4, Some(b), Some(a)));
         assert_eq!(g.imm().kind, ImmKind::Sizes(2));
         assert_eq!(s.head_seq(), 1);
-        s.on_posted(&g, 1, false);
+        s.on_posted(&g, 1);
         assert_eq!((s.is_done(a), s.outstanding()), (Ok(false), 1));
-        assert_eq!(s.on_write_done(7), None, "not a write of ours");
-        assert!(s.on_write_done(0).unwrap().last);
+        assert_eq!(s.on_write_done(7, 0), None, "not a write of ours");
+        assert!(s.on_write_done(0, 0).unwrap().last);
         assert_eq!(s.is_done(a), Ok(true));
         assert_eq!(s.release(a), Some(4));
         assert_eq!(s.outstanding(), 0);
@@ -721,12 +788,12 @@ mod tests {
             cts(&mut m, seq, &[(1, 8)]);
             assert_eq!(s.head(&m[..]), Ok(Head::Ready));
             let Sent::Taken { group: Some(g), .. } = s.send(1, 8, 0, 0) else { panic!() };
-            s.on_posted(&g, 1, true);
+            s.on_posted(&g, 1);
         }
         cts(&mut m, FIFO_DEPTH as u64, &[(1, 8)]);
         assert_eq!(s.head(&m[..]), Ok(Head::Busy));
         assert!(s.head_busy());
-        s.on_write_done(0);
+        s.on_write_done(0, 0);
         assert_eq!(s.head(&m[..]), Ok(Head::Ready));
     }
 
@@ -740,7 +807,7 @@ mod tests {
         cts(&mut m, 0, &[(5, 100)]);
         assert_eq!(s.head(&m[..]), Ok(Head::Ready));
         let Sent::Taken { group: Some(g), .. } = s.send(5, 100, 0, 0) else { panic!() };
-        s.on_posted(&g, 1, true);
+        s.on_posted(&g, 1);
         let mut ids = Vec::new();
         for k in 0..eager::RING_SLOTS as u64 {
             let EagerPlan::Go(w) = s.plan_eager(5, 8, 0, &mut st[..]).unwrap() else { panic!("eager send {k}") };
@@ -749,7 +816,7 @@ mod tests {
             assert_eq!(st.as_slice().read_u64(w.off + w.len - 8), eager::marker(k));
             ids.push(w.id);
         }
-        assert_eq!(s.is_done(ids[0]), Ok(true), "copied: done at post");
+        assert_eq!(s.is_done(ids[0].unwrap()), Ok(true), "copied: done at post");
         assert_eq!(s.plan_eager(5, 8, 0, &mut st[..]), Ok(EagerPlan::No), "out of credits");
         assert!(matches!(s.plan_eager(5, 8, 1, &mut st[..]), Ok(EagerPlan::Go(_))));
         assert!(matches!(s.plan_eager(5, 8, 100, &mut st[..]), Err(ProtoError::EagerCredits { freed: 100, .. })));
@@ -776,8 +843,8 @@ mod tests {
         cts(&mut m, 0, &[(5, 100)]);
         assert_eq!(s.head(&m[..]), Ok(Head::Ready));
         let Sent::Taken { group: Some(g), .. } = s.send(5, 100, 0, 0) else { panic!() };
-        s.on_posted(&g, 1, true);
-        s.on_write_done(0);
+        s.on_posted(&g, 1);
+        s.on_write_done(0, 0);
         assert!(s.eager_on() && !s.ring_known());
         assert_eq!(s.plan_eager(5, 8, 0, &mut st[..]), Ok(EagerPlan::No), "no eager write before the ring is known");
         let t0 = Instant::now();

@@ -20,6 +20,11 @@ pub const MAX_STREAMS: usize = 64;
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"RNHELLO1");
 /// Size of [`Hello`] on the wire.
 pub const HELLO_LEN: usize = 32;
+/// Size of a TCP stream's hello: the [`Hello`] and the
+/// [`HelloExt`](crate::resume::HelloExt) (resume token, the sender's resume port).
+pub const TCP_HELLO_LEN: usize = HELLO_LEN + HELLO_EXT_LEN;
+/// Size of the [`HelloExt`](crate::resume::HelloExt) after a TCP stream's hello.
+pub const HELLO_EXT_LEN: usize = 64;
 /// Reply magic: "RNREPLY1".
 pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"RNREPLY1");
 /// Size of [`Reply`] on the wire.
@@ -62,6 +67,13 @@ pub enum Verdict {
     Late = 5,
     /// The stream does not fit the connection it names.
     Inconsistent = 6,
+    /// A resume for a connection the receiving process does not have (never
+    /// had, or its receive comm was closed).
+    UnknownComm = 7,
+    /// A resume whose token is not the connection's.
+    BadToken = 8,
+    /// A resume attempt older than one already taken.
+    Stale = 9,
 }
 
 impl Verdict {
@@ -78,12 +90,18 @@ impl Verdict {
             Verdict::TooMany => "too many connections without a hello were waiting at it (RUSTNET_LISTEN_MAX_STRANGERS there)",
             Verdict::Late => "our hello did not arrive within its RUSTNET_SOCKET_TIMEOUT",
             Verdict::Inconsistent => "our stream did not fit the connection it named",
+            Verdict::UnknownComm => "that process has no such connection (its receive comm was closed)",
+            Verdict::BadToken => "the resume token is not the connection's",
+            Verdict::Stale => "a later reconnection attempt was already taken",
         }
     }
 
-    fn from_code(c: u16) -> Option<Verdict> {
+    /// The verdict of a wire code.
+    pub fn from_code(c: u16) -> Option<Verdict> {
         use Verdict::*;
-        [Accepted, WrongNonce, Version, Malformed, TooMany, Late, Inconsistent].into_iter().find(|v| *v as u16 == c)
+        [Accepted, WrongNonce, Version, Malformed, TooMany, Late, Inconsistent, UnknownComm, BadToken, Stale]
+            .into_iter()
+            .find(|v| *v as u16 == c)
     }
 }
 
@@ -94,6 +112,10 @@ pub struct Reply {
     pub verdict: Verdict,
     /// The listener's protocol version.
     pub version: u16,
+    /// TCP: the port of the receiving process's resume listener (same
+    /// address as the listener), where the sender reconnects after a
+    /// failure ([`crate::resume`]); 0: that end does not recover.
+    pub resume_port: u16,
 }
 
 impl Reply {
@@ -103,6 +125,7 @@ impl Reply {
         b[0..8].copy_from_slice(&REPLY_MAGIC.to_le_bytes());
         b[8..10].copy_from_slice(&(self.verdict as u16).to_le_bytes());
         b[10..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..14].copy_from_slice(&self.resume_port.to_le_bytes());
         b
     }
 
@@ -116,7 +139,7 @@ impl Reply {
         let code = u16::from_le_bytes([b[8], b[9]]);
         let version = u16::from_le_bytes([b[10], b[11]]);
         let verdict = Verdict::from_code(code).ok_or(ProtoError::ReplyVerdict { code, version })?;
-        Ok(Reply { verdict, version })
+        Ok(Reply { verdict, version, resume_port: u16::from_le_bytes([b[12], b[13]]) })
     }
 }
 
@@ -282,12 +305,15 @@ mod tests {
             Verdict::TooMany,
             Verdict::Late,
             Verdict::Inconsistent,
+            Verdict::UnknownComm,
+            Verdict::BadToken,
+            Verdict::Stale,
         ] {
-            let r = Reply { verdict: v, version: 3 };
+            let r = Reply { verdict: v, version: 3, resume_port: 4242 };
             assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
             assert!(!v.explain().is_empty());
         }
-        let mut b = Reply { verdict: Verdict::Accepted, version: 3 }.encode();
+        let mut b = Reply { verdict: Verdict::Accepted, version: 3, resume_port: 0 }.encode();
         b[8] = 99;
         assert_eq!(Reply::decode(&b), Err(ProtoError::ReplyVerdict { code: 99, version: 3 }));
         let http = *b"HTTP/1.0 200 OK\r";

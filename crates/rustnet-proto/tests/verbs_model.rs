@@ -182,6 +182,16 @@ fn stop_of(f: Fail<Stop>, rx_side: bool, seed: u64) -> Stop {
     }
 }
 
+/// A link fault being recovered from.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    /// The restart points, once both ends drained (taken together: each
+    /// end's State goes out before either resumes).
+    points: Option<(rustnet_proto::recover::TxPoint, rustnet_proto::recover::RxPoint)>,
+    /// The receiver resumes first.
+    rx_first: bool,
+}
+
 /// Which end an open profiler event belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
@@ -200,6 +210,8 @@ struct Wire {
     r_ring: bool,
     s_ring: bool,
     ring_requests: u64,
+    /// A link fault happened (a late ring may be asked for again after it).
+    recovered: bool,
     // memory
     sfifo: Vec<u8>,
     rstage: Vec<u8>,
@@ -241,6 +253,12 @@ struct Wire {
     events: u64,
     /// Bytes the receiver counted per QP, summed.
     r_counted: u64,
+    /// The sender's / receiver's QPs are stopped (a link fault): nothing
+    /// it posts goes out, as on a QP in the error state, until its machine
+    /// resumed; NCCL's calls on it are answered as the executor does while
+    /// it recovers (nothing taken, only a request already done completes).
+    s_halted: bool,
+    r_halted: bool,
 }
 
 impl Wire {
@@ -315,7 +333,10 @@ impl SendNic for SNic<'_> {
     fn sizes_stage(&mut self) -> &mut [u8] {
         &mut self.0.ssizes
     }
-    fn post_lane(&mut self, l: &Lane<'_>) -> Result<bool, Stop> {
+    fn post_lane(&mut self, l: &Lane<'_>) -> Result<(), Stop> {
+        if self.0.s_halted {
+            return Ok(());
+        }
         let g = l.g;
         let sizes_off = fifo::sizes_offset(g.seq);
         for p in l.plan {
@@ -329,7 +350,7 @@ impl SendNic for SNic<'_> {
             let w = Write { src, dst, len, imm: p.imm, signaled: p.imm.is_some(), tag: Tag::Data(g.seq) };
             self.0.s2r[l.qp].push_back(w);
         }
-        Ok(false)
+        Ok(())
     }
     fn eager_stage(&mut self) -> Option<&mut [u8]> {
         if self.0.eager_max > 0 && (!self.0.late || self.0.s_ring) {
@@ -338,12 +359,18 @@ impl SendNic for SNic<'_> {
             None
         }
     }
-    fn post_eager(&mut self, w: &tx::EagerWr, src: u64, len: usize) -> Result<(), Stop> {
+    fn post_eager(&mut self, w: &tx::EagerWr, copy: Option<(u64, usize)>) -> Result<(), Stop> {
         let seed = self.0.seed;
-        assert_eq!(self.0.cur_send, Some((src, len)), "seed {seed}: an eager write copies what the isend in progress did not pass");
-        let po = tx::Sender::payload_off(w);
-        let (sh, se) = (&self.0.sheap, &mut self.0.seager);
-        se[po..po + len].copy_from_slice(&sh[src as usize..src as usize + len]);
+        if let Some((src, len)) = copy {
+            assert_eq!(self.0.cur_send, Some((src, len)), "seed {seed}: an eager write copies what the isend in progress did not pass");
+            let po = tx::Sender::payload_off(w);
+            let (sh, se) = (&self.0.sheap, &mut self.0.seager);
+            se[po..po + len].copy_from_slice(&sh[src as usize..src as usize + len]);
+        }
+        self.0.eager_posted = self.0.eager_posted.max(w.idx + 1);
+        if self.0.s_halted {
+            return Ok(());
+        }
         let tag = Tag::Eager(w.count);
         self.0.s2r[0].push_back(Write {
             src: Some((Region::SEager, w.off)),
@@ -353,10 +380,12 @@ impl SendNic for SNic<'_> {
             signaled: w.signaled,
             tag,
         });
-        self.0.eager_posted = w.idx + 1;
         Ok(())
     }
     fn post_mailbox(&mut self, m: &tx::MailboxWr) -> Result<(), Stop> {
+        if self.0.s_halted {
+            return Ok(());
+        }
         self.0.mailboxes += 1;
         let w =
             Write { src: Some((Region::SEager, 0)), dst: (Region::RRing, 0), len: 8, imm: None, signaled: true, tag: Tag::Eager(m.count) };
@@ -364,14 +393,24 @@ impl SendNic for SNic<'_> {
         Ok(())
     }
     fn post_fence(&mut self, count: u64) -> Result<(), Stop> {
+        if self.0.s_halted {
+            return Ok(());
+        }
         let w = Write { src: None, dst: (Region::RRing, 0), len: 0, imm: None, signaled: true, tag: Tag::Eager(count) };
         self.0.s2r[0].push_back(w);
         Ok(())
     }
     fn post_ring_request(&mut self, r: &tx::RingRequestWr) -> Result<(), Stop> {
         let seed = self.0.seed;
-        assert!(self.0.late && self.0.ring_requests == 0, "seed {seed}: a ring request without a late ring, or twice");
+        // (asked again only after a recovery, whose new QPs may have lost the first)
+        assert!(
+            self.0.late && (self.0.ring_requests == 0 || self.0.recovered),
+            "seed {seed}: a ring request without a late ring, or twice"
+        );
         self.0.ring_requests += 1;
+        if self.0.s_halted {
+            return Ok(());
+        }
         let w = Write {
             src: Some((Region::SSizes, RING_REQ_OFF)),
             dst: (Region::RSizes, RING_REQ_OFF),
@@ -477,6 +516,9 @@ impl RecvNic for RNic<'_> {
     }
     fn post_ctl(&mut self, chain: &rx::CtlChain) -> Result<(), Stop> {
         assert!(chain.n > 0 && chain.n <= rx::CHAIN);
+        if self.0.r_halted {
+            return Ok(());
+        }
         for w in chain.wrs() {
             self.0.r2s[chain.qp].push_back(Write {
                 src: Some((Region::RStage, w.off)),
@@ -540,6 +582,20 @@ struct World {
     steps: u64,
     peeks: u64,
     flushed: u64,
+    /// Link faults still to inject (clean runs over immediates only): both
+    /// ends' QPs fail at a random moment, whatever was on the wire is lost,
+    /// and the machines resume from each other's restart points.
+    link_faults: u32,
+    /// A second fault follows this many steps after a resume (a fault
+    /// during recovery, before the resent writes landed).
+    refault: Option<u64>,
+    /// A recovery in progress: both ends stopped (draining, then the
+    /// restart points taken), then one end resumed, then the other.
+    rec: Option<Rec>,
+    recoveries: u64,
+    replayed_lanes: u64,
+    replayed_eager: u64,
+    confirmed: u64,
 }
 
 fn pattern(send: usize, i: usize) -> u8 {
@@ -557,8 +613,10 @@ impl World {
         let notices = fault.is_none() && rng.chance(4);
         let eager_max = if notices { 0 } else { eager_max };
         let late = eager_max > 0 && rng.chance(2);
+
         // the control writes' send-queue budget: the shipping one, or twice it
         let sq_depth = [64, 128][rng.below(2) as usize];
+
         let small = eager_max > 0 && rng.chance(4);
         let tags: &[i32] = if rng.chance(3) { &[5] } else { &[5, 6, 7] };
         let nrecv = 60 + rng.below(60) as usize;
@@ -630,6 +688,7 @@ impl World {
             r_ring: false,
             s_ring: false,
             ring_requests: 0,
+            recovered: false,
             sfifo: vec![0; FIFO_BYTES + eager::CREDIT_BYTES],
             rstage: vec![0; FIFO_BYTES + eager::CREDIT_BYTES],
             rring: vec![0; ring_len],
@@ -658,6 +717,8 @@ impl World {
             open_events: Vec::new(),
             events: 0,
             r_counted: 0,
+            s_halted: false,
+            r_halted: false,
         };
         let mut w = World {
             seed,
@@ -680,7 +741,17 @@ impl World {
             steps: 0,
             peeks: 0,
             flushed: 0,
+            link_faults: 0,
+            refault: None,
+            rec: None,
+            recoveries: 0,
+            replayed_lanes: 0,
+            replayed_eager: 0,
+            confirmed: 0,
         };
+        if fault.is_none() && w.wire.notices.is_none() && w.rng.chance(2) {
+            w.link_faults = 1 + w.rng.below(4) as u32;
+        }
         // the QPs are connected (as ready.rs's `connected`), then READY arrived (its `progress_ready`)
         w.tx.connected(tx::Config { nqps, split, eager: eager_max, mailbox_after: Duration::from_millis(1), late_ring: late });
         assert_eq!(w.rx.eager_limit(), eager_max);
@@ -866,6 +937,9 @@ impl World {
 
     /// isend of send `k`: `Ok(true)` when taken.
     fn s_isend(&mut self, k: usize) -> Result<bool, Stop> {
+        if self.wire.s_halted {
+            return Ok(false); // recovering: nothing taken
+        }
         let Send { tag, size, src, .. } = self.sends[k];
         let seed = self.seed;
         if self.rng.chance(3) {
@@ -892,6 +966,9 @@ impl World {
     fn s_test(&mut self, k: usize) -> Result<(), Stop> {
         let id = self.sends[k].id.unwrap();
         let seed = self.seed;
+        if self.wire.s_halted && !self.tx.is_done(id).unwrap() {
+            return Ok(()); // recovering: only a send already done completes
+        }
         let Some(size) = self.tx.test(&mut SNic(&mut self.wire), id).map_err(|f| stop_of(f, false, seed))? else { return Ok(()) };
         assert_eq!(size, self.sends[k].size, "seed {seed}: send {k} reported the wrong size");
         self.sends[k].done = true;
@@ -911,6 +988,9 @@ impl World {
     /// irecv of receive `r`: `Ok(true)` when taken.
     fn r_irecv(&mut self, r: usize) -> Result<bool, Stop> {
         self.r_failed()?;
+        if self.wire.r_halted {
+            return Ok(false);
+        }
         let ids = &self.recvs[r].bufs;
         let n = ids.len();
         let mut elems = [Cts::default(); MAX_RECVS];
@@ -944,9 +1024,16 @@ impl World {
         self.r_failed()?;
         let id = self.recvs[r].id.unwrap();
         let seed = self.seed;
+        if self.wire.r_halted && !self.rx.is_done(id).unwrap() {
+            return Ok(());
+        }
+        // a test of a receive already complete returns at once: no poll to count
+        let polls = !self.rx.is_done(id).unwrap();
         let f = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))?;
         self.ctl_flushed("test");
-        self.mailbox_answered();
+        if polls {
+            self.mailbox_answered();
+        }
         let Some(f) = f else { return Ok(()) };
         let ids = self.recvs[r].bufs.clone();
         assert_eq!(f.n, ids.len());
@@ -986,6 +1073,9 @@ impl World {
         self.r_failed()?;
         let seed = self.seed;
         let id = self.flushes[i];
+        if self.wire.r_halted && !self.rx.is_done(id).unwrap() {
+            return Ok(());
+        }
         if let Some(f) = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))? {
             assert_eq!(f.n, 0, "seed {seed}: a flush reports no sizes");
             self.flushes.swap_remove(i);
@@ -996,6 +1086,9 @@ impl World {
 
     fn r_poll(&mut self) -> Result<(), Stop> {
         self.r_failed()?;
+        if self.wire.r_halted {
+            return Ok(()); // (the recovery reads the CQ itself)
+        }
         self.rx.poll(&mut RNic(&mut self.wire));
         self.ctl_flushed("poll");
         self.mailbox_answered();
@@ -1053,6 +1146,68 @@ impl World {
         Ok(())
     }
 
+    /// Both ends' QPs fail now: every write and acknowledgement on the
+    /// wire is lost (a write may have landed in part), flush reads in
+    /// flight too. What the CQs hold stays, for the drain.
+    fn link_fault(&mut self) {
+        let w = &mut self.wire;
+        for q in w.s2r.iter_mut().chain(w.r2s.iter_mut()) {
+            q.clear();
+        }
+        w.s_acks.clear();
+        w.r_acks.clear();
+        w.flush_q.clear();
+        w.s_halted = true;
+        w.r_halted = true;
+        w.recovered = true;
+        w.mailbox_landed = None;
+        self.rec = Some(Rec { points: None, rx_first: self.rng.chance(2) });
+        self.link_faults -= 1;
+    }
+
+    /// One step of the recovery in progress: both ends drain their CQs
+    /// (the executor reads up to the flush of its queues) and take their
+    /// restart points; then one end resumes from the other's point, some
+    /// steps later the other. Between, NCCL's calls go on as the executor
+    /// answers them, and the end that resumed already writes.
+    fn recovery_step(&mut self) -> Result<(), Stop> {
+        let seed = self.seed;
+        let Some(mut rec) = self.rec else { return Ok(()) };
+        let Some((txp, rxp)) = rec.points else {
+            while !(self.wire.scq.is_empty() && self.wire.rcq.is_empty()) {
+                self.tx.poll(&mut SNic(&mut self.wire));
+                self.rx.poll(&mut RNic(&mut self.wire));
+                self.r_failed()?;
+                self.wire.s_failed.clone().map_or(Ok(()), Err)?;
+            }
+            rec.points = Some((self.tx.restart_point(), self.rx.restart_point()));
+            self.rec = Some(rec);
+            return Ok(());
+        };
+        let rx_turn = self.wire.r_halted && (rec.rx_first || !self.wire.s_halted);
+        if rx_turn {
+            self.wire.r_halted = false;
+            let post = |n: &mut RNic<'_>, id: ReqId| {
+                n.0.flush_q.push_back(id);
+                Ok(())
+            };
+            self.rx.resume(&mut RNic(&mut self.wire), &txp, post).map_err(|f| stop_of(f, true, seed))?;
+            self.ctl_flushed("resume");
+        } else {
+            self.wire.s_halted = false;
+            let r = self.tx.resume(&mut SNic(&mut self.wire), &rxp).map_err(|f| stop_of(f, false, seed))?;
+            self.replayed_lanes += r.lanes;
+            self.replayed_eager += r.eager;
+            self.confirmed += r.confirmed;
+        }
+        if !self.wire.s_halted && !self.wire.r_halted {
+            self.rec = None;
+            self.recoveries += 1;
+            self.refault = (self.link_faults > 0 && self.rng.chance(3)).then(|| self.steps + 1 + self.rng.below(20));
+        }
+        Ok(())
+    }
+
     fn check_stop(&self, stop: Stop) {
         let seed = self.seed;
         let f = self.fault.unwrap_or_else(|| panic!("seed {seed}: no fault injected, yet the run stopped: {stop:?}"));
@@ -1081,7 +1236,9 @@ impl World {
         loop {
             let all_recv = self.recvs.iter().all(|r| r.done);
             let all_sent = self.sends.iter().all(|s| s.done);
-            if all_recv && all_sent && self.flushes.is_empty() {
+            // (and no recovery half done: a link fault after the last
+            // completion still resumes before the close counts the writes)
+            if all_recv && all_sent && self.flushes.is_empty() && self.rec.is_none() {
                 break;
             }
             steps += 1;
@@ -1099,6 +1256,18 @@ impl World {
                 self.wire.r2s.iter().map(VecDeque::len).collect::<Vec<_>>(),
             );
             self.wire.now += Duration::from_micros(self.rng.below(40));
+            let due = self.refault.map_or(self.rng.chance(4000), |at| steps >= at);
+            // a fault while both ends are stopped is one of the stop's echoes
+            let stopped = self.rec.is_some_and(|r| r.points.is_none());
+            if self.link_faults > 0 && due && !stopped {
+                self.refault = None;
+                self.link_fault();
+            }
+            if self.rec.is_some() && self.rng.chance(20) {
+                if let Err(stop) = self.recovery_step() {
+                    panic!("seed {seed}: recovery from a link fault failed: {stop:?}");
+                }
+            }
             if let Err(stop) = self.inject() {
                 self.check_stop(stop);
                 return;
@@ -1205,6 +1374,16 @@ impl World {
                     Ok(())
                 }
             };
+            // what the receiver believes it told the sender (its credit
+            // counter), the sender has once nothing is on the way to it
+            if r.is_ok() && self.eager_max > 0 && self.rec.is_none() && self.wire.r2s.iter().all(VecDeque::is_empty) {
+                let told = self.tx.read_credits(&self.wire.sfifo[..]);
+                assert!(
+                    told >= self.rx.credits_reported(),
+                    "seed {seed}: the receiver reported {} credits, the sender's word says {told} and nothing is on the wire",
+                    self.rx.credits_reported()
+                );
+            }
             if let Err(stop) = r {
                 if too_large_sent {
                     assert!(matches!(stop, Stop::Rx(ProtoError::SenderTooLarge)), "seed {seed}: after a too-large send: {stop:?}");
@@ -1255,7 +1434,7 @@ fn fault_of(seed: u64) -> Option<Fault> {
 fn model_shipping_machines_under_random_interleavings() {
     let mut faults = [0usize; FAULTS.len()];
     let mut kinds = [0usize; 4];
-    let mut totals = [0u64; 10];
+    let mut totals = [0u64; 14];
     for seed in seeds() {
         let fault = fault_of(seed);
         let r = std::panic::catch_unwind(|| {
@@ -1278,6 +1457,10 @@ fn model_shipping_machines_under_random_interleavings() {
                 w.peeks,
                 w.flushed,
                 w.wire.events,
+                w.recoveries,
+                w.replayed_lanes,
+                w.replayed_eager,
+                w.confirmed,
                 w.wire.r_ring as u64,
             ];
             (w.injected, kind, sums)
@@ -1299,19 +1482,22 @@ fn model_shipping_machines_under_random_interleavings() {
         }
     }
     eprintln!(
-        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}, late rings made {}; runs eager off/eager on/iWARP notices/late ring {kinds:?}; faults injected {faults:?}",
-        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8], totals[9]
+        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}, late rings made {}; runs eager off/eager on/iWARP notices/late ring {kinds:?}; faults injected {faults:?}; link faults recovered {}, lanes resent {}, eager messages resent {}, lanes confirmed by the receiver only {}",
+        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8], totals[13], totals[9], totals[10], totals[11], totals[12]
     );
     if std::env::var("VERBS_MODEL_SEED").is_err() {
         // the runs covered both eager modes, the notices and every fault
         assert!(kinds.iter().all(|&n| n > 100), "eager off/on/notice/late-ring runs: {kinds:?}");
         // most late-ring runs send small messages ahead of their CTS: the ring gets made
-        assert!(totals[9] as usize > kinds[3] / 2, "late rings made: {} of {} runs", totals[9], kinds[3]);
+        assert!(totals[13] as usize > kinds[3] / 2, "late rings made: {} of {} runs", totals[13], kinds[3]);
         assert!(faults.iter().all(|&n| n > 5), "faults injected per kind: {faults:?}");
         assert!(totals[6] > 1000 && totals[7] > 1000, "look-aheads and flushes exercised: {totals:?}");
         // the eager path carries small messages (a mutation that never
         // takes it is legal for bytes, not for latency)
         assert!(totals[3] > 5000, "eager messages: {}", totals[3]);
+        // recovery ran often, and had lanes and eager messages to resend,
+        // and lanes only the receiver knew had landed
+        assert!(totals[9] > 300 && totals[10] > 100 && totals[11] > 20 && totals[12] > 20, "recoveries exercised: {totals:?}");
     }
 }
 
@@ -1334,7 +1520,7 @@ fn machine_calls(src: &str) -> std::collections::BTreeSet<String> {
 #[test]
 fn the_transport_calls_only_what_the_model_drives() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let files = ["src/transport/ib/p2p.rs", "src/transport/ib/ready.rs"];
+    let files = ["src/transport/ib/p2p.rs", "src/transport/ib/ready.rs", "src/transport/ib/reconnect.rs"];
     let mut shipped = std::collections::BTreeSet::new();
     for f in files {
         let Ok(s) = std::fs::read_to_string(root.join(f)) else {

@@ -13,8 +13,15 @@
 //!                S from LOSS_APPLY to the first failing call (exit 1 if
 //!                nothing failed within LOSS_DEADLINE_S, or bytes were wrong)
 //!
-//! Knobs: LOSS_BYTES per direction (32 MiB), LOSS_MSG (1 MiB), LOSS_WINDOW
-//! (4 in flight per connection), LOSS_DEADLINE_S (120). The plugin's own
+//! LOSS_BEFORE, a shell command run before the connections are set up
+//! (a link flap during connect), is LOSS_APPLY's twin.
+//!
+//! Knobs: LOSS_BYTES per direction (32 MiB), LOSS_SECONDS (instead of a
+//! byte count: send until this many seconds have passed, then finish what
+//! is in flight), LOSS_MSG (1 MiB), LOSS_WINDOW
+//! (4 in flight per connection), LOSS_DEADLINE_S (120), LOSS_TIMELINE (a
+//! file: one line `<unix time> <pair> <message>` per message received, for
+//! the flap scenarios' "traffic again after link-up"). The plugin's own
 //! knobs come from the environment (RUSTNET_TRANSPORT=ib, NCCL_IB_HCA,
 //! NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT, RUSTNET_STATS_DIR, ...).
 #[path = "../../../tests/common/mod.rs"]
@@ -56,6 +63,17 @@ struct Pair {
     next_recv: u64,
     sent: u64,
     got: u64,
+}
+
+/// Where each received message is logged with its wall-clock time.
+static TIMELINE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+fn log_arrival(pair: usize, idx: u64) {
+    use std::io::Write;
+    if let Some(f) = TIMELINE.lock().unwrap().as_mut() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let _ = writeln!(f, "{:.6} {pair} {idx}", t.as_secs_f64());
+    }
 }
 
 enum Fail {
@@ -110,6 +128,7 @@ impl Pair {
                 }
                 p.dereg_mr(self.r, f.mh).map_err(|e| call("deregMr", e))?;
                 self.got += msg as u64;
+                log_arrival(idx, f.idx);
             }
         }
         Ok(())
@@ -119,15 +138,23 @@ impl Pair {
 fn main() {
     let fail_mode = std::env::var("LOSS_MODE").as_deref() == Ok("fail");
     let msg = env_u64("LOSS_MSG", 1 << 20) as usize;
-    let n = env_u64("LOSS_BYTES", 32 << 20).div_ceil(msg as u64);
+    let by_time = std::env::var("LOSS_SECONDS").ok().and_then(|v| v.parse::<f64>().ok());
+    let mut n = if by_time.is_some() { u64::MAX } else { env_u64("LOSS_BYTES", 32 << 20).div_ceil(msg as u64) };
     let window = env_u64("LOSS_WINDOW", 4) as usize;
     let deadline = Duration::from_secs(env_u64("LOSS_DEADLINE_S", 120));
+    if let Ok(path) = std::env::var("LOSS_TIMELINE") {
+        *TIMELINE.lock().unwrap() = Some(std::fs::File::create(&path).unwrap_or_else(|e| panic!("LOSS_TIMELINE {path}: {e}")));
+    }
     let p = Plugin::open(&default_plugin_path(), 8).unwrap_or_else(|e| panic!("{e}"));
     p.init().unwrap_or_else(|e| panic!("init: {e}"));
     let ndev = p.devices().unwrap();
     assert!(ndev >= 2, "need two devices (NCCL_IB_HCA=rxe0,rxe1), have {ndev}");
     let names: Vec<String> = (0..2).map(|d| p.properties(d).unwrap().name).collect();
     println!("LOSS devices {} {}", names[0], names[1]);
+    if let Ok(cmd) = std::env::var("LOSS_BEFORE") {
+        let st = std::process::Command::new("sh").arg("-c").arg(&cmd).status().expect("run LOSS_BEFORE");
+        assert!(st.success(), "LOSS_BEFORE failed: {cmd}");
+    }
     // pair 0: dev 0 sends to dev 1; pair 1: dev 1 sends to dev 0
     let mut pairs = Vec::new();
     let mut listens = Vec::new();
@@ -154,7 +181,11 @@ fn main() {
     }
     let t0 = Instant::now();
     let mut failure: Option<(f64, String, String, i32)> = None;
-    'run: while pairs.iter().any(|x| x.got < n * msg as u64 || x.sent < n * msg as u64) {
+    'run: while pairs.iter().any(|x| x.got < n.saturating_mul(msg as u64) || x.sent < n.saturating_mul(msg as u64)) {
+        if by_time.is_some_and(|s| n == u64::MAX && t0.elapsed().as_secs_f64() >= s) {
+            // time is up: every pair finishes the messages either end started
+            n = pairs.iter().map(|x| x.next_send.max(x.next_recv)).max().unwrap_or(0);
+        }
         for (i, x) in pairs.iter_mut().enumerate() {
             match x.step(&p, i, n, msg, window) {
                 Ok(()) => {}

@@ -23,6 +23,10 @@ pub struct Dev {
     pub msgs: u64,
     /// Calls that returned an error, both directions.
     pub errors: u64,
+    /// Recoveries from a fabric fault (a reset or cut connection), both directions.
+    pub recoveries: u64,
+    /// Bytes those recoveries sent again, both directions.
+    pub replayed: u64,
 }
 
 /// One process (one file).
@@ -46,6 +50,8 @@ pub struct Proc {
     pub open: u64,
     /// Per device.
     pub devs: Vec<Dev>,
+    /// The longest "last recovery" of its open comms, seconds (0: none).
+    pub last_recovery_s: f64,
 }
 
 impl Proc {
@@ -56,6 +62,10 @@ impl Proc {
     /// Errors, all devices.
     pub fn errors(&self) -> u64 {
         self.devs.iter().map(|d| d.errors).sum()
+    }
+    /// Recoveries, all devices.
+    pub fn recoveries(&self) -> u64 {
+        self.devs.iter().map(|d| d.recoveries).sum()
     }
     /// Seconds the counters cover.
     pub fn seconds(&self) -> f64 {
@@ -90,7 +100,13 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
     let written = e.first("rustnet_write_time_seconds").or(mtime).ok_or("no rustnet_write_time_seconds and no file time")?;
     let start = e.first("rustnet_start_time_seconds").unwrap_or(written);
     let mut devs: BTreeMap<(String, String), Dev> = BTreeMap::new();
-    for (metric, what) in [("rustnet_device_bytes_total", 0), ("rustnet_device_messages_total", 1), ("rustnet_device_errors_total", 2)] {
+    for (metric, what) in [
+        ("rustnet_device_bytes_total", 0),
+        ("rustnet_device_messages_total", 1),
+        ("rustnet_device_errors_total", 2),
+        ("rustnet_device_recoveries_total", 3),
+        ("rustnet_device_replayed_bytes_total", 4),
+    ] {
         for s in e.get(metric) {
             if !s.value.is_finite() || s.value < 0.0 {
                 return Err(format!("{metric} is {} (a counter cannot be)", s.value));
@@ -103,7 +119,9 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
                 (0, Some("send")) => row.sent += v,
                 (0, _) => row.recv += v,
                 (1, _) => row.msgs += v,
-                _ => row.errors += v,
+                (2, _) => row.errors += v,
+                (3, _) => row.recoveries += v,
+                _ => row.replayed += v,
             }
         }
     }
@@ -117,6 +135,7 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
         written,
         open: e.sum("rustnet_device_comms_open", &[]) as u64,
         devs: devs.into_values().collect(),
+        last_recovery_s: e.get("rustnet_comm_last_recovery_seconds").map(|s| s.value).filter(|v| v.is_finite()).fold(0.0, f64::max),
     })
 }
 
@@ -215,15 +234,15 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
         );
         let _ = writeln!(
             o,
-            "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>8} {:>9} {:>7}  state",
-            "rank", "host", "pid", "trans", "sent", "received", "msgs", "errors", "seconds", "MB/s", "age s"
+            "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>6} {:>8} {:>9} {:>7}  state",
+            "rank", "host", "pid", "trans", "sent", "received", "msgs", "errors", "recov", "seconds", "MB/s", "age s"
         );
         for p in &procs {
             let (sent, recv, msgs): (u64, u64, u64) = p.devs.iter().fold((0, 0, 0), |(s, r, m), d| (s + d.sent, r + d.recv, m + d.msgs));
             let state = if p.open > 0 { format!("{} comm(s) open", p.open) } else { "all comms closed (final write)".into() };
             let _ = writeln!(
                 o,
-                "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>8.1} {:>9} {:>7.0}  {state}{}",
+                "{:>5} {:<16} {:>8} {:<6} {:>11} {:>11} {:>9} {:>6} {:>6} {:>8.1} {:>9} {:>7.0}  {state}{}",
                 p.rank.as_deref().unwrap_or("?"),
                 p.host,
                 p.pid,
@@ -232,6 +251,7 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                 human_bytes(recv),
                 msgs,
                 p.errors(),
+                p.recoveries(),
                 p.seconds(),
                 rate_str(p.rate()),
                 newest - p.written,
@@ -248,6 +268,7 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                 e.1.recv += d.recv;
                 e.1.msgs += d.msgs;
                 e.1.errors += d.errors;
+                e.1.recoveries += d.recoveries;
                 if p.seconds() > 0.0 {
                     e.2 += (d.sent + d.recv) as f64 / p.seconds();
                 }
@@ -256,21 +277,50 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
         let _ = writeln!(o, "\nper device (MB/s: the sum over its processes)");
         let _ = writeln!(
             o,
-            "{:<16} {:<12} {:<6} {:>5} {:>11} {:>11} {:>9} {:>6} {:>9}",
-            "host", "device", "trans", "procs", "sent", "received", "msgs", "errors", "MB/s"
+            "{:<16} {:<12} {:<6} {:>5} {:>11} {:>11} {:>9} {:>6} {:>6} {:>9}",
+            "host", "device", "trans", "procs", "sent", "received", "msgs", "errors", "recov", "MB/s"
         );
         let mut rows: Vec<_> = devs.into_iter().collect();
         rows.sort_by(|a, b| a.1 .2.total_cmp(&b.1 .2));
         for ((host, dev, tr), (n, d, rate)) in rows {
             let _ = writeln!(
                 o,
-                "{host:<16} {dev:<12} {tr:<6} {n:>5} {:>11} {:>11} {:>9} {:>6} {:>9.1}",
+                "{host:<16} {dev:<12} {tr:<6} {n:>5} {:>11} {:>11} {:>9} {:>6} {:>6} {:>9.1}",
                 human_bytes(d.sent),
                 human_bytes(d.recv),
                 d.msgs,
                 d.errors,
+                d.recoveries,
                 rate / 1e6
             );
+        }
+        // recoveries: the job went on, but a link or NIC is failing
+        let recovered: Vec<&&Proc> = procs.iter().filter(|p| p.recoveries() > 0).collect();
+        if !recovered.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nrecoveries (a reset or cut connection the comms rode out; bytes sent again; the longest last recovery of an open comm)"
+            );
+            let _ = writeln!(
+                o,
+                "{:>5} {:<16} {:>8} {:<12} {:>10} {:>11} {:>10}",
+                "rank", "host", "pid", "device", "recoveries", "replayed", "last s"
+            );
+            for p in recovered {
+                for d in p.devs.iter().filter(|d| d.recoveries > 0) {
+                    let _ = writeln!(
+                        o,
+                        "{:>5} {:<16} {:>8} {:<12} {:>10} {:>11} {:>10}",
+                        p.rank.as_deref().unwrap_or("?"),
+                        p.host,
+                        p.pid,
+                        d.device,
+                        d.recoveries,
+                        human_bytes(d.replayed),
+                        if p.last_recovery_s > 0.0 { format!("{:.2}", p.last_recovery_s) } else { "-".into() }
+                    );
+                }
+            }
         }
         let norank = procs.iter().filter(|p| p.rank.is_none()).count();
         if norank > 0 {

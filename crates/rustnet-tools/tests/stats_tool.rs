@@ -74,3 +74,31 @@ fn an_empty_or_missing_directory_says_what_to_do() {
     assert!(out.contains("no usable statistics file") && out.contains("x.prom"), "{out}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn recoveries_are_listed_per_rank_and_device() {
+    let d = tmpdir("recover");
+    let file = |pid: u32, rank: u32, recoveries: u64, replayed: u64, last: f64| {
+        format!(
+            "rustnet_info{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\",transport=\"socket\",version=\"0\"}} 1\n\
+             rustnet_start_time_seconds{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\"}} 100\n\
+             rustnet_write_time_seconds{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\"}} 110\n\
+             rustnet_device_bytes_total{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\",device=\"eth0\",transport=\"socket\",dir=\"send\"}} 1000\n\
+             rustnet_device_recoveries_total{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\",device=\"eth0\",transport=\"socket\",dir=\"send\"}} {recoveries}\n\
+             rustnet_device_replayed_bytes_total{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\",device=\"eth0\",transport=\"socket\",dir=\"send\"}} {replayed}\n\
+             rustnet_device_comms_open{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\",device=\"eth0\",transport=\"socket\",dir=\"send\"}} 1\n\
+             rustnet_comm_last_recovery_seconds{{host=\"n1\",pid=\"{pid}\",rank=\"{rank}\",comm=\"0\",dir=\"send\",peer=\"10.0.0.2:1\",device=\"eth0\",transport=\"socket\"}} {last}\n\
+             # EOF\n"
+        )
+    };
+    std::fs::write(d.join("n1-11.prom"), file(11, 0, 3, 2_097_152, 1.25)).unwrap();
+    std::fs::write(d.join("n1-12.prom"), file(12, 1, 0, 0, 0.0)).unwrap();
+    let (out, err, code) = run(&d);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("recoveries")).collect();
+    assert!(lines.len() >= 3, "no recoveries section:\n{out}");
+    let row: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(row, ["0", "n1", "11", "eth0", "3", "2.0", "MiB", "1.25"], "{out}");
+    assert_eq!(lines.iter().filter(|l| l.contains(" eth0 ")).count(), 1, "a rank without recoveries is not listed:\n{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}

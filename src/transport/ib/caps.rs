@@ -117,6 +117,30 @@ impl Limits {
     }
 }
 
+/// What a connection's queues are sized from, kept with it so that QPs
+/// and a CQ made again (recovery) are the same as the first.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// The end.
+    pub role: Role,
+    /// The connection's knobs.
+    pub shape: Shape,
+    /// The device's limits.
+    pub lim: Limits,
+}
+
+impl Plan {
+    /// QP `i`'s capabilities ([`qp_caps`]).
+    pub fn qp(&self, i: usize) -> QpCaps {
+        qp_caps(self.role, i, &self.shape, self.lim)
+    }
+
+    /// The CQ's entries ([`cq_entries`]).
+    pub fn cqe(&self) -> u32 {
+        cq_entries(self.role, &self.shape, self.lim)
+    }
+}
+
 /// FIFO slots whose lanes can be in flight on one QP at once: every slot
 /// uses every QP when messages are split, else slots rotate over the QPs.
 fn lanes_per_qp(cc: &Shape) -> usize {

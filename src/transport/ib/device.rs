@@ -27,6 +27,8 @@ pub struct Health {
     pub fatal: AtomicU32,
     /// PORT_ERR events per port number (index 0 unused).
     pub port_err: [AtomicU32; 8],
+    /// PORT_ACTIVE events per port number.
+    pub port_up: [AtomicU32; 8],
 }
 
 impl Health {
@@ -48,6 +50,12 @@ impl Health {
     /// PORT_ERR events seen on `port` so far.
     pub fn port_errors(&self, port: u8) -> u32 {
         self.port_err[port as usize & 7].load(Ordering::Relaxed)
+    }
+
+    /// PORT_ERR and PORT_ACTIVE events seen on `port` so far.
+    pub fn port_events(&self, port: u8) -> (u32, u32) {
+        let p = port as usize & 7;
+        (self.port_err[p].load(Ordering::Relaxed), self.port_up[p].load(Ordering::Relaxed))
     }
 }
 
@@ -202,14 +210,20 @@ fn watch_async_events(ctx: Context, health: Weak<Health>, mut numa: Option<i32>)
                     let n = h.port_err[port as usize & 7].fetch_add(1, Ordering::Relaxed) + 1;
                     tracing::warn!(
                         "{}:{port}: async event {} (link down, #{n}): comms on this port keep their QPs and the HCA retransmits \
-                         for up to NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT+1) per message; a comm fails only if a work request then fails \
-                         or its peer is gone",
+                         for up to NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT+1) per message; a comm whose work request fails meanwhile \
+                         waits for the link and recovers in place (RUSTNET_RECOVERY_TIMEOUT), and fails only when that window is \
+                         spent or its peer is gone",
                         ctx.name(),
                         ev.name
                     );
                 }
                 Port(port) if ev.kind == super::ffi::IBV_EVENT_PORT_ACTIVE => {
-                    tracing::warn!("{}:{port}: async event {}: the link is up again", ctx.name(), ev.name)
+                    h.port_up[port as usize & 7].fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "{}:{port}: async event {}: the link is up again; comms that had requests outstanding recover now",
+                        ctx.name(),
+                        ev.name
+                    )
                 }
                 Port(port) => tracing::info!("{}:{port}: async event {}", ctx.name(), ev.name),
                 Qp(qpn) => tracing::warn!("{}: async event {} on QP {qpn:#x}", ctx.name(), ev.name),

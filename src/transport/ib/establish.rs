@@ -23,7 +23,19 @@ use crate::transport::sock::Socket;
 
 enum ConnStage {
     Tcp(Connector),
-    Meta { sock: Socket, peer: SocketAddr, setup: Box<Setup>, tx: Box<[u8; META_LEN]>, sent: usize },
+    /// Connected, but our port is not ACTIVE (a flap during connect): wait for it.
+    WaitPort {
+        sock: Socket,
+        peer: SocketAddr,
+        since: std::time::Instant,
+    },
+    Meta {
+        sock: Socket,
+        peer: SocketAddr,
+        setup: Box<Setup>,
+        tx: Box<[u8; META_LEN]>,
+        sent: usize,
+    },
     Gone,
 }
 
@@ -62,6 +74,13 @@ impl IbConnecting {
                     let ConnStage::Tcp(c) = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
                     let (mut socks, peer) = c.into_streams();
                     let sock = socks.pop().ok_or_else(|| Error::Internal("connector returned no socket".into()))?;
+                    self.st = ConnStage::WaitPort { sock, peer, since: std::time::Instant::now() };
+                }
+                ConnStage::WaitPort { since, .. } => {
+                    if !port_ready(&self.dev, &self.cc, *since)? {
+                        return Ok(false);
+                    }
+                    let ConnStage::WaitPort { sock, peer, .. } = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
                     let setup = Box::new(Setup::new(&self.dev, &self.cc, true)?);
                     let tx = Box::new(setup.meta(self.tc, self.sl, self.cc.split).encode());
                     self.st = ConnStage::Meta { sock, peer, setup, tx, sent: 0 };
@@ -81,11 +100,50 @@ impl IbConnecting {
     }
 }
 
+/// Is `dev`'s port ACTIVE, so a connection can be set up on it now? A
+/// port that is down (a link flap during connect) is waited for, with one
+/// WARN, up to RUSTNET_CONNECT_TIMEOUT from `since`; then the error names it.
+fn port_ready(dev: &IbDev, cc: &ConnCfg, since: std::time::Instant) -> Result<bool> {
+    let pa = dev.port_attr()?;
+    if pa.state == super::ffi::IBV_PORT_ACTIVE {
+        return Ok(true);
+    }
+    let state = super::device::port_state_name(pa.state);
+    let t = cc.stream.connect_timeout_s.max(1) as u64;
+    if since.elapsed() >= std::time::Duration::from_secs(t) {
+        return Err(Error::Usage(format!(
+            "{} has been {state} for RUSTNET_CONNECT_TIMEOUT={t} s while connecting (it was ACTIVE at init): check the cable, the switch port and `rustnet doctor`",
+            dev.describe()
+        )));
+    }
+    if since.elapsed() < std::time::Duration::from_millis(1) {
+        tracing::warn!("{} is {state} while connecting: waiting up to RUSTNET_CONNECT_TIMEOUT={t} s for it", dev.describe());
+    }
+    Ok(false)
+}
+
 // ---------------------------------------------------------------- listen / accept
 
 enum Accepting {
-    ReadMeta { sock: Socket, peer: SocketAddr, rx: Box<[u8; META_LEN]>, got: usize },
-    SendMeta { comm: Box<RecvComm>, peer: SocketAddr, tx: Box<[u8; META_LEN]>, sent: usize },
+    ReadMeta {
+        sock: Socket,
+        peer: SocketAddr,
+        rx: Box<[u8; META_LEN]>,
+        got: usize,
+    },
+    /// The sender's metadata is here, but our port is not ACTIVE: wait for it.
+    WaitPort {
+        sock: Socket,
+        peer: SocketAddr,
+        remote: Box<Meta>,
+        since: std::time::Instant,
+    },
+    SendMeta {
+        comm: Box<RecvComm>,
+        peer: SocketAddr,
+        tx: Box<[u8; META_LEN]>,
+        sent: usize,
+    },
 }
 
 /// A verbs listening endpoint.
@@ -137,10 +195,21 @@ impl IbListen {
                         }
                     };
                     let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };
-                    let comm = self.build_recv(sock, peer, &remote)?;
-                    let tx = Box::new(comm.local_meta().encode());
-                    self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
+                    self.pending.push(Accepting::WaitPort { sock, peer, remote: Box::new(remote), since: std::time::Instant::now() });
                 }
+                Accepting::WaitPort { since, .. } => match port_ready(&self.dev, &self.cc, *since) {
+                    Ok(false) => i += 1,
+                    Ok(true) => {
+                        let Accepting::WaitPort { sock, peer, remote, .. } = self.pending.swap_remove(i) else { unreachable!() };
+                        let comm = self.build_recv(sock, peer, &remote)?;
+                        let tx = Box::new(comm.local_meta().encode());
+                        self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
+                    }
+                    Err(e) => {
+                        self.pending.swap_remove(i);
+                        return Err(e);
+                    }
+                },
                 Accepting::SendMeta { comm, peer, tx, sent } => match write_some(comm.oob(), &tx[..], sent, peer, "connection metadata") {
                     Ok(false) => i += 1,
                     Ok(true) => {

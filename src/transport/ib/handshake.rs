@@ -30,7 +30,7 @@ use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
 use crate::proto::fifo::FIFO_BYTES;
-use crate::proto::ib_meta::{Meta, FEAT_LATE_RING, LINK_IWARP};
+use crate::proto::ib_meta::{Meta, FLAG_LATE_RING, LINK_IWARP};
 use crate::transport::oob::OobCfg;
 use crate::transport::sock::Socket;
 pub(super) use crate::transport::sock::{read_some, write_some};
@@ -76,6 +76,21 @@ pub struct ConnCfg {
     /// iWARP: QPs connect through rdma_cm and each lane ends with a notice
     /// SEND instead of a write with immediate ([`super::notice_path`]).
     pub notices: bool,
+    /// RUSTNET_RECOVERY_TIMEOUT: seconds a comm may recover after a fabric
+    /// fault (0: it fails at the first).
+    pub recovery_s: u32,
+}
+
+impl ConnCfg {
+    /// [`Meta::flags`] this end announces: recovery where it can do it
+    /// (not on iWARP, whose QPs rdma_cm connects).
+    pub fn meta_flags(&self) -> u8 {
+        if self.recovery_s > 0 && !self.notices {
+            crate::proto::ib_meta::FLAG_RECOVERY
+        } else {
+            0
+        }
+    }
 }
 
 impl ConnCfg {
@@ -100,6 +115,7 @@ impl ConnCfg {
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: OobCfg::from_config(cfg),
             notices: false,
+            recovery_s: cfg.recovery_timeout.get() as u32,
         }
     }
 }
@@ -264,6 +280,10 @@ pub(super) struct Setup {
     pub eager: u32,
     /// ... and whether its ring may come late (RUSTNET_IB_EAGER_LAZY).
     pub late_ok: bool,
+    /// What its queues were sized from (a recovery makes new QPs and a new CQ alike).
+    pub plan: caps::Plan,
+    /// [`Meta::flags`] this end announces (the late ring's bit aside: `meta` adds it).
+    pub flags: u8,
 }
 
 impl Setup {
@@ -271,12 +291,11 @@ impl Setup {
         let local = local_addr(dev, cc)?;
         let nqps = cc.nqps;
         let role = if sender { Role::Send } else { Role::Recv };
-        let lim = Limits::new(dev.max_qp_wr, dev.max_cqe);
-        let shape = cc.shape(sender);
-        let cq = Cq::new(&dev.ctx, caps::cq_entries(role, &shape, lim) as i32)?;
+        let plan = caps::Plan { role, shape: cc.shape(sender), lim: Limits::new(dev.max_qp_wr, dev.max_cqe) };
+        let cq = Cq::new(&dev.ctx, plan.cqe() as i32)?;
         let mut qps = Vec::with_capacity(nqps);
         for i in 0..nqps {
-            qps.push(Qp::create(&dev.pd, &cq, caps::qp_caps(role, i, &shape, lim), dev.port, cc.pkey, Access::REMOTE_WRITE)?);
+            qps.push(Qp::create(&dev.pd, &cq, plan.qp(i), dev.port, cc.pkey, Access::REMOTE_WRITE)?);
         }
         // small regions from the device's shared blocks (slab.rs): the one
         // the peer writes with a registration of its own, the staging without
@@ -290,7 +309,7 @@ impl Setup {
             let stage = ctl.region(FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
             (ctl.region(eager::SIZES_AREA_BYTES, Access::REMOTE_WRITE)?, stage)
         };
-        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, late_ok: cc.eager_lazy })
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, late_ok: cc.eager_lazy, plan, flags: cc.meta_flags() })
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
@@ -313,7 +332,7 @@ impl Setup {
             eager: self.eager,
             ring: (0, 0),
             // a sender takes a ring announced later (a receiver's answer is RecvComm::local_meta)
-            features: if self.eager > 0 && self.late_ok { FEAT_LATE_RING } else { 0 },
+            flags: self.flags | if self.eager > 0 && self.late_ok { FLAG_LATE_RING } else { 0 },
         }
     }
 }

@@ -66,7 +66,15 @@ pub(super) struct Link {
     pub(super) peer_qpns: Vec<u32>,
     pub(super) peer_dev: String,
     pub(super) peer_gid: [u8; 16],
+    /// Our GID (as the peer was told).
+    pub(super) local_gid: [u8; 16],
     pub(super) failed: Option<Error>,
+    /// Recovery after a fabric fault ([`super::recover`]); `None`: this comm
+    /// fails on the first fault (the knob is 0, iWARP, or the peer's build
+    /// does not recover).
+    pub(super) rec: Option<Box<super::recover::RecLink>>,
+    /// The receiver's flush QP (its completions are the comm's too).
+    pub(super) flush_qpn: Option<u32>,
     pub(super) health: (u32, u32),
     pub(super) idle: u32,
     pub(super) last_check: std::time::Instant,
@@ -130,7 +138,10 @@ impl Link {
             peer_qpns: Vec::new(),
             peer_dev: String::new(),
             peer_gid: [0; 16],
+            local_gid: [0; 16],
             failed: None,
+            rec: None,
+            flush_qpn: None,
             idle: 0,
             last_check: std::time::Instant::now(),
             max_inline: 0,
@@ -290,6 +301,13 @@ impl Link {
             return;
         }
         self.last_check = now;
+        if self.rec.is_some() {
+            // the socket carries recovery messages (a peer that stopped its
+            // QPs says so here), and a flap of our port is noticed here
+            self.check_flap(pending);
+            let _ = self.pump();
+            return;
+        }
         let mut b = [0u8; 16];
         match self.oob.read(&mut b) {
             Ok(Io::Again) => {}
@@ -358,8 +376,15 @@ impl Link {
             Err(e) => return Err(self.fail_with(e)),
         };
         let mut n = 0;
+        if let Some(r) = &mut self.rec {
+            r.quiet = wcs.is_empty();
+        }
         for wc in wcs {
             let qp = self.qp_index(wc.qp_num);
+            if qp.is_none() && self.rec.is_some() && Some(wc.qp_num) != self.flush_qpn {
+                // a QP a recovery replaced: its late news was settled by the restart points
+                continue;
+            }
             let Some(wr) = WrId::decode(wc.wr_id) else {
                 let e = Error::Internal(format!("completion with a wr_id not ours ({:#x}) on QP {:#x}", wc.wr_id, wc.qp_num));
                 self.fail(e);
@@ -367,8 +392,19 @@ impl Link {
             };
             let mut c = Cqe { wr, qp, ok: wc.status == ffi::IBV_WC_SUCCESS, word: None };
             if !c.ok {
-                let e = self.wc_error(wc, what(wr));
-                self.fail(e);
+                if self.halted() {
+                    // the stop's flushes: a receive queue's says every word before it was read
+                    if let (WrId::Recv(_), Some(i), Some(r)) = (wr, qp, &mut self.rec) {
+                        r.rq_flushed |= 1u128 << i.min(127);
+                    }
+                } else {
+                    let e = self.wc_error(wc, what(wr));
+                    if super::recover::recoverable(wc.status) {
+                        self.fault(e.to_string(), e);
+                    } else {
+                        self.fail(e);
+                    }
+                }
             } else if let WrId::Recv(_) = wr {
                 match on_recv(self, wc, qp) {
                     Ok(w) => c.word = Some(w),

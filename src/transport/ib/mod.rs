@@ -11,6 +11,9 @@
 //!   ([`crate::proto::tx`], [`crate::proto::rx`], through [`crate::proto::nic`]); [`link`]: what
 //!   both ends share (QPs, CQ, failure, liveness, profiler events); [`ready`]: the handshake's
 //!   last steps, run from the data path;
+//! - [`recover`] / [`reconnect`]: a comm recovering in place after a fabric fault (new QPs, the
+//!   restart points exchanged on the out-of-band socket, the resend decided by the machines,
+//!   [`crate::proto::recover`]);
 //! - [`reg`]: the registration cache; [`slab`]: the comms' small control regions from shared blocks per device;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
@@ -35,6 +38,8 @@ pub mod p2p;
 pub mod port;
 pub mod rdmacm;
 pub mod ready;
+pub mod reconnect;
+pub mod recover;
 pub mod reg;
 pub mod slab;
 pub mod topo;

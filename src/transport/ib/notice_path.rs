@@ -559,7 +559,7 @@ mod tests {
                 name: "siw1".into(),
                 eager: 0,
                 ring: (0, 0),
-                features: 0,
+                flags: 0,
             };
             m.gid = match a.ip() {
                 IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),

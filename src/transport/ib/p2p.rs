@@ -69,6 +69,8 @@ pub(super) struct SendIo {
     pub(super) cur: Option<RawBuf>,
     /// iWARP: lanes end with notice SENDs (after `link`: dropped after the QPs).
     pub(super) notices: Option<NoticeTx>,
+    /// What the QPs and the CQ were sized from (a recovery makes new ones alike).
+    pub(super) plan: super::caps::Plan,
 }
 
 /// The sender's half of the eager path (its bookkeeping is in the machine, [`tx::Sender`]).
@@ -108,7 +110,7 @@ impl SendComm {
     /// answered.
     pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
         self.io.link.check()?;
-        if !self.up()? {
+        if !self.up()? || self.recovering()? {
             return Ok(None);
         }
         self.tx.peek(&mut self.io, tag).map_err(|f| self.io.link.fail_by(f, "send"))
@@ -135,7 +137,7 @@ impl SendComm {
     pub unsafe fn isend_p(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>, parent: Option<Parent>) -> Result<Option<ReqId>> {
         self.io.link.check()?;
         let lkey = check_buf("isend", buf, mr, &self.io.link.dev, Access::LOCAL_READ)?;
-        if !self.up()? {
+        if !self.up()? || self.recovering()? {
             return Ok(None);
         }
         self.io.link.parents[0] = parent;
@@ -149,6 +151,9 @@ impl SendComm {
 
     /// `Ok(Some(size))` once the send is done.
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
+        if self.recovering()? && !self.tx.is_done(id).map_err(|s| self.io.link.fail_by(Fail::Stale(s), "send"))? {
+            return Ok(None);
+        }
         match self.tx.test(&mut self.io, id) {
             Ok(done) => Ok(done.map(Completion::one)),
             Err(f) => Err(self.io.link.fail_by(f, "send")),
@@ -173,6 +178,10 @@ impl SendComm {
     /// bounded by the retry timeout, a failure, or the peer going away.
     fn drain_on_close(&mut self) {
         if self.io.hs.is_some() {
+            return;
+        }
+        if self.io.link.halted() {
+            tracing::warn!("{}: closing a send comm to {} while it recovers", self.io.link.dev.name, self.io.link.peer_name());
             return;
         }
         self.io.link.eager_stats = self.tx.eager_stats();
@@ -232,13 +241,15 @@ impl SendNic for SendIo {
         &mut self.stage
     }
 
-    fn post_lane(&mut self, l: &Lane<'_>) -> Result<bool> {
+    fn post_lane(&mut self, l: &Lane<'_>) -> Result<()> {
+        if self.link.halted() {
+            return Ok(()); // (the resume posts what the receiver lacks)
+        }
         let g = l.g;
         let mut wrs = [NO_WR; MAX_LANE_WRS];
         let sizes_off = fifo::sizes_offset(g.seq);
         let sizes_len = 4 * g.n;
         let inline = self.link.max_inline as usize;
-        let mut all_inline = true;
         let mut lane_bytes = 0u64;
         for (w, p) in wrs.iter_mut().zip(l.plan) {
             let (local, remote) = match p.kind {
@@ -253,7 +264,6 @@ impl SendNic for SendIo {
                 WrKind::Empty => ((0, 0, 0), (g.elems[0].addr, g.elems[0].rkey)),
             };
             let inl = local.1 as usize <= inline && local.1 > 0;
-            all_inline &= inl || !matches!(p.kind, WrKind::Data { .. });
             *w = SendWr { wr_id: WrId::Data(g.seq).encode(), local, remote, imm: p.imm, signaled: p.imm.is_some(), inline: inl };
         }
         // iWARP: the same data writes, then a notice SEND instead of the immediate
@@ -277,7 +287,10 @@ impl SendNic for SendIo {
                 qp.post_writes(&wrs[..k])?
             }
         };
-        Ok(all_inline)
+        if crate::fault::qp_error_due(crate::fault::QpSide::Send) {
+            let _ = qp.set_error();
+        }
+        Ok(())
     }
 
     #[inline]
@@ -285,17 +298,22 @@ impl SendNic for SendIo {
         self.eager.as_mut().map(|e| &mut e.stage)
     }
 
-    fn post_eager(&mut self, w: &EagerWr, src: u64, len: usize) -> Result<()> {
+    fn post_eager(&mut self, w: &EagerWr, copy: Option<(u64, usize)>) -> Result<()> {
         let Some(e) = &self.eager else { return Err(Error::Internal("eager write without the eager path".into())) };
-        let Some(buf) = self.cur.filter(|b| b.ptr as u64 == src && b.len == len) else {
-            return Err(Error::Internal(format!("eager write of {len} bytes at {src:#x}, not the isend's buffer")));
-        };
-        if len > 0 {
-            // SAFETY: `cur` is the buffer of the isend in progress (checked
-            // above to be what the machine copies), readable for that call
-            // (isend's contract); it is host memory (the eager path is off on
-            // GPUDirect devices). The staging slot lies in our registered region.
-            e.stage.write(tx::Sender::payload_off(w), unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, len) });
+        if let Some((src, len)) = copy {
+            let Some(buf) = self.cur.filter(|b| b.ptr as u64 == src && b.len == len) else {
+                return Err(Error::Internal(format!("eager write of {len} bytes at {src:#x}, not the isend's buffer")));
+            };
+            if len > 0 {
+                // SAFETY: `cur` is the buffer of the isend in progress (checked
+                // above to be what the machine copies), readable for that call
+                // (isend's contract); it is host memory (the eager path is off on
+                // GPUDirect devices). The staging slot lies in our registered region.
+                e.stage.write(tx::Sender::payload_off(w), unsafe { std::slice::from_raw_parts(buf.ptr as *const u8, len) });
+            }
+        }
+        if self.link.halted() {
+            return Ok(()); // staged: the resume writes it from there
         }
         let wr = self.eager_wr(e, w.count, (e.stage.addr() as u64 + w.off as u64, w.len as u32, e.stage.lkey()), w.off as u64, w.signaled);
         // SAFETY: the source is this slot of our staging, which lives in this
@@ -306,7 +324,7 @@ impl SendNic for SendIo {
     }
 
     fn post_mailbox(&mut self, m: &MailboxWr) -> Result<()> {
-        let Some(e) = &self.eager else { return Ok(()) };
+        let Some(e) = self.eager.as_ref().filter(|_| !self.link.halted()) else { return Ok(()) };
         let wr = self.eager_wr(e, m.count, (e.stage.addr() as u64, 8, e.stage.lkey()), 0, true);
         // SAFETY: the source is the first word of our staging (lives after
         // the QPs); rewriting it while this write is in flight only lets the
@@ -317,6 +335,9 @@ impl SendNic for SendIo {
     }
 
     fn post_fence(&mut self, count: u64) -> Result<()> {
+        if self.link.halted() {
+            return Ok(());
+        }
         let wr = match &self.eager {
             Some(e) => self.eager_wr(e, count, (0, 0, 0), 0, true),
             // a late ring not known yet: the probe goes to the sizes area (no bytes)
@@ -334,6 +355,9 @@ impl SendNic for SendIo {
     }
 
     fn post_ring_request(&mut self, r: &RingRequestWr) -> Result<()> {
+        if self.link.halted() {
+            return Ok(()); // the resume asks again
+        }
         let wr = SendWr {
             wr_id: WrId::Eager(r.count).encode(),
             local: (self.stage.addr() as u64 + RING_REQ_OFF as u64, 8, self.stage.lkey()),
@@ -404,6 +428,8 @@ pub(super) struct RecvIo {
     pub(super) late_ring: bool,
     /// iWARP: rdma_cm and notices (after `link`: dropped after the QPs).
     pub(super) notices: Option<Box<RecvSide>>,
+    /// What each flush request reads (address, rkey), by request slot.
+    pub(super) flush_at: Box<[(u64, u32); RECV_POOL]>,
 }
 
 impl Drop for RecvComm {
@@ -425,7 +451,7 @@ impl RecvComm {
     /// before posting on any.) An error when this comm has failed.
     pub fn can_take_recv(&mut self) -> Result<bool> {
         self.io.link.check()?;
-        Ok(self.rx.would_take(&mut self.io))
+        Ok(!self.recovering()? && self.rx.would_take(&mut self.io))
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
@@ -462,6 +488,9 @@ impl RecvComm {
                 return Err(self.io.link.fail_with(e));
             }
         }
+        if self.recovering()? {
+            return Ok(None);
+        }
         let np = parents.len().min(MAX_RECVS);
         self.io.link.parents[..np].copy_from_slice(&parents[..np]);
         self.io.link.nparents = np;
@@ -477,6 +506,9 @@ impl RecvComm {
             if let Err(e) = self.progress_ready() {
                 self.io.link.fail(e);
             }
+        }
+        if self.recovering()? && !self.rx.is_done(id).map_err(|s| self.io.link.fail_by(Fail::Stale(s), "receive"))? {
+            return Ok(None);
         }
         match self.rx.test(&mut self.io, id) {
             Ok(f) => Ok(f.map(|f| Completion { n: f.n, sizes: f.sizes })),
@@ -504,11 +536,9 @@ impl RecvComm {
             ))
         })?;
         let post = |io: &mut RecvIo, id: ReqId| {
-            let Some(f) = &io.flush else { return Ok(()) };
-            // SAFETY: the scratch word is registered with local write and
-            // lives in this comm after the flush QP (field order); the source
-            // is NCCL's receive buffer under the rkey of its live registration.
-            unsafe { f.qp.post_read(WrId::Flush(id).encode(), (f.scratch.addr() as u64, 1, f.scratch.lkey()), (b.ptr as u64, rkey)) }
+            // kept until the flush completes: a recovery posts it again
+            io.flush_at[id.slot as usize] = (b.ptr as u64, rkey);
+            io.post_flush(id)
         };
         // never Ok(None) here: to NCCL that would mean "nothing to flush"
         match self.rx.iflush(&mut self.io, post) {
@@ -522,6 +552,17 @@ impl RecvComm {
 via_link!(RecvIo);
 
 impl RecvIo {
+    /// Post the flush read of request `id` (its target in `flush_at`).
+    pub(super) fn post_flush(&mut self, id: ReqId) -> Result<()> {
+        let Some(f) = self.flush.as_ref().filter(|_| !self.link.halted()) else { return Ok(()) };
+        let (addr, rkey) = self.flush_at[id.slot as usize];
+        // SAFETY: the scratch word is registered with local write and lives
+        // in this comm after the flush QP (field order); the source is one
+        // byte of NCCL's receive buffer under the rkey of its registration,
+        // which NCCL keeps until this flush request completes.
+        unsafe { f.qp.post_read(WrId::Flush(id).encode(), (f.scratch.addr() as u64, 1, f.scratch.lkey()), (addr, rkey)) }
+    }
+
     fn reap(&mut self, out: &mut [Cqe; POLL_BATCH]) -> Result<usize> {
         let what = |w: WrId| match w {
             WrId::Ctl { .. } => "CTS write".to_string(),
@@ -583,6 +624,9 @@ impl RecvNic for RecvIo {
     }
 
     fn post_ctl(&mut self, chain: &rx::CtlChain) -> Result<()> {
+        if self.link.halted() {
+            return Ok(()); // (the resume writes every CTS from the sender's head again)
+        }
         let mut wrs = [NO_WR; rx::CHAIN];
         let qp = chain.qp;
         for (w, c) in wrs.iter_mut().zip(chain.wrs()) {
@@ -602,6 +646,9 @@ impl RecvNic for RecvIo {
         // which only shows the sender a larger, equally true count.
         unsafe { self.link.qps[qp].post_writes(&wrs[..chain.n])? };
         self.link.ctl_posts += 1;
+        if crate::fault::qp_error_due(crate::fault::QpSide::Recv) {
+            let _ = self.link.qps[qp].set_error();
+        }
         Ok(())
     }
 

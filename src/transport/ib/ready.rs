@@ -14,10 +14,11 @@ use super::handshake::{self, ConnCfg, LocalAddr, Setup};
 use super::link::{Link, SendHs};
 use super::notice_path::{CmConnect, NoticeTx, RecvSide};
 use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, SEND_SLOTS};
+use super::recover::RecLink;
 use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
-use crate::proto::ib_meta::{Meta, FEAT_LATE_RING, META_LEN, READY};
+use crate::proto::ib_meta::{Meta, FLAG_LATE_RING, FLAG_RECOVERY, META_LEN, READY};
 use crate::proto::nic::WrId;
 use crate::proto::{eager, rx, tx};
 use crate::transport::sock::Socket;
@@ -82,7 +83,7 @@ impl SendComm {
         let mut limit = 0;
         // the receiver's ring: given now (a build before late rings, or
         // RUSTNET_IB_EAGER_LAZY=0 there), or announced on our first request
-        let late = remote.ring.0 == 0 && remote.features & FEAT_LATE_RING != 0 && io.link.cc.eager_lazy;
+        let late = remote.ring.0 == 0 && remote.flags & FLAG_LATE_RING != 0 && io.link.cc.eager_lazy;
         if remote.eager > 0 && remote.eager <= io.eager_offer && remote.ring.0 != 0 {
             limit = remote.eager as usize;
             io.eager = Some(EagerSend {
@@ -105,6 +106,12 @@ impl SendComm {
             late_ring: late,
         };
         self.tx.connected(cfg);
+        if io.link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
+            let seen = io.link.dev.health.port_events(io.link.dev.port);
+            io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.plan, io.tc, io.sl, seen)));
+            // (best effort: recovery messages go soon after a link's return either way)
+            let _ = io.link.oob.set_thin_linear_timeouts();
+        }
         io.hs = Some(SendHs::WriteReady { sent: 0 });
         Ok(())
     }
@@ -152,8 +159,9 @@ pub(super) fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
 
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, .. } = setup;
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, plan, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.local_gid = local.gid;
         link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
         let io = SendIo {
             link,
@@ -168,6 +176,7 @@ impl SendComm {
             eager: None,
             cur: None,
             notices: None,
+            plan,
         };
         SendComm { io, tx: tx::Sender::new() }
     }
@@ -185,8 +194,14 @@ impl RecvComm {
         remote: &Meta,
         notices: Option<Box<RecvSide>>,
     ) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, eager: offer, late_ok, .. } = setup;
+        let Setup { dev, cq, local, region, stage, eager: offer, late_ok, plan, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
+        link.local_gid = local.gid;
+        if link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
+            let tc = handshake::receiver_tc(&link.cc, dev.link_layer, remote.tc);
+            link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, plan, tc, remote.sl, dev.health.port_events(dev.port))));
+            let _ = link.oob.set_thin_linear_timeouts();
+        }
         // control writes all go on QP 0 (the only one that asks for inline room)
         link.max_inline = qps.first().map_or(0, |q| q.max_inline());
         let nq = qps.len();
@@ -201,9 +216,10 @@ impl RecvComm {
         link.ev = EventSlots::new(RECV_POOL, MAX_RECVS * nq);
         link.set_peer(remote);
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
+        link.flush_qpn = flush.as_ref().map(|f| f.qp.qpn());
         let limit = offer.min(remote.eager) as usize;
         // a sender that takes a late ring gets none now: it asks when it first needs it
-        let late_ring = limit > 0 && late_ok && remote.features & FEAT_LATE_RING != 0;
+        let late_ring = limit > 0 && late_ok && remote.flags & FLAG_LATE_RING != 0;
         let eager = if limit > 0 && !late_ring {
             Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
         } else {
@@ -221,6 +237,7 @@ impl RecvComm {
             eager,
             late_ring,
             notices,
+            flush_at: Box::new([(0, 0); RECV_POOL]),
         };
         Ok(RecvComm { io, rx })
     }
@@ -246,7 +263,7 @@ impl RecvComm {
             name: io.link.dev.dev_name.clone(),
             eager: self.rx.eager_limit() as u32,
             ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
-            features: if io.late_ring { FEAT_LATE_RING } else { 0 },
+            flags: io.link.cc.meta_flags() | if io.late_ring { FLAG_LATE_RING } else { 0 },
         };
         if let Some(n) = &io.notices {
             n.fill_meta(&mut m);
@@ -260,7 +277,7 @@ impl RecvComm {
 }
 
 impl Flush {
-    fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
+    pub(super) fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
         let caps = caps::qp_caps(Role::Flush, 0, &cc.shape(false), Limits::new(dev.max_qp_wr, dev.max_cqe));
         let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
         let me = verbs::RtrParams {

@@ -123,6 +123,9 @@ impl Gone {
 enum Cmd {
     Attach(usize, Arc<dyn Job>),
     Run(usize),
+    /// The comm has new sockets (a TCP recovery): watch them too (the old
+    /// ones left the epoll set when they were closed).
+    Rewatch(usize),
     Detach(usize, Arc<Gone>),
     Quit,
 }
@@ -214,6 +217,9 @@ fn watch(w: &Worker, id: usize, job: &dyn Job, op: libc::c_int) {
     let ev = job.events();
     for &fd in &fds[..n] {
         if let Err(e) = epoll_ctl(&w.ep, op, fd, ev, id as u64) {
+            if op == libc::EPOLL_CTL_ADD && e.0 == libc::EEXIST {
+                continue; // still watched (a rewatch after a recovery)
+            }
             // the comm then moves only from its caller's thread (test)
             tracing::warn!("TCP helper: epoll_ctl on socket {fd}: {e}; that stream moves only when NCCL tests its requests");
         }
@@ -268,6 +274,13 @@ fn worker_loop(w: Arc<Worker>) {
                     queue(&mut slab, &mut runnable, id);
                 }
                 Cmd::Run(id) => queue(&mut slab, &mut runnable, id),
+                Cmd::Rewatch(id) => {
+                    if let Some(Some(e)) = slab.get(id) {
+                        let job = e.job.clone();
+                        watch(&w, id, &*job, libc::EPOLL_CTL_ADD);
+                    }
+                    queue(&mut slab, &mut runnable, id);
+                }
                 Cmd::Detach(id, gone) => {
                     if let Some(e) = slab.get_mut(id).and_then(Option::take) {
                         watch(&w, id, &*e.job, libc::EPOLL_CTL_DEL);
@@ -378,6 +391,11 @@ impl<T: Drive> Helper<T> {
     /// Tell the pool there is new work for this comm.
     pub fn posted(&self) {
         self.w.send(Cmd::Run(self.id));
+    }
+
+    /// The comm's sockets changed (a recovery): the pool watches the new ones.
+    pub fn rewatch(&self) {
+        self.w.send(Cmd::Rewatch(self.id));
     }
 }
 

@@ -3,6 +3,7 @@ pub mod connect;
 pub mod device;
 pub mod helper;
 pub mod p2p;
+pub mod resume;
 
 use std::path::Path;
 
@@ -103,6 +104,10 @@ pub struct StreamCfg {
     pub connect_timeout_s: i64,
     /// Accepted connections without a valid hello a listener keeps (`RUSTNET_LISTEN_MAX_STRANGERS`).
     pub max_strangers: usize,
+    /// Recovery window, seconds (`RUSTNET_RECOVERY_TIMEOUT`; 0: off).
+    pub recovery_s: i64,
+    /// Testing: `RUSTNET_FAULT_TCP_RESET`.
+    pub fault_reset: Option<resume::ResetPlan>,
 }
 
 impl StreamCfg {
@@ -116,10 +121,10 @@ impl StreamCfg {
         }
     }
 
-    /// From the knob table.
-    pub fn from_config(cfg: &Config) -> StreamCfg {
+    /// From the knob table (an invalid RUSTNET_FAULT_TCP_RESET is an error).
+    pub fn from_config(cfg: &Config) -> Result<StreamCfg> {
         let threads = cfg.socket_nthreads.get().max(1) as usize;
-        StreamCfg {
+        Ok(StreamCfg {
             nstreams: (threads * cfg.nsocks_per_thread.get() as usize).clamp(1, MAX_STREAMS),
             min_chunk: cfg.socket_min_chunk.0.max(1) as usize,
             timeout_s: cfg.socket_timeout.get(),
@@ -128,7 +133,17 @@ impl StreamCfg {
             helper_threads: helper_threads(cfg),
             connect_timeout_s: cfg.connect_timeout.get(),
             max_strangers: cfg.listen_max_strangers.get() as usize,
+            recovery_s: cfg.recovery_timeout.get(),
+            fault_reset: resume::ResetPlan::parse(&cfg.fault_tcp_reset)?,
+        })
+    }
+
+    /// Hold this process's resume port at `addr`'s address (recovery on).
+    pub fn resume_port(&self, addr: std::net::SocketAddr) -> Result<Option<resume::PortRef>> {
+        if self.recovery_s <= 0 {
+            return Ok(None);
         }
+        resume::PortRef::acquire(addr, self.max_strangers, std::time::Duration::from_secs(self.timeout_s.max(1) as u64)).map(Some)
     }
 }
 
@@ -152,7 +167,7 @@ impl TcpNet {
         let ifs = netif::discover(cfg)?;
         let props = ifs.iter().enumerate().map(|(i, f)| device::properties(f, i, Path::new("/sys"))).collect();
         let helper_why = helper_choice(cfg).1;
-        let cfg = StreamCfg::from_config(cfg);
+        let cfg = StreamCfg::from_config(cfg)?;
         Ok(TcpNet { ifs, props, cfg, helper_why })
     }
 
@@ -196,17 +211,29 @@ impl TcpNet {
         Ok((l.with_tos(tos_of(tc))?, h))
     }
 
-    /// Start connecting to the listener in `h`; the data sockets carry the
-    /// traffic class `tc` when set.
-    pub fn connect(&self, h: &Handle, tc: Option<i32>) -> Result<TcpConnecting> {
+    /// Start connecting from device `dev` to the listener in `h`; the data
+    /// sockets carry the traffic class `tc` when set. With recovery on, this
+    /// process's resume port on `dev`'s address stays open while the comm
+    /// lives (a waiting receiver probes it).
+    pub fn connect(&self, dev: usize, h: &Handle, tc: Option<i32>) -> Result<TcpConnecting> {
         if h.kind != HandleKind::Tcp {
             return Err(Error::Usage(format!(
                 "the peer listens with the {:?} transport but this process uses TCP: set the same RUSTNET_TRANSPORT on every rank",
                 h.kind
             )));
         }
-        TcpConnecting::start(h, self.cfg, tos_of(tc))
+        let local = self.ifs.get(dev).or(self.ifs.first()).map(|f| f.addr);
+        TcpConnecting::start(h, self.cfg, tos_of(tc), local)
     }
+}
+
+/// Unload: the resume ports and their registry.
+///
+/// # Safety
+/// No TCP comm is alive.
+pub(crate) unsafe fn release() {
+    // SAFETY: our caller's promise.
+    unsafe { resume::release() }
 }
 
 #[cfg(test)]

@@ -81,8 +81,10 @@ mod data_tests {
             helper_threads: 2,
             connect_timeout_s: 60,
             max_strangers: 256,
+            recovery_s: 0,
+            fault_reset: None,
         };
-        (SendComm::new(tx, addr, cfg), RecvComm::new(rx, addr, cfg))
+        (SendComm::new(tx, addr, cfg, None), RecvComm::new(rx, addr, cfg, None))
     }
 
     /// Sends `sizes` in order with up to 8 in flight each way, testing only
@@ -93,7 +95,13 @@ mod data_tests {
     }
 
     fn replay_with(n: usize, bufsize: u64, helper: bool, sizes: &[usize]) {
-        let (mut s, mut r) = comms(n, bufsize, helper);
+        let (s, r) = comms(n, bufsize, helper);
+        exchange(s, r, sizes);
+    }
+
+    /// Send `sizes` from `s` to `r` (8 in flight each way, NCCL's order of
+    /// tests) and check every byte and size; the comms are returned.
+    pub(super) fn exchange(mut s: SendComm, mut r: RecvComm, sizes: &[usize]) -> (SendComm, RecvComm) {
         let src: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &z)| (0..z).map(|i| (i * 31 + k * 7) as u8).collect()).collect();
         let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&z| vec![0xEE; z + 8]).collect();
         let (mut ps, mut ds, mut pr, mut dr) = (0, 0, 0, 0);
@@ -133,12 +141,13 @@ mod data_tests {
             }
             assert!(t0.elapsed() < Duration::from_secs(60), "stuck: sent {ds}, received {dr} of {}", sizes.len());
         }
+        (s, r)
     }
 
     /// Large and small messages mixed: headers read alone after a large
     /// message, a payload's end and the next header in one read, small
     /// messages batched through the staging buffer, empty messages.
-    const MIX: &[usize] = &[
+    pub(super) const MIX: &[usize] = &[
         0,
         1,
         16,
@@ -255,5 +264,188 @@ mod data_tests {
             assert!(t0.elapsed() < Duration::from_secs(10), "halt did not stop the helper threads");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+#[cfg(test)]
+mod recovery_tests {
+    use super::super::*;
+    use super::data_tests::{exchange, MIX};
+    use crate::proto::resume::ACK_DELAY;
+    use crate::transport::tcp::connect::{TcpConnecting, TcpListen};
+    use crate::transport::tcp::resume::ResetPlan;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn cfg(n: usize, helper: bool, recovery_s: i64, fault: Option<ResetPlan>) -> StreamCfg {
+        StreamCfg {
+            nstreams: n,
+            min_chunk: 4096,
+            timeout_s: 10,
+            bufsize: 0,
+            helper,
+            helper_threads: 2,
+            connect_timeout_s: 60,
+            max_strangers: 256,
+            recovery_s,
+            fault_reset: fault,
+        }
+    }
+
+    /// A pair made the real way (listener, hellos with tokens, resume ports)
+    /// on loopback; each side with its own settings (as two processes).
+    fn pair(scfg: StreamCfg, rcfg: StreamCfg) -> (SendComm, RecvComm) {
+        let lo = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let (mut l, h) = TcpListen::new(lo, rcfg).unwrap();
+        let mut c = TcpConnecting::start(&h, scfg, None, Some(lo)).unwrap();
+        let t0 = Instant::now();
+        let (mut got, mut done) = (None, false);
+        while got.is_none() || !done {
+            if !done {
+                done = c.progress().unwrap();
+            }
+            if got.is_none() {
+                got = l.accept().unwrap();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no connection");
+        }
+        // NCCL closes the listen comm right after accept: the receive comm
+        // must still take its sender's reconnection
+        drop(l);
+        (c.into_send_comm(), got.unwrap())
+    }
+
+    fn resets(s: &SendComm, r: &RecvComm) -> (u64, u64, u64) {
+        let (a, b) = (s.recovery_stats(), r.recovery_stats());
+        (a.recoveries.get(), b.recoveries.get(), a.replayed_bytes.get())
+    }
+
+    #[test]
+    fn recovery_needs_both_ends() {
+        let (s, r) = pair(cfg(1, false, 120, None), cfg(1, false, 120, None));
+        assert!(s.recovers() && r.recovers());
+        let (s, r) = pair(cfg(1, false, 0, None), cfg(1, false, 120, None));
+        assert!(!s.recovers() && !r.recovers(), "a sender without recovery sends no token");
+        exchange(s, r, MIX);
+        let (s, r) = pair(cfg(1, false, 120, None), cfg(1, false, 0, None));
+        assert!(!s.recovers() && !r.recovers(), "a receiver without recovery names no resume port");
+        exchange(s, r, MIX);
+    }
+
+    #[test]
+    fn acknowledged_sends_move_every_byte_exactly() {
+        for (n, helper) in [(1, false), (3, false), (2, true)] {
+            let (s, r) = pair(cfg(n, helper, 120, None), cfg(n, helper, 120, None));
+            let (s, r) = exchange(s, r, MIX);
+            let sizes: Vec<usize> = (0..100).map(|i| if i % 25 == 24 { 10 } else { 512 << 10 }).collect();
+            let (s, r) = exchange(s, r, &sizes);
+            assert_eq!(resets(&s, &r), (0, 0, 0), "a recovery without a fault");
+        }
+    }
+
+    #[test]
+    fn a_sender_waits_for_the_acknowledgement_not_for_the_write() {
+        let (mut s, mut r) = pair(cfg(1, false, 120, None), cfg(1, false, 120, None));
+        let src = vec![7u8; 1000];
+        let mut dst = vec![0u8; 1000];
+        // SAFETY: src outlives the send (tested to completion below).
+        let sq = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: 1000 }, 1) }.unwrap().unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(100) {
+            assert!(s.test(sq).unwrap().is_none(), "a send completed before the receiver took it");
+        }
+        // SAFETY: dst outlives the receive (tested to completion below).
+        let rq = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: dst.as_mut_ptr(), len: 1000 }, tag: 1 }]) }.unwrap().unwrap();
+        while r.test(rq).unwrap().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+        // nothing else pending at the receiver: the acknowledgement left at once
+        let t1 = Instant::now();
+        while s.test(sq).unwrap().is_none() {
+            assert!(t1.elapsed() < Duration::from_secs(5), "the acknowledgement never came");
+        }
+        assert!(t1.elapsed() < ACK_DELAY * 200, "{:?}", t1.elapsed());
+        assert_eq!(dst, src);
+    }
+
+    /// Every byte survives resets injected mid-transfer, from either side,
+    /// on one or several streams, with or without the helper pool; the
+    /// counters say how often and how much was sent again.
+    #[test]
+    fn resets_mid_transfer_lose_and_duplicate_nothing() {
+        let big: Vec<usize> = (0..60).map(|i| if i % 7 == 3 { 100 + i } else { (256 << 10) + i * 4099 }).collect();
+        for (n, helper, send_side) in
+            [(1, false, true), (1, false, false), (3, false, true), (2, false, false), (2, true, true), (1, true, false)]
+        {
+            let plan = ResetPlan { send: send_side, first: 5, every: 40 };
+            let (sc, rc) = if send_side {
+                (cfg(n, helper, 30, Some(plan)), cfg(n, helper, 30, None))
+            } else {
+                (cfg(n, helper, 30, None), cfg(n, helper, 30, Some(plan)))
+            };
+            let (s, r) = pair(sc, rc);
+            let (s, r) = exchange(s, r, &big);
+            let (s, r) = exchange(s, r, MIX);
+            let (sr, rr, replayed) = resets(&s, &r);
+            eprintln!(
+                "streams {n} helper {helper} reset by the {}: {sr} recoveries, {replayed} bytes again",
+                if send_side { "sender" } else { "receiver" }
+            );
+            // the receive comm counts a recovery when it takes the new streams,
+            // at its next step: the last one may be answered (by the resume
+            // port) after its last receive completed, and wait there
+            assert!(sr >= 1 && (rr == sr || rr + 1 == sr), "recoveries: sender {sr}, receiver {rr}");
+        }
+    }
+
+    #[test]
+    fn a_receiver_whose_sender_never_comes_back_fails_after_the_window() {
+        let plan = ResetPlan { send: false, first: 1, every: 0 };
+        let (s, mut r) = pair(cfg(1, false, 1, None), cfg(1, false, 1, Some(plan)));
+        // the sender's process goes on living (its resume port stays open),
+        // but nothing drives it: it never notices, never reconnects
+        // more than the socket buffers hold: the undriven sender leaves most unwritten
+        let src = vec![1u8; 64 << 20];
+        let mut dst = vec![0u8; 64 << 20];
+        let mut s = s;
+        // SAFETY: src/dst outlive both comms (dropped at the end of the test).
+        let _sq = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: src.len() }, 1) }.unwrap().unwrap();
+        // SAFETY: as above.
+        let rq = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: dst.as_mut_ptr(), len: dst.len() }, tag: 1 }]) }.unwrap().unwrap();
+        let t0 = Instant::now();
+        let e = loop {
+            match r.test(rq) {
+                Ok(None) => assert!(t0.elapsed() < Duration::from_secs(10), "the receiver waited past its window"),
+                Ok(Some(_)) => panic!("completed without its sender"),
+                Err(e) => break e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(900), "failed before the window: {took:?}: {e}");
+        assert!(e.contains("RUSTNET_RECOVERY_TIMEOUT=1") && e.contains("127.0.0.1") && e.contains("did not reconnect"), "{e}");
+        drop((s, r));
+    }
+
+    #[test]
+    fn a_sender_whose_receiver_closed_fails_promptly() {
+        let plan = ResetPlan { send: true, first: 2, every: 0 };
+        let (mut s, r) = pair(cfg(1, false, 60, Some(plan)), cfg(1, false, 60, None));
+        drop(r);
+        let src = vec![1u8; 1 << 20];
+        let t0 = Instant::now();
+        let mut run = || -> Result<()> {
+            loop {
+                // SAFETY: src outlives the comm.
+                if let Some(q) = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: src.len() }, 1) }? {
+                    while s.test(q)?.is_none() {
+                        assert!(t0.elapsed() < Duration::from_secs(10), "a closed receiver was waited for");
+                    }
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10), "sends to a closed receiver kept completing");
+            }
+        };
+        let e = run().unwrap_err().to_string();
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert!(e.contains("closed") && e.contains("127.0.0.1"), "{e}");
     }
 }

@@ -6,6 +6,7 @@ use super::{CtlChain, Finished, Receiver, Taken};
 use crate::fifo::{self, Cts};
 use crate::nic::{Cqe, Ev, EvOp, Fail, RecvNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
 use crate::pool::ReqId;
+use crate::recover::TxPoint;
 use crate::MAX_RECVS;
 
 type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
@@ -121,6 +122,45 @@ impl Receiver {
         Ok(id)
     }
 
+    /// A connection recovering from a fault resumes on new QPs: the
+    /// sender's restart point `peer` says which CTS slot it stands at
+    /// (every CTS from there on is written again: any may have been lost),
+    /// the control writes' send queue starts empty, the credit counter is
+    /// written again, and every flush read not completed is posted again
+    /// (`flush`, as `iflush` posts one). `Err(Fail::Proto)`: the point
+    /// contradicts ours (a broken peer).
+    pub fn resume<N: RecvNic>(
+        &mut self,
+        nic: &mut N,
+        peer: &TxPoint,
+        mut flush: impl FnMut(&mut N, ReqId) -> Result<(), N::Error>,
+    ) -> R<(), N> {
+        let eager_next = self.eager.as_ref().map_or(0, |e| e.st.next());
+        if peer.fifo_head > self.cts_written() || peer.eager_posted < eager_next {
+            return Err(Fail::Proto(crate::ProtoError::RecoverField { what: "a sender point beyond what this receiver wrote or took" }));
+        }
+        self.cts.rewind(peer.fifo_head);
+        self.batch = None;
+        self.budget.reset();
+        if let Some(e) = &self.eager {
+            // the credit word may have been lost with the old QPs
+            self.credit = Some(e.st.freed());
+        }
+        // and a late ring's address
+        self.reannounce_ring();
+        let mut ids = [None; super::RECV_POOL];
+        for (slot, (id, r)) in ids.iter_mut().zip(self.reqs.iter()) {
+            if r.flush && !r.done {
+                *slot = Some(id);
+            }
+        }
+        for id in ids.into_iter().flatten() {
+            flush(nic, id).map_err(Fail::Nic)?;
+        }
+        nic.progressed();
+        self.flush_ctl(nic)
+    }
+
     /// Reap the CQ, look at the eager ring, write what is due.
     pub fn poll<N: RecvNic>(&mut self, nic: &mut N) {
         self.poll_with(nic, true);
@@ -168,7 +208,7 @@ impl Receiver {
     fn on_word<N: RecvNic>(&mut self, nic: &mut N, qp: Option<usize>, word: u32) -> R<(), N> {
         let ev = {
             let nic_ref = &*nic;
-            self.on_imm(word, |seq| nic_ref.sizes(seq)).map_err(Fail::Proto)?
+            self.on_imm(word, qp, |seq| nic_ref.sizes(seq)).map_err(Fail::Proto)?
         };
         if let (true, Some(qp)) = (nic.profiling(), qp) {
             // what this QP carries of every buffer of the receive has landed

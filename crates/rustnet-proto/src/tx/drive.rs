@@ -4,11 +4,14 @@
 //! apply are the machine's methods in [`super`].
 use std::time::Duration;
 
-use super::{EagerPlan, Head, Sender, Sent};
-use crate::fifo::{self, FailCode, Group, ImmKind, PlannedWr, WrKind, MAX_LANE_WRS};
+use super::{EagerPlan, EagerWr, Head, Replayed, Sender, Sent};
+use crate::eager::{self, RING_SLOTS};
+use crate::fifo::{self, FailCode, Group, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
 use crate::mem::MemMut;
 use crate::nic::{Cqe, Ev, EvOp, Fail, Lane, SendNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
 use crate::pool::ReqId;
+use crate::recover::RxPoint;
+use crate::ProtoError;
 
 type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
 
@@ -104,9 +107,12 @@ impl Sender {
                 match c.wr {
                     // freed whether or not it succeeded
                     WrId::Eager(count) => self.on_eager_done(count),
-                    WrId::Data(seq) if c.ok => {
-                        let Some(d) = self.on_write_done(seq) else { continue };
-                        if let (true, Some(qi)) = (nic.profiling(), c.qp) {
+                    // (a QP the comm no longer has: a stopped QP's late news, which
+                    // the resume after a fault has already settled)
+                    WrId::Data(seq) if c.ok && c.qp.is_some() => {
+                        let qi = c.qp.unwrap_or(0);
+                        let Some(d) = self.on_write_done(seq, qi) else { continue };
+                        if nic.profiling() {
                             // this QP's share of each send is on the wire and acknowledged
                             for r in d.reqs[..d.n].iter().flatten() {
                                 nic.ev_stop(*r, qi);
@@ -126,8 +132,78 @@ impl Sender {
         }
     }
 
+    /// A connection recovering from a fault resumes on new QPs: the
+    /// receiver's restart point `peer` says which lanes of every group
+    /// still in flight it has (the others are written again, from the
+    /// sends' buffers, which NCCL still lends us) and which eager messages
+    /// it took (the rest are written again from our staging, which keeps
+    /// each until its credit comes back). A group the receiver no longer
+    /// waits for is done.
+    /// `Err(Fail::Proto)`: the point contradicts ours (a broken peer).
+    pub fn resume<N: SendNic>(&mut self, nic: &mut N, peer: &RxPoint) -> R<Replayed, N> {
+        let mut out = Replayed::default();
+        let head = self.fifo.head();
+        let posted = self.eager.as_ref().map_or(0, |e| e.st.posted());
+        if peer.eager_next > posted || peer.credit > peer.eager_next || peer.cts_written < head {
+            return Err(Fail::Proto(ProtoError::RecoverField { what: "a receiver point ahead of what this sender wrote" }));
+        }
+        if let Some(e) = &mut self.eager {
+            // the old QP 0's send queue is gone, and with it every entry it held
+            e.pending = 0;
+            e.quiet = 0;
+        }
+        // a late ring asked for and not announced: the request may be lost, ask again
+        self.resume_late_ring();
+        let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
+        for slot in 0..FIFO_DEPTH {
+            if !self.inflight[slot].active {
+                continue;
+            }
+            let seq = self.inflight[slot].g.seq;
+            let all = self.inflight[slot].all();
+            let got = peer.got(seq).unwrap_or(all) & all;
+            out.confirmed += u64::from((got & !self.inflight[slot].done).count_ones());
+            self.inflight[slot].done |= got;
+            if self.inflight[slot].done == all {
+                self.finish_group(slot);
+                continue;
+            }
+            let (first, nlanes) = self.lanes(seq);
+            let g = self.inflight[slot].g.clone();
+            for lane in (0..nlanes).filter(|&l| self.inflight[slot].done & (1u128 << l.min(127)) == 0) {
+                let k = fifo::plan_lane(&g, lane, nlanes, None, &mut plan);
+                out.bytes += plan[..k]
+                    .iter()
+                    .map(|w| match w.kind {
+                        WrKind::Data { len, .. } => len as u64,
+                        _ => 0,
+                    })
+                    .sum::<u64>();
+                nic.post_lane(&Lane { g: &g, lane, nlanes, qp: (first + lane) % self.nqps, plan: &plan[..k] }).map_err(Fail::Nic)?;
+                out.lanes += 1;
+            }
+        }
+        if let Some(e) = &mut self.eager {
+            let n = posted - peer.eager_next;
+            for (i, idx) in (peer.eager_next..posted).enumerate() {
+                let len = e.wire_len[(idx % RING_SLOTS as u64) as usize] as usize;
+                // one completion for all of them, on the last
+                let last = i as u64 + 1 == n;
+                let w = EagerWr { id: None, idx, off: eager::slot_offset(idx, e.st.max), len, count: n, signaled: last };
+                nic.post_eager(&w, None).map_err(Fail::Nic)?;
+                out.eager += 1;
+                out.bytes += (len - eager::HDR_BYTES - 8) as u64;
+            }
+            // (a mailbox write lost with the old QPs needs no second one:
+            // the receiver's resume writes every CTS it holds at once)
+            e.pending += n as usize;
+        }
+        nic.progressed();
+        Ok(out)
+    }
+
     /// Closing must not drop writes already posted (a send reported done
-    /// early, inline, may still be on the wire): wait up to `limit` for
+    /// early, eagerly, may still be on the wire): wait up to `limit` for
     /// their completions, or until the comm fails. Returns the writes still
     /// outstanding.
     pub fn close<N: SendNic>(&mut self, nic: &mut N, limit: Duration) -> usize {
@@ -206,18 +282,20 @@ impl Sender {
             Ok(_) => return Ok(None),
             Err(e) => return Err(Fail::Proto(e)),
         };
-        nic.taken(w.id);
+        let Some(id) = w.id else { return Ok(None) };
+        nic.taken(id);
         if nic.profiling() {
             // one event for the one write on QP 0, until the send is reported done
-            nic.ev_start(&Ev { id: w.id, slot: 0, parent: 0, qp: 0, op: EvOp::Write, wr: WrId::Eager(w.count), len: size });
+            nic.ev_start(&Ev { id, slot: 0, parent: 0, qp: 0, op: EvOp::Write, wr: WrId::Eager(w.count), len: size });
         }
-        if let Err(e) = nic.post_eager(&w, src, size) {
-            nic.ev_stop_req(w.id);
-            self.release(w.id);
+        let id = w.id.unwrap_or(ReqId { slot: 0, gen: 0 });
+        if let Err(e) = nic.post_eager(&w, Some((src, size))) {
+            nic.ev_stop_req(id);
+            self.release(id);
             return Err(Fail::Nic(e));
         }
         nic.progressed();
-        Ok(Some(w.id))
+        Ok(Some(id))
     }
 
     /// A late eager ring: take its address if the receiver's announcement
@@ -265,20 +343,18 @@ impl Sender {
             nic.sizes_stage().write(fifo::sizes_offset(g.seq), &fifo::encode_sizes(&g.wire_sizes()[..g.n])[..4 * g.n]);
         }
         let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
-        // Every data byte copied into the WRs at post time: NCCL may reuse
-        // the buffers at once, so the sends complete now (like a TCP send
-        // whose bytes reached the socket buffer); the signaled completion
-        // still frees the slot, and close waits for it.
-        let mut all_inline = fail.is_none();
+        // The sends complete when every lane's signaled write did (even when
+        // its bytes went inline): until then a fault may need the buffers to
+        // write a lane again.
         for lane in 0..nlanes {
             let k = fifo::plan_lane(g, lane, nlanes, fail, &mut plan);
             let qp = (first + lane) % self.nqps;
             if fail.is_none() && lane < MAX_EVENTS_PER_PARENT && nic.profiling() {
                 lane_events(nic, g, qp, lane, nlanes, &plan[..k]);
             }
-            all_inline &= nic.post_lane(&Lane { g, lane, nlanes, qp, plan: &plan[..k] })?;
+            nic.post_lane(&Lane { g, lane, nlanes, qp, plan: &plan[..k] })?;
         }
-        self.on_posted(g, nlanes, all_inline);
+        self.on_posted(g, nlanes);
         Ok(())
     }
 }

@@ -4,11 +4,15 @@
 //! with grouped receives of 0 B to several MiB, every byte checked against a
 //! pattern derived from (cycle, round, buffer), close. Between cycles the
 //! coordinator injects faults: peer B killed (SIGKILL) and restarted, the
-//! link cut for longer than RUSTNET_SOCKET_TIMEOUT (both ends must fail) or
-//! flapped for 0.5 s (over TCP both ends must survive, every byte intact;
-//! over verbs the port goes down with the link; a PORT_ERR fails no comm
-//! (as NCCL's net_ib, the HCA retransmits), but survival there is not
-//! required yet, so errors count as expected). fds, threads,
+//! link cut for longer than RUSTNET_SOCKET_TIMEOUT or flapped for 0.5 s.
+//! Over TCP both ends must survive both, every byte intact: a cut shorter
+//! than RUSTNET_RECOVERY_TIMEOUT (default 120 s) is a recovery (the send
+//! comm reconnects through the receiver's resume port and resends what was
+//! not taken); with RUSTNET_RECOVERY_TIMEOUT=0, or a window shorter than
+//! the cut, a cut must fail both ends, naming the peer. Over verbs the port
+//! goes down with the link (PORT_ERR, then PORT_ACTIVE): the comms recover
+//! in place (new QPs, what the peer lacks resent) and must survive a flap
+//! and a cut shorter than RUSTNET_RECOVERY_TIMEOUT the same way. fds, threads,
 //! RSS (and, on verbs, the kernel's MR/QP counts from `rdma res`) of both
 //! peers are sampled every few seconds into a CSV and an SVG plot.
 //!
@@ -98,6 +102,9 @@ struct Coordinator {
     quiet_rdma: Vec<(f64, usize, usize)>,
     cycle_log: String,
     socket_timeout: u64,
+    /// Comms ride out a cut or flap (RUSTNET_RECOVERY_TIMEOUT longer than
+    /// the cut): over TCP by reconnecting, over verbs by new QPs.
+    recovers: bool,
 }
 
 #[derive(Default, Clone)]
@@ -208,6 +215,13 @@ impl Coordinator {
         // when the fault hits: a random moment early in the cycle
         let hit_after = Duration::from_millis(20 + rng.below(200));
         let grace = Duration::from_secs(3 * self.socket_timeout + 20);
+        // a cut the comms recover from is no excuse to fail (nor to be told to give up)
+        let recovers = self.recovers;
+        let survivable = move |fault: Fault, long_flap: bool| match fault {
+            Fault::Flap => !long_flap || recovers,
+            Fault::Cut => recovers,
+            _ => false,
+        };
         let mut kept = Vec::new();
         let mut first_fail: Option<Instant> = None;
         let (mut down_at, mut down_for): (Option<Instant>, Option<Duration>) = (None, None);
@@ -262,7 +276,7 @@ impl Coordinator {
                 }
                 _ => {}
             }
-            let fault_hit = fault_at.is_some() && fault != Fault::Flap;
+            let fault_hit = fault_at.is_some() && !survivable(fault, false);
             // past the grace after a fault, a peer still waiting is told to
             // give up: expected (its peer failed or vanished)
             if let Some(fa) = fault_at {
@@ -315,11 +329,8 @@ impl Coordinator {
         // loaded machine the link commands themselves can stretch it. One
         // that lasted longer than a third of the timeout (the keepalive idle
         // time) is judged as a cut: failing then is allowed.
-        // On verbs any flap is still judged as a cut: the port goes down with
-        // its netdev; since a PORT_ERR no longer fails the comms (they ride
-        // it out on the HCA's retries, as NCCL's net_ib), comms should
-        // survive a short one, but the verbs soak does not require it yet
-        // (docs/resilience.md).
+        // On verbs a flap takes the port down with its netdev: it counts as
+        // long (a cut), which the comms survive when they recover.
         let long_flap =
             fault == Fault::Flap && (self.net == Net::Vm || down_for.is_some_and(|d| d.as_secs_f64() > self.socket_timeout as f64 / 3.0));
         if let Some(d) = down_for {
@@ -369,7 +380,7 @@ impl Coordinator {
             }
         }
         // classify
-        let fault_hit = fault_at.is_some() && (fault != Fault::Flap || long_flap);
+        let fault_hit = fault_at.is_some() && !survivable(fault, long_flap);
         if long_flap {
             self.tally.long_flaps += 1;
         }
@@ -452,6 +463,8 @@ fn coordinator_main() -> i32 {
     let warmup = env_u64("SOAK_WARMUP_S", (secs / 5).clamp(30, 300)) as f64;
     let faults_on = env_str("SOAK_FAULTS", "kill,cut,flap");
     let socket_timeout = env_u64("RUSTNET_SOCKET_TIMEOUT", 3);
+    // the plugin's default window; a cut lasts 2 x the socket timeout + 2 s
+    let recovery_timeout = env_u64("RUSTNET_RECOVERY_TIMEOUT", 120);
     let net = match Net::setup(&env_str("SOAK_NET", "auto")) {
         Ok(n) => n,
         Err(e) => {
@@ -498,7 +511,8 @@ fn coordinator_main() -> i32 {
         ("SOAK_VERSION".into(), env_u64("SOAK_VERSION", 8).to_string()),
     ];
     println!(
-        "soak: {secs} s over {net_name}, transport {}, plugin {}, faults {:?}, loss {}, RUSTNET_SOCKET_TIMEOUT={socket_timeout}, warm-up {warmup:.0} s",
+        "soak: {secs} s over {net_name}, transport {}, plugin {}, faults {:?}, loss {}, RUSTNET_SOCKET_TIMEOUT={socket_timeout}, \
+         RUSTNET_RECOVERY_TIMEOUT={recovery_timeout}, warm-up {warmup:.0} s",
         env_str("RUSTNET_TRANSPORT", "auto"),
         driver::default_plugin_path().display(),
         kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
@@ -524,6 +538,7 @@ fn coordinator_main() -> i32 {
         quiet_rdma: Vec::new(),
         cycle_log: "cycle,t_s,fault,rounds,a_result,a_bytes_checked,b_result,b_bytes_checked\n".into(),
         socket_timeout,
+        recovers: recovery_timeout > 2 * socket_timeout + 2 + 10,
     };
     for role in ['A', 'B'] {
         if let Err(e) = co.expect(role, "READY", Duration::from_secs(60)) {
@@ -795,10 +810,11 @@ fn coordinator_main() -> i32 {
     };
     let _ = writeln!(
         md,
-        "| faults injected | {} kill+restart of B, {} link cut ({} s down), {} link flap ({flaps}); {} of them mid-transfer |",
+        "| faults injected | {} kill+restart of B, {} link cut ({} s down; {}), {} link flap ({flaps}); {} of them mid-transfer |",
         t.faults[1],
         t.faults[2],
         2 * socket_timeout + 2,
+        if co.recovers { "to be survived: RUSTNET_RECOVERY_TIMEOUT outlasts it" } else { "both ends must fail" },
         t.faults[3],
         t.in_flight
     );

@@ -1,0 +1,602 @@
+//! TCP recovery, sans-IO: the records of the resume exchange and of the
+//! acknowledgements, the token check, what a sender resends, when a receiver
+//! acknowledges and how often a sender tries to reconnect.
+//!
+//! A TCP connection that may recover (both ends have `RUSTNET_RECOVERY_TIMEOUT`
+//! > 0) differs from a plain one in four places:
+//!
+//! - **Set-up.** Every stream's [`Hello`](crate::wire::Hello) is followed by
+//!   a [`HelloExt`]: a random 128-bit [`Token`] the sender drew for this
+//!   connection and the address of the sender's own resume port (which the
+//!   receiver connects to only to learn whether the sender's process is still
+//!   there). The listener's [`Reply`](crate::wire::Reply) names the port of
+//!   the receiving process's resume listener.
+//! - **Acknowledgements.** Per stream, bytes are numbered from 0 after the
+//!   hello. The receiver tells the sender, in [`Ack`] records on the reverse
+//!   direction of stream 0, how many bytes of each stream it has taken from
+//!   its sockets (into NCCL's buffers or its own staging buffer, both of which
+//!   survive a reconnection). A send completes only once every byte of it is
+//!   acknowledged: its buffer may be needed again until then. [`AckPolicy`]
+//!   says when the receiver writes them (not once per message).
+//! - **Reconnection.** After a reset, or silence past `RUSTNET_SOCKET_TIMEOUT`,
+//!   the sender opens the same number of streams to the receiver's resume
+//!   port, each starting with a [`ResumeHello`] (connection id, token,
+//!   attempt number, bytes it had written on that stream). The receiver's
+//!   [`ResumeReply`] on each says where its byte count of that stream stands;
+//!   the sender resends from there ([`rewind`]), so no byte is lost, none is
+//!   delivered twice, and the receiver's state (matched receives, staged
+//!   bytes) carries on as if nothing happened.
+//! - **Back-off.** [`Backoff`]: 100 ms doubling to 2 s between attempts,
+//!   until the recovery window ends.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::time::{Duration, Instant};
+
+use crate::error::ProtoError;
+use crate::handle::PROTO_VERSION;
+pub use crate::wire::HELLO_EXT_LEN;
+use crate::wire::{Refused, Verdict, MAX_STREAMS};
+
+/// Bytes of a resume token.
+pub const TOKEN_LEN: usize = 16;
+
+/// The secret that lets a sender reconnect to its receive comm: 128 random
+/// bits drawn by the sender for one connection, sent once inside the
+/// connection's own hello (never in the listen handle that NCCL's bootstrap
+/// carries). All zero means "this end does not recover".
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Token(pub [u8; TOKEN_LEN]);
+
+impl Token {
+    /// The token of an end that does not recover.
+    pub const NONE: Token = Token([0; TOKEN_LEN]);
+
+    /// Does this end recover?
+    pub fn is_set(&self) -> bool {
+        self.0 != [0; TOKEN_LEN]
+    }
+
+    /// Compare in time that does not depend on where the first difference
+    /// lies (a stranger learns nothing from how fast it is refused).
+    pub fn matches(&self, other: &Token) -> bool {
+        let mut d = 0u8;
+        for (a, b) in self.0.iter().zip(other.0.iter()) {
+            d |= a ^ b;
+        }
+        d == 0 && self.is_set()
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // a secret: never in a log
+        f.write_str(if self.is_set() { "Token(<set>)" } else { "Token(none)" })
+    }
+}
+
+/// What a TCP sender adds to every stream's hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloExt {
+    /// The connection's resume token ([`Token::NONE`]: the sender does not recover).
+    pub token: Token,
+    /// The sender process's resume port, which the receiver may connect to
+    /// while it waits for a reconnection: refused means the process is gone.
+    pub probe: Option<SocketAddr>,
+}
+
+impl HelloExt {
+    /// Encode.
+    ///
+    /// ```text
+    ///  0 token  [u8; 16]
+    /// 16 family u8   0 (no probe address), 4 or 6
+    /// 17 -      u8
+    /// 18 port   u16
+    /// 20 scope  u32  IPv6 scope id
+    /// 24 addr   [u8; 16]
+    /// 40..64    reserved, zero
+    /// ```
+    pub fn encode(&self) -> [u8; HELLO_EXT_LEN] {
+        let mut b = [0u8; HELLO_EXT_LEN];
+        b[0..16].copy_from_slice(&self.token.0);
+        match self.probe {
+            None => {}
+            Some(SocketAddr::V4(a)) => {
+                b[16] = 4;
+                b[18..20].copy_from_slice(&a.port().to_le_bytes());
+                b[24..28].copy_from_slice(&a.ip().octets());
+            }
+            Some(SocketAddr::V6(a)) => {
+                b[16] = 6;
+                b[18..20].copy_from_slice(&a.port().to_le_bytes());
+                b[20..24].copy_from_slice(&a.scope_id().to_le_bytes());
+                b[24..40].copy_from_slice(&a.ip().octets());
+            }
+        }
+        b
+    }
+
+    /// Decode; a refusal says what is wrong.
+    pub fn decode(b: &[u8; HELLO_EXT_LEN]) -> Result<HelloExt, Refused> {
+        let token = Token(b[0..16].try_into().unwrap());
+        let port = u16::from_le_bytes([b[18], b[19]]);
+        let probe = match b[16] {
+            0 => None,
+            4 => Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(b[24], b[25], b[26], b[27])), port)),
+            6 => {
+                let ip: [u8; 16] = b[24..40].try_into().unwrap();
+                let scope = u32::from_le_bytes(b[20..24].try_into().unwrap());
+                Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope)))
+            }
+            f => return Err(Refused { verdict: Verdict::Malformed, why: format!("hello extension with address family {f}") }),
+        };
+        if probe.is_some_and(|p| p.port() == 0) {
+            return Err(Refused { verdict: Verdict::Malformed, why: "hello extension with a resume port 0".into() });
+        }
+        Ok(HelloExt { token, probe })
+    }
+}
+
+/// Resume hello magic: "RNRESUME".
+pub const RESUME_MAGIC: u64 = u64::from_le_bytes(*b"RNRESUME");
+/// Size of [`ResumeHello`] on the wire.
+pub const RESUME_HELLO_LEN: usize = 64;
+
+/// First bytes on each stream of a reconnection, to the receiver's resume port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeHello {
+    /// Protocol version (must equal ours).
+    pub version: u16,
+    /// This stream's index.
+    pub stream: u16,
+    /// Streams of the connection (as at set-up).
+    pub nstreams: u16,
+    /// The connection's id (its set-up hello's `conn_id`).
+    pub conn_id: u64,
+    /// Attempt number, from 1, growing with each attempt of this sender
+    /// (the streams of one attempt are gathered by it; an older one is stale).
+    pub epoch: u64,
+    /// Bytes the sender had written on this stream before the failure.
+    pub sent: u64,
+    /// Milliseconds since the sender noticed the failure.
+    pub elapsed_ms: u32,
+    /// The connection's token.
+    pub token: Token,
+}
+
+impl ResumeHello {
+    /// Encode.
+    ///
+    /// ```text
+    ///  0 magic      u64 "RNRESUME"
+    ///  8 version    u16
+    /// 10 stream     u16
+    /// 12 nstreams   u16
+    /// 14 -          u16
+    /// 16 conn_id    u64
+    /// 24 epoch      u64
+    /// 32 sent       u64
+    /// 40 elapsed_ms u32
+    /// 44 -          u32
+    /// 48 token      [u8; 16]
+    /// ```
+    pub fn encode(&self) -> [u8; RESUME_HELLO_LEN] {
+        let mut b = [0u8; RESUME_HELLO_LEN];
+        b[0..8].copy_from_slice(&RESUME_MAGIC.to_le_bytes());
+        b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        b[10..12].copy_from_slice(&self.stream.to_le_bytes());
+        b[12..14].copy_from_slice(&self.nstreams.to_le_bytes());
+        b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        b[32..40].copy_from_slice(&self.sent.to_le_bytes());
+        b[40..44].copy_from_slice(&self.elapsed_ms.to_le_bytes());
+        b[48..64].copy_from_slice(&self.token.0);
+        b
+    }
+
+    /// Decode and check the form (not the token: that is the registry's).
+    pub fn decode(b: &[u8; RESUME_HELLO_LEN]) -> Result<ResumeHello, Refused> {
+        let refuse = |verdict, why| Refused { verdict, why };
+        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        if u64at(0) != RESUME_MAGIC {
+            let shown: String = b[..16].iter().map(|c| format!("{c:02x}")).collect();
+            return Err(refuse(Verdict::Malformed, format!("not a librustnet resume hello (first bytes {shown})")));
+        }
+        let h = ResumeHello {
+            version: u16::from_le_bytes([b[8], b[9]]),
+            stream: u16::from_le_bytes([b[10], b[11]]),
+            nstreams: u16::from_le_bytes([b[12], b[13]]),
+            conn_id: u64at(16),
+            epoch: u64at(24),
+            sent: u64at(32),
+            elapsed_ms: u32::from_le_bytes(b[40..44].try_into().unwrap()),
+            token: Token(b[48..64].try_into().unwrap()),
+        };
+        if h.version != PROTO_VERSION {
+            return Err(refuse(Verdict::Version, format!("resume hello of protocol {}, we speak {PROTO_VERSION}", h.version)));
+        }
+        if h.nstreams == 0 || usize::from(h.nstreams) > MAX_STREAMS || h.stream >= h.nstreams {
+            return Err(refuse(Verdict::Malformed, format!("bad stream numbering {}/{}", h.stream, h.nstreams)));
+        }
+        if h.epoch == 0 {
+            return Err(refuse(Verdict::Malformed, "resume attempt number 0".into()));
+        }
+        Ok(h)
+    }
+}
+
+/// Resume reply magic: "RNRESREP".
+pub const RESUME_REPLY_MAGIC: u64 = u64::from_le_bytes(*b"RNRESREP");
+/// Size of [`ResumeReply`] on the wire.
+pub const RESUME_REPLY_LEN: usize = 24;
+
+/// The receiver's answer on each stream of a reconnection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeReply {
+    /// Accepted, or why not.
+    pub verdict: Verdict,
+    /// The receiver's protocol version.
+    pub version: u16,
+    /// Accepted: the bytes of this stream the receiver holds; the sender
+    /// resends from here.
+    pub offset: u64,
+}
+
+impl ResumeReply {
+    /// Encode.
+    pub fn encode(&self) -> [u8; RESUME_REPLY_LEN] {
+        let mut b = [0u8; RESUME_REPLY_LEN];
+        b[0..8].copy_from_slice(&RESUME_REPLY_MAGIC.to_le_bytes());
+        b[8..10].copy_from_slice(&(self.verdict as u16).to_le_bytes());
+        b[10..12].copy_from_slice(&self.version.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+
+    /// Decode; the error says what the bytes were instead.
+    pub fn decode(b: &[u8; RESUME_REPLY_LEN]) -> Result<ResumeReply, ProtoError> {
+        if u64::from_le_bytes(b[0..8].try_into().unwrap()) != RESUME_REPLY_MAGIC {
+            let shown: String = b[..16].iter().map(|c| format!("{c:02x}")).collect();
+            return Err(ProtoError::ReplyNotOurs { shown });
+        }
+        let code = u16::from_le_bytes([b[8], b[9]]);
+        let version = u16::from_le_bytes([b[10], b[11]]);
+        let verdict = Verdict::from_code(code).ok_or(ProtoError::ReplyVerdict { code, version })?;
+        Ok(ResumeReply { verdict, version, offset: u64::from_le_bytes(b[16..24].try_into().unwrap()) })
+    }
+}
+
+/// Ack magic: "RNAK".
+pub const ACK_MAGIC: u32 = u32::from_le_bytes(*b"RNAK");
+/// Size of [`Ack`] on the wire.
+pub const ACK_LEN: usize = 16;
+
+/// "I hold the first `offset` bytes of stream `stream`": receiver to sender,
+/// on the reverse direction of stream 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    /// The stream.
+    pub stream: u16,
+    /// Bytes of it the receiver took from its socket, in total.
+    pub offset: u64,
+}
+
+impl Ack {
+    /// Encode.
+    pub fn encode(&self) -> [u8; ACK_LEN] {
+        let mut b = [0u8; ACK_LEN];
+        b[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&self.stream.to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+
+    /// Decode and check against the connection: the stream must exist and
+    /// the offset may not pass what the sender wrote on it (`sent`).
+    pub fn decode(b: &[u8; ACK_LEN], sent: &[u64]) -> Result<Ack, ProtoError> {
+        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        if magic != ACK_MAGIC {
+            return Err(ProtoError::AckMagic(magic));
+        }
+        let a = Ack { stream: u16::from_le_bytes([b[4], b[5]]), offset: u64::from_le_bytes(b[8..16].try_into().unwrap()) };
+        let Some(&s) = sent.get(usize::from(a.stream)) else {
+            return Err(ProtoError::AckStream { stream: a.stream, nstreams: sent.len() });
+        };
+        if a.offset > s {
+            return Err(ProtoError::AckBeyond { stream: a.stream, offset: a.offset, sent: s });
+        }
+        Ok(a)
+    }
+}
+
+/// Where a queued piece (stream bytes `start..end`) stands once the
+/// receiver says it holds the stream's first `at` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewind {
+    /// The receiver holds all of it: it counts as acknowledged.
+    Held,
+    /// Resend it from this many bytes into the piece (0: all of it).
+    From(u64),
+}
+
+/// What to resend of a piece: see [`Rewind`].
+pub fn rewind(start: u64, end: u64, at: u64) -> Rewind {
+    if end <= at {
+        Rewind::Held
+    } else {
+        Rewind::From(at.saturating_sub(start))
+    }
+}
+
+/// A receiver's resume offset for one stream must lie between what it
+/// acknowledged before (`acked`) and what the sender wrote (`sent`).
+pub fn check_resume_offset(stream: usize, acked: u64, sent: u64, offset: u64) -> Result<(), ProtoError> {
+    if offset < acked || offset > sent {
+        return Err(ProtoError::ResumeOffset { stream, offset, acked, sent });
+    }
+    Ok(())
+}
+
+/// A receiver acknowledges what it took once a piece of a message is
+/// complete (before that the sender can complete nothing: a large message
+/// costs one acknowledgement, not one per read) and at least this long
+/// after the first unacknowledged byte, at the next call on the comm (NCCL
+/// polls its pending receives), or at once when no receive is pending
+/// (nothing may call again). One acknowledgement then covers every message
+/// taken in the meantime, so a stream of step-sized messages costs a small
+/// write every few messages, not one per message, and a ping-pong's
+/// acknowledgement leaves after the answer, off the round trip.
+pub const ACK_DELAY: Duration = Duration::from_micros(50);
+
+/// When a receiver writes its acknowledgements.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AckPolicy {
+    since: Option<Instant>,
+    completed: bool,
+}
+
+impl AckPolicy {
+    /// Bytes were taken at `now` (the first unacknowledged ones date the delay).
+    pub fn took(&mut self, now: Instant) {
+        self.since.get_or_insert(now);
+    }
+
+    /// A piece of a message (or an empty message) is complete: the sender
+    /// may complete a request once it hears.
+    pub fn completed(&mut self) {
+        self.completed = true;
+    }
+
+    /// Is anything waiting to be acknowledged?
+    pub fn owed(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Write now? `idle`: no receive is pending, so no further call is sure to come.
+    pub fn due(&self, now: Instant, idle: bool) -> bool {
+        self.since.is_some_and(|t| idle || (self.completed && now.saturating_duration_since(t) >= ACK_DELAY))
+    }
+
+    /// The acknowledgements went out.
+    pub fn sent(&mut self) {
+        self.since = None;
+        self.completed = false;
+    }
+}
+
+/// First wait between reconnection attempts.
+pub const RETRY_FIRST: Duration = Duration::from_millis(100);
+/// Longest wait between reconnection attempts.
+pub const RETRY_MAX: Duration = Duration::from_secs(2);
+/// An attempt not answered within this long is given up for a fresh one (its
+/// SYN may have gone into a cut link; a fresh SYN after link-up answers at once).
+pub const ATTEMPT_MAX: Duration = Duration::from_secs(1);
+
+/// Reconnection attempts: 100 ms doubling to 2 s apart, within a window.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    wait: Duration,
+    deadline: Instant,
+}
+
+impl Backoff {
+    /// Attempts until `start + window`.
+    pub fn new(start: Instant, window: Duration) -> Backoff {
+        Backoff { wait: RETRY_FIRST, deadline: start + window }
+    }
+
+    /// The end of the window.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Is the window spent?
+    pub fn spent(&self, now: Instant) -> bool {
+        now >= self.deadline
+    }
+
+    /// An attempt started at `began` failed: when the next may start (never
+    /// past the window's end); the wait doubles.
+    pub fn failed(&mut self, began: Instant) -> Instant {
+        let next = (began + self.wait).min(self.deadline);
+        self.wait = (self.wait * 2).min(RETRY_MAX);
+        next
+    }
+}
+
+/// What the errno of a failed socket call on an established connection
+/// means for recovery: the connection is gone but the peer may be alive
+/// (reset, timed out, unreachable) or the peer process is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Recoverable: reconnect (sender) or wait for the reconnection (receiver).
+    Link,
+    /// Anything else: fail the comm.
+    Fatal,
+}
+
+/// Linux errno values that a reset or cut connection reports (numbers, so
+/// this crate needs no libc): ECONNRESET, EPIPE, ETIMEDOUT, ECONNABORTED,
+/// ENOTCONN, EHOSTUNREACH, ENETUNREACH, ENETDOWN, EHOSTDOWN, ENETRESET.
+pub const LINK_ERRNOS: [i32; 10] = [104, 32, 110, 103, 107, 113, 101, 100, 112, 102];
+
+/// Classify an errno of a read or write on an established stream.
+pub fn fault_of(errno: i32) -> Fault {
+    if LINK_ERRNOS.contains(&errno) {
+        Fault::Link
+    } else {
+        Fault::Fatal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tok(b: u8) -> Token {
+        Token([b; TOKEN_LEN])
+    }
+
+    #[test]
+    fn tokens_match_only_when_equal_and_set() {
+        assert!(tok(7).matches(&tok(7)));
+        assert!(!tok(7).matches(&tok(8)));
+        let mut t = tok(7);
+        t.0[15] ^= 1;
+        assert!(!tok(7).matches(&t), "a difference in the last byte counts");
+        assert!(!Token::NONE.matches(&Token::NONE), "no token, no resume");
+        assert_eq!(format!("{:?}", tok(9)), "Token(<set>)", "a token never reaches a log");
+    }
+
+    #[test]
+    fn hello_ext_roundtrip_and_checks() {
+        for probe in [None, Some("10.0.0.2:4000".parse().unwrap()), Some("[fe80::2%3]:4001".parse::<SocketAddr>().unwrap())] {
+            let e = HelloExt { token: tok(3), probe };
+            assert_eq!(HelloExt::decode(&e.encode()).unwrap(), e);
+        }
+        let mut b = HelloExt { token: tok(3), probe: None }.encode();
+        b[16] = 5;
+        assert_eq!(HelloExt::decode(&b).unwrap_err().verdict, Verdict::Malformed);
+        b[16] = 4;
+        assert!(HelloExt::decode(&b).unwrap_err().why.contains("port 0"));
+    }
+
+    #[test]
+    fn resume_hello_roundtrip_and_checks() {
+        let h = ResumeHello {
+            version: PROTO_VERSION,
+            stream: 1,
+            nstreams: 2,
+            conn_id: 0xabc,
+            epoch: 3,
+            sent: 1 << 40,
+            elapsed_ms: 1500,
+            token: tok(1),
+        };
+        assert_eq!(ResumeHello::decode(&h.encode()).unwrap(), h);
+        let mut b = h.encode();
+        b[0] = b'X';
+        assert!(ResumeHello::decode(&b).unwrap_err().why.contains("not a librustnet resume hello"));
+        assert_eq!(ResumeHello::decode(&ResumeHello { stream: 2, ..h }.encode()).unwrap_err().verdict, Verdict::Malformed);
+        assert_eq!(ResumeHello::decode(&ResumeHello { version: 1, ..h }.encode()).unwrap_err().verdict, Verdict::Version);
+        assert_eq!(ResumeHello::decode(&ResumeHello { epoch: 0, ..h }.encode()).unwrap_err().verdict, Verdict::Malformed);
+        // a plain set-up hello is not a resume hello
+        let plain = crate::wire::Hello { version: PROTO_VERSION, stream: 0, nstreams: 1, conn_id: 1, nonce: 2 }.encode();
+        let mut b = [0u8; RESUME_HELLO_LEN];
+        b[..plain.len()].copy_from_slice(&plain);
+        assert!(ResumeHello::decode(&b).is_err());
+    }
+
+    #[test]
+    fn resume_reply_roundtrip_and_checks() {
+        for v in [Verdict::Accepted, Verdict::UnknownComm, Verdict::BadToken, Verdict::Stale, Verdict::Inconsistent] {
+            let r = ResumeReply { verdict: v, version: PROTO_VERSION, offset: 77 };
+            assert_eq!(ResumeReply::decode(&r.encode()).unwrap(), r);
+        }
+        let mut b = ResumeReply { verdict: Verdict::Accepted, version: 4, offset: 0 }.encode();
+        b[8] = 200;
+        assert_eq!(ResumeReply::decode(&b), Err(ProtoError::ReplyVerdict { code: 200, version: 4 }));
+        b[0] = 0;
+        assert!(matches!(ResumeReply::decode(&b), Err(ProtoError::ReplyNotOurs { .. })));
+    }
+
+    #[test]
+    fn acks_are_checked_against_what_was_sent() {
+        let a = Ack { stream: 1, offset: 500 };
+        assert_eq!(Ack::decode(&a.encode(), &[10, 500]).unwrap(), a);
+        assert_eq!(Ack::decode(&a.encode(), &[10, 499]), Err(ProtoError::AckBeyond { stream: 1, offset: 500, sent: 499 }));
+        assert_eq!(Ack::decode(&a.encode(), &[10]), Err(ProtoError::AckStream { stream: 1, nstreams: 1 }));
+        let mut b = a.encode();
+        b[0] = 0;
+        assert!(matches!(Ack::decode(&b, &[10, 500]), Err(ProtoError::AckMagic(_))));
+    }
+
+    #[test]
+    fn rewind_resends_exactly_what_the_receiver_lacks() {
+        // a piece of stream bytes 100..160
+        assert_eq!(rewind(100, 160, 160), Rewind::Held);
+        assert_eq!(rewind(100, 160, 200), Rewind::Held);
+        assert_eq!(rewind(100, 160, 159), Rewind::From(59));
+        assert_eq!(rewind(100, 160, 100), Rewind::From(0));
+        assert_eq!(rewind(100, 160, 40), Rewind::From(0), "a later piece is resent whole");
+        // over a queue: every byte from `at` on is resent once, none before
+        let pieces = [(0u64, 16u64), (16, 4112), (4112, 4128), (4128, 9000)];
+        for at in [0u64, 1, 16, 17, 4111, 4112, 4120, 8999, 9000] {
+            let mut resent = 0;
+            for &(s, e) in &pieces {
+                if let Rewind::From(d) = rewind(s, e, at) {
+                    assert!(s + d >= at && (s + d == at || d == 0), "at {at}: piece {s}..{e} from {d}");
+                    resent += e - s - d;
+                }
+            }
+            assert_eq!(resent, 9000 - at, "at {at}");
+        }
+        assert!(check_resume_offset(0, 10, 20, 15).is_ok());
+        assert!(check_resume_offset(0, 10, 20, 9).is_err(), "less than acknowledged: the receiver lost bytes it confirmed");
+        assert!(check_resume_offset(0, 10, 20, 21).is_err(), "more than was written");
+    }
+
+    #[test]
+    fn acks_wait_for_the_delay_or_an_idle_receiver() {
+        let t0 = Instant::now();
+        let mut p = AckPolicy::default();
+        assert!(!p.owed() && !p.due(t0, true), "nothing taken, nothing owed");
+        p.took(t0);
+        p.took(t0 + Duration::from_micros(30)); // the first byte dates it
+        assert!(!p.due(t0 + ACK_DELAY * 100, false), "the middle of a large message: nothing the sender could complete");
+        assert!(p.due(t0 + Duration::from_micros(10), true), "no receive pending: at once");
+        p.completed();
+        assert!(!p.due(t0 + Duration::from_micros(10), false));
+        assert!(p.due(t0 + ACK_DELAY, false));
+        p.sent();
+        assert!(!p.owed() && !p.due(t0 + ACK_DELAY * 10, true));
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_stops_at_the_window() {
+        let t0 = Instant::now();
+        let mut b = Backoff::new(t0, Duration::from_secs(10));
+        let mut at = t0;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let next = b.failed(at);
+            waits.push((next - at).as_millis());
+            at = next;
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 2000, 2000, 2000]);
+        assert!(!b.spent(at));
+        let mut b = Backoff::new(t0, Duration::from_millis(250));
+        assert_eq!(b.failed(t0 + Duration::from_millis(200)), t0 + Duration::from_millis(250), "never past the window");
+        assert!(b.spent(b.deadline()));
+    }
+
+    #[test]
+    fn resets_and_cuts_recover_other_errors_do_not() {
+        for e in LINK_ERRNOS {
+            assert_eq!(fault_of(e), Fault::Link);
+        }
+        // EBADF, EINVAL, EFAULT, ENOMEM
+        for e in [9, 22, 14, 12] {
+            assert_eq!(fault_of(e), Fault::Fatal);
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! The executor's half of a comm's recovery after a fabric fault
+//! ([`super::recover`] says what starts one): stop the QPs, read what
+//! their CQ still holds, wait for the port, make new QPs and connect them
+//! to the peer's, hand the peer's restart point to the machine, all driven
+//! by [`crate::proto::recover::Recovery`]'s steps, and the recovery
+//! messages over the comm's out-of-band socket.
+use std::time::{Duration, Instant};
+
+use super::caps::RECV_WRS;
+use super::device::LINK_ETH;
+use super::handshake;
+use super::link::Link;
+use super::p2p::{Flush, RecvComm, SendComm};
+use super::verbs::{Access, Cq, Qp, RtrParams, RtsParams};
+use crate::error::{Error, Result};
+use crate::proto::nic::WrId;
+use crate::proto::recover::{Do, GiveUpWhy, Phase, Point, QpAddr, RcMsg, RC_HDR, RC_MAX_PAYLOAD};
+use crate::proto::tx::lanes_mask;
+use crate::transport::sock::Io;
+
+/// How often a recovering comm asks whether its port is ACTIVE again.
+const PORT_POLL: Duration = Duration::from_millis(50);
+/// A receiver's drain ends when every QP's receive queue was flushed, or
+/// after this long (a provider that flushes nothing: WARN).
+const DRAIN_MAX: Duration = Duration::from_secs(1);
+/// A sender's drain ends once its CQ was found empty this long after the stop.
+const DRAIN_MIN: Duration = Duration::from_millis(5);
+
+impl Link {
+    /// Is the comm recovering (nothing may be posted)?
+    #[inline]
+    pub(super) fn halted(&self) -> bool {
+        self.rec.as_ref().is_some_and(|r| r.m.active())
+    }
+
+    /// A fault on this comm (`cause` says what): recover when the comm
+    /// can, else fail with `err`.
+    pub(super) fn fault(&mut self, cause: String, err: Error) {
+        if self.failed.is_some() {
+            return;
+        }
+        if self.rec.is_none() || self.handshake {
+            self.fail(err);
+            return;
+        }
+        let peer = self.peer_name();
+        let Some(r) = self.rec.as_mut() else { return };
+        if !r.m.active() {
+            tracing::warn!(
+                "{}: comm to {peer}: {cause}; recovering in place: new QPs, then what the peer lacks is sent again (RUSTNET_RECOVERY_TIMEOUT={} s)",
+                self.dev.name,
+                r.window_s
+            );
+            r.cause = cause;
+        }
+        r.m.fault(Instant::now());
+    }
+
+    /// The port went down and came back while `pending` requests waited:
+    /// recover now instead of waiting for the HCA's next retransmission
+    /// (up to 4.096 us x 2^NCCL_IB_TIMEOUT later).
+    pub(super) fn check_flap(&mut self, pending: usize) {
+        let Some(r) = self.rec.as_mut() else { return };
+        let now = self.dev.health.port_events(self.dev.port);
+        if now == r.port_seen {
+            return;
+        }
+        // a PORT_ERR not yet ridden out, then a PORT_ACTIVE (in one look or two)
+        r.went_down |= now.0 > r.port_seen.0;
+        let came_back = r.went_down && now.1 > r.port_seen.1;
+        r.port_seen = now;
+        if came_back {
+            r.went_down = false;
+        }
+        if came_back && pending > 0 && !r.m.active() {
+            let cause = format!("the link of {} went down and came back with {pending} request(s) outstanding", self.dev.describe());
+            self.fault(cause, Error::Internal("port flap".into()));
+        }
+    }
+
+    /// Write what is queued, read what came, hand complete messages to the
+    /// recovery. An error fails the comm (the peer is gone, or broke the
+    /// protocol).
+    pub(super) fn pump(&mut self) -> Result<()> {
+        let Some(r) = self.rec.as_mut() else { return Ok(()) };
+        if r.sent < r.out.len() && (r.port_up || !r.m.active()) {
+            if let Err(e) = self.oob.write_on(&r.out, &mut r.sent) {
+                let what = format!("out-of-band connection failed while recovering: {e}");
+                return Err(self.fail_with(Error::Remote { peer: self.peer_name(), what }));
+            }
+        }
+        loop {
+            let r = self.rec.as_mut().expect("checked above");
+            let mut b = [0u8; 2048];
+            let room = (RC_HDR + RC_MAX_PAYLOAD + 2048 - r.inbuf.len()).min(b.len());
+            match self.oob.read(&mut b[..room]) {
+                Ok(Io::Done(n)) => r.inbuf.extend_from_slice(&b[..n]),
+                Ok(Io::Again) => break,
+                Ok(Io::Eof) => {
+                    let what = if r.m.active() {
+                        format!("closed its connection (process exited or closed its comm) while recovering from: {}", r.cause)
+                    } else {
+                        "closed its connection (process exited or closed its comm)".to_string()
+                    };
+                    return Err(self.fail_with(Error::Remote { peer: self.peer_name(), what }));
+                }
+                Err(e) => {
+                    let what = format!("out-of-band connection failed: {e}");
+                    return Err(self.fail_with(Error::Remote { peer: self.peer_name(), what }));
+                }
+            }
+        }
+        loop {
+            let r = self.rec.as_mut().expect("checked above");
+            let (m, used) = match crate::proto::recover::RcMsg::decode(&r.inbuf) {
+                Ok(Some(x)) => x,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() })),
+            };
+            r.inbuf.drain(..used);
+            let was = r.m.active();
+            if let Err(e) = r.m.on_msg(Instant::now(), m) {
+                return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() }));
+            }
+            if !was && r.m.active() {
+                r.cause = "the peer stopped its QPs (a fault on its side)".into();
+                let peer = self.peer_name();
+                tracing::warn!("{}: comm to {peer}: the peer stopped its QPs (a fault on its side); recovering in place", self.dev.name);
+            }
+        }
+    }
+
+    fn stop_qps(&mut self) {
+        for q in &self.qps {
+            let _ = q.set_error();
+        }
+    }
+
+    fn give_up(&mut self, why: GiveUpWhy) -> Error {
+        let r = self.rec.as_ref().expect("recovering");
+        let what = match why {
+            GiveUpWhy::Peer => format!("{}; the peer gave up recovering (its RUSTNET_RECOVERY_TIMEOUT was spent)", r.cause),
+            GiveUpWhy::Window { waited, phase } => {
+                let waiting = match phase {
+                    Phase::Draining => "the completions of the stopped QPs".to_string(),
+                    Phase::WaitPort | Phase::Rebuild => format!("{} to be ACTIVE again", self.dev.describe()),
+                    Phase::Exchange => "the peer's new QPs (is its port up?)".into(),
+                    Phase::WaitGo | Phase::Running | Phase::Failed => "the peer to resume".into(),
+                };
+                format!(
+                    "{}; recovery gave up after {:.1} s waiting for {waiting} (RUSTNET_RECOVERY_TIMEOUT={} s; 0 turns recovery off)",
+                    r.cause,
+                    waited.as_secs_f64(),
+                    r.window_s
+                )
+            }
+        };
+        Error::Remote { peer: self.peer_name(), what }
+    }
+}
+
+/// One end of a recovering comm, as the driver below sees it.
+pub(super) trait Side {
+    /// Its link.
+    fn link(&mut self) -> &mut Link;
+    /// Stop what the link does not own (the receiver's flush QP).
+    fn halt_extra(&mut self) {}
+    /// Read the CQ through the machine (its posts do nothing while halted).
+    fn drain(&mut self);
+    /// A receiver (its drain ends at its receive queues' flush).
+    fn receiver(&self) -> bool;
+    /// The machine's restart point.
+    fn point(&self) -> Point;
+    /// The new QPs are connected: post what they need (receives), rebuild
+    /// the flush QP.
+    fn connected(&mut self) -> Result<()>;
+    /// Hand the peer's restart point to the machine; bytes written again.
+    fn resume(&mut self, peer: &Point) -> Result<u64>;
+}
+
+/// Move a comm's recovery on as far as it goes now. `Err`: the comm failed.
+pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
+    if let Some(e) = &s.link().failed {
+        return Err(e.clone());
+    }
+    for _ in 0..16 {
+        s.link().pump()?;
+        let now = Instant::now();
+        let link = s.link();
+        let Some(r) = link.rec.as_mut() else { return Ok(()) };
+        match r.m.step(now) {
+            Do::Wait => return Ok(()),
+            Do::Halt(msg) => {
+                r.halted_at = now;
+                r.rq_flushed = 0;
+                r.quiet = false;
+                r.new_qps.clear();
+                r.new_cq = None;
+                r.send(&msg);
+                link.stop_qps();
+                let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
+                link.rec.as_mut().expect("recovering").port_up = up;
+                s.halt_extra();
+            }
+            Do::Drain => {
+                s.drain();
+                let receiver = s.receiver();
+                let link = s.link();
+                let nq = link.qps.len();
+                let r = link.rec.as_mut().expect("recovering");
+                let since = now.saturating_duration_since(r.halted_at);
+                let done = if receiver { r.rq_flushed & lanes_mask(nq) == lanes_mask(nq) } else { r.quiet && since >= DRAIN_MIN };
+                if done || since >= DRAIN_MAX {
+                    if !done {
+                        tracing::warn!(
+                            "{}: comm to {}: the stopped QPs' queues were not all flushed after {DRAIN_MAX:?}; going on",
+                            link.dev.name,
+                            link.peer_name()
+                        );
+                    }
+                    link.rec.as_mut().expect("recovering").m.drained();
+                } else {
+                    return Ok(());
+                }
+            }
+            Do::QueryPort => {
+                if now < r.next_query {
+                    return Ok(());
+                }
+                r.next_query = now + PORT_POLL;
+                match handshake::local_addr(&link.dev, &link.cc) {
+                    Ok(l) => {
+                        let seen = link.dev.health.port_events(link.dev.port);
+                        let r = link.rec.as_mut().expect("recovering");
+                        r.local = Some(l);
+                        r.port_up = true;
+                        // the flap this recovery rides out is handled: no second one for its PORT_ACTIVE
+                        r.port_seen = seen;
+                        r.went_down = false;
+                        r.m.port_active();
+                    }
+                    Err(_) => return Ok(()),
+                }
+            }
+            Do::Rebuild { epoch } => {
+                let point = s.point();
+                let link = s.link();
+                let r = link.rec.as_mut().expect("recovering");
+                let Some(local) = r.local else { return Err(link.fail_with(Error::Internal("rebuild before the port came back".into()))) };
+                let plan = r.plan;
+                let cq = match Cq::new(&link.dev.ctx, plan.cqe() as i32) {
+                    Ok(c) => c,
+                    Err(e) => return Err(link.fail_with(e)),
+                };
+                let mut qps = Vec::with_capacity(link.qps.len());
+                for i in 0..link.qps.len() {
+                    match Qp::create(&link.dev.pd, &cq, plan.qp(i), link.dev.port, link.cc.pkey, Access::REMOTE_WRITE) {
+                        Ok(q) => qps.push(q),
+                        Err(e) => return Err(link.fail_with(e)),
+                    }
+                }
+                let mut addr = QpAddr {
+                    nqps: qps.len(),
+                    gid: local.gid,
+                    gid_index: local.gid_index,
+                    lid: local.lid,
+                    mtu: local.mtu,
+                    ..QpAddr::default()
+                };
+                for (a, q) in addr.qpns.iter_mut().zip(&qps) {
+                    *a = q.qpn();
+                }
+                let r = link.rec.as_mut().expect("recovering");
+                r.new_qps = qps;
+                r.new_cq = Some(cq);
+                r.send(&RcMsg::State { epoch, addr: Box::new(addr), point: Box::new(point) });
+                r.m.rebuilt();
+            }
+            Do::Connect { epoch } => {
+                connect(link)?;
+                if let Err(e) = s.connected() {
+                    return Err(s.link().fail_with(e));
+                }
+                let r = s.link().rec.as_mut().expect("recovering");
+                r.send(&RcMsg::Go { epoch });
+                r.m.connected();
+            }
+            Do::Resume => {
+                let Some((_, point)) = r.m.peer() else { return Ok(()) };
+                let point = *point;
+                let took = now.saturating_duration_since(r.m.since().unwrap_or(r.halted_at));
+                let halts = r.m.halts();
+                // traffic flows from here: the machine's resends must go out
+                r.m.resumed();
+                let bytes = match s.resume(&point) {
+                    Ok(b) => b,
+                    Err(e) => return Err(s.link().fail_with(e)),
+                };
+                let link = s.link();
+                link.stats.recoveries.add(1);
+                link.stats.replayed_bytes.add(bytes);
+                link.stats.last_recovery_us.store(took.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    "{}: comm to {} recovered in {:.3} s ({} stop(s)): new QPs {:x?}, {bytes} byte(s) written again",
+                    link.dev.name,
+                    link.peer_name(),
+                    took.as_secs_f64(),
+                    halts,
+                    link.qps.iter().map(|q| q.qpn()).collect::<Vec<_>>()
+                );
+            }
+            Do::Fail { why, tell } => {
+                if let Some(m) = tell {
+                    r.send(&m);
+                    let _ = link.pump();
+                }
+                let e = link.give_up(why);
+                return Err(link.fail_with(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bring the new QPs to RTS toward the peer's (its State), and make them the comm's.
+fn connect(link: &mut Link) -> Result<()> {
+    let r = link.rec.as_mut().expect("recovering");
+    let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else {
+        return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
+    };
+    let peer = *peer;
+    if peer.nqps != r.new_qps.len() {
+        let what = format!("recovered with {} QPs where the connection has {}", peer.nqps, r.new_qps.len());
+        return Err(link.fail_with(Error::Protocol { peer: link.peer_name(), what }));
+    }
+    let (tc, sl) = (r.rtr_tc, r.rtr_sl);
+    let news = std::mem::take(&mut r.new_qps);
+    let rts = RtsParams { timeout: link.cc.timeout, retry_cnt: link.cc.retry_cnt };
+    let global = link.dev.link_layer == LINK_ETH || local.gid[..8] != peer.gid[..8];
+    let mut qps = Vec::with_capacity(news.len());
+    for (i, q) in news.into_iter().enumerate() {
+        let p = RtrParams {
+            dest_qpn: peer.qpns[i],
+            mtu: local.mtu.min(peer.mtu).max(1) as u32,
+            port: link.dev.port,
+            global,
+            dgid: peer.gid,
+            sgid_index: local.gid_index,
+            dlid: peer.lid,
+            tc,
+            sl,
+        };
+        match q.to_rtr(&p).and_then(|q| q.to_rts(&rts)) {
+            Ok(q) => qps.push(q),
+            Err(e) => return Err(link.fail_with(e)),
+        }
+    }
+    if link.peer_gid != peer.gid || link.local_gid != local.gid {
+        tracing::warn!(
+            "{}: comm to {}: GIDs after the fault: ours {}, the peer's {}",
+            link.dev.name,
+            link.peer_name(),
+            super::gid::show(&local.gid),
+            super::gid::show(&peer.gid)
+        );
+    }
+    // the old QPs go first (destroyed), then their CQ with whatever it still held
+    link.qps = qps;
+    if let Some(cq) = link.rec.as_mut().and_then(|r| r.new_cq.take()) {
+        link.cq = cq;
+    }
+    link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
+    link.peer_gid = peer.gid;
+    link.local_gid = local.gid;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- the two ends
+
+impl SendComm {
+    /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
+    pub(super) fn recovering(&mut self) -> Result<bool> {
+        if !self.io.link.halted() {
+            return Ok(false);
+        }
+        progress(self)?;
+        Ok(self.io.link.halted())
+    }
+}
+
+impl Side for SendComm {
+    fn link(&mut self) -> &mut Link {
+        &mut self.io.link
+    }
+    fn drain(&mut self) {
+        self.tx.poll(&mut self.io);
+    }
+    fn receiver(&self) -> bool {
+        false
+    }
+    fn point(&self) -> Point {
+        Point::Tx(self.tx.restart_point())
+    }
+    fn connected(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn resume(&mut self, peer: &Point) -> Result<u64> {
+        let Point::Rx(p) = peer else {
+            return Err(Error::Protocol { peer: self.io.link.peer_name(), what: "a send comm's restart point from the receiver".into() });
+        };
+        match self.tx.resume(&mut self.io, p) {
+            Ok(r) => Ok(r.bytes),
+            Err(f) => Err(self.io.link.fail_by(f, "send")),
+        }
+    }
+}
+
+impl RecvComm {
+    /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
+    pub(super) fn recovering(&mut self) -> Result<bool> {
+        if !self.io.link.halted() {
+            return Ok(false);
+        }
+        progress(self)?;
+        Ok(self.io.link.halted())
+    }
+}
+
+impl Side for RecvComm {
+    fn link(&mut self) -> &mut Link {
+        &mut self.io.link
+    }
+    fn halt_extra(&mut self) {
+        if let Some(f) = &self.io.flush {
+            let _ = f.qp.set_error();
+        }
+    }
+    fn drain(&mut self) {
+        self.rx.poll(&mut self.io);
+    }
+    fn receiver(&self) -> bool {
+        true
+    }
+    fn point(&self) -> Point {
+        Point::Rx(self.rx.restart_point())
+    }
+    fn connected(&mut self) -> Result<()> {
+        let io = &mut self.io;
+        for q in &io.link.qps {
+            for _ in 0..RECV_WRS {
+                q.post_recv_empty(WrId::Recv(0).encode())?;
+            }
+        }
+        if io.flush.is_some() {
+            let local = io.link.rec.as_ref().and_then(|r| r.local).unwrap_or(io.local);
+            let f = Flush::new(&io.link.dev, &io.link.cq, &local, &io.link.cc)?;
+            io.link.flush_qpn = Some(f.qp.qpn());
+            io.flush = Some(f);
+        }
+        Ok(())
+    }
+    fn resume(&mut self, peer: &Point) -> Result<u64> {
+        let Point::Tx(p) = peer else {
+            return Err(Error::Protocol { peer: self.io.link.peer_name(), what: "a receive comm's restart point from the sender".into() });
+        };
+        match self.rx.resume(&mut self.io, p, |io, id| io.post_flush(id)) {
+            Ok(()) => Ok(0),
+            Err(f) => Err(self.io.link.fail_by(f, "receive")),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Recovering a verbs comm in place after a fabric fault: what a comm
+//! keeps for it ([`RecLink`]) and which completion errors start one. The
+//! steps and their order are [`crate::proto::recover::Recovery`]'s, what to
+//! resend is the protocol machines' (`Sender::resume`, `Receiver::resume`);
+//! [`super::reconnect`] stops and rebuilds QPs, reads the port, and moves
+//! the recovery messages over the comm's out-of-band socket.
+//!
+//! What starts a recovery ([`Link::fault`]): a completion with a status a
+//! healthy peer can come back from (retry exceeded, flushed, ...), a port
+//! that went down and came back while requests were outstanding (the HCA
+//! would retransmit only at its next timeout, up to seconds later), an
+//! injected QP error (`RUSTNET_FAULT_QP_ERROR`), or the peer's Halt. What
+//! ends it: traffic on new QPs, or the comm's failure once
+//! `RUSTNET_RECOVERY_TIMEOUT` is spent, the peer gives up, or the peer is
+//! gone (its out-of-band socket closes).
+//!
+//! While a comm recovers, NCCL's calls return "not yet" (no request
+//! fails), and nothing is posted: the executors' post methods do nothing
+//! while [`Link::halted`], and the resume posts again whatever the restart
+//! points say is missing.
+use std::time::{Duration, Instant};
+
+use super::caps::Plan;
+use super::handshake::LocalAddr;
+use super::verbs::{Cq, Init, Qp};
+use crate::proto::recover::{RcMsg, Recovery, RC_HDR, RC_MAX_PAYLOAD};
+
+/// Completion statuses a healthy peer can come back from: the network
+/// lost the path (retry exceeded, response timeout, a local transport
+/// error while the link vanished) or the QP was stopped (flushed). Anything
+/// else (access, protection, length, invalid request) is a bug on one end
+/// and fails the comm.
+pub(super) fn recoverable(status: u32) -> bool {
+    use super::ffi::*;
+    matches!(status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR | IBV_WC_RNR_RETRY_EXC_ERR | IBV_WC_RESP_TIMEOUT_ERR | IBV_WC_LOC_QP_OP_ERR)
+}
+
+/// A comm's recovery state (on [`Link::rec`]; `None`: the comm does not
+/// recover: the knob is 0, the device is iWARP, or the peer's build
+/// predates recovery).
+pub(super) struct RecLink {
+    pub(super) m: Recovery,
+    pub(super) window_s: u32,
+    pub(super) inbuf: Vec<u8>,
+    pub(super) out: Vec<u8>,
+    pub(super) sent: usize,
+    /// What started the current episode (for the logs and the error).
+    pub(super) cause: String,
+    pub(super) halted_at: Instant,
+    /// Receiver: QPs whose receive queue was flushed since the stop.
+    pub(super) rq_flushed: u128,
+    /// The last CQ read found nothing.
+    pub(super) quiet: bool,
+    pub(super) next_query: Instant,
+    /// Our address once the port is back (the GID read fresh).
+    pub(super) local: Option<LocalAddr>,
+    pub(super) new_qps: Vec<Qp<Init>>,
+    /// What the QPs and the CQ were sized from ([`super::caps`]): a recovery
+    /// makes new QPs alike, and a new CQ as well (a flush of every queue at
+    /// once may have overrun the old one, which is then unusable).
+    pub(super) plan: Plan,
+    pub(super) new_cq: Option<Cq>,
+    pub(super) rtr_tc: u8,
+    pub(super) rtr_sl: u8,
+    /// PORT_ERR and PORT_ACTIVE counts of our port last looked at.
+    pub(super) port_seen: (u32, u32),
+    /// Our port was ACTIVE when last looked at: recovery messages go out
+    /// only then (one written while the link is down waits in TCP's
+    /// retransmission back-off, seconds past the link's return).
+    pub(super) port_up: bool,
+    /// A PORT_ERR was seen and no recovery or PORT_ACTIVE has answered it yet.
+    pub(super) went_down: bool,
+}
+
+impl RecLink {
+    pub(super) fn new(window_s: u32, plan: Plan, rtr_tc: u8, rtr_sl: u8, port_seen: (u32, u32)) -> RecLink {
+        let now = Instant::now();
+        RecLink {
+            m: Recovery::new(Duration::from_secs(window_s as u64)),
+            window_s,
+            inbuf: Vec::with_capacity(RC_HDR + RC_MAX_PAYLOAD),
+            out: Vec::new(),
+            sent: 0,
+            cause: String::new(),
+            halted_at: now,
+            rq_flushed: 0,
+            quiet: false,
+            next_query: now,
+            local: None,
+            new_qps: Vec::new(),
+            plan,
+            new_cq: None,
+            rtr_tc,
+            rtr_sl,
+            port_seen,
+            port_up: true,
+            went_down: false,
+        }
+    }
+
+    /// Queue `m` for the out-of-band socket.
+    pub(super) fn send(&mut self, m: &RcMsg) {
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        }
+        m.encode(&mut self.out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_statuses_a_healthy_peer_comes_back_from_are_recoverable() {
+        use super::super::ffi::*;
+        for s in [IBV_WC_RETRY_EXC_ERR, IBV_WC_WR_FLUSH_ERR, IBV_WC_RNR_RETRY_EXC_ERR, IBV_WC_RESP_TIMEOUT_ERR, IBV_WC_LOC_QP_OP_ERR] {
+            assert!(recoverable(s), "{s}");
+        }
+        for s in [IBV_WC_REM_ACCESS_ERR, IBV_WC_LOC_PROT_ERR, IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR, IBV_WC_GENERAL_ERR] {
+            assert!(!recoverable(s), "{s}");
+        }
+    }
+}
