@@ -2,7 +2,8 @@
 //! and receive queues and the inline size of every QP, and the CQ, from
 //! what that end of the connection can have outstanding. Comm construction
 //! ([`super::handshake::Setup`], the flush QP in [`super::ready`]) asks here,
-//! and so should anything that re-creates a QP in place.
+//! and a recovery re-creating a connection's QPs and CQ in place
+//! (`reconnect.rs`) asks again through the connection's [`Plan`].
 //!
 //! Queue memory is most of what an idle comm costs (docs/scale.md): the
 //! provider allocates every queue at its full depth when the QP or CQ is
@@ -22,8 +23,7 @@
 //! A CQ sized so holds every completion the machines ask for, not the
 //! flush of every outstanding work request: a QP moved to the error state
 //! completes all of them, unsignaled ones too, and can overflow it (harmless
-//! for a comm that fails; code that brings a QP back after an error should
-//! give it a fresh CQ, or poll the old one empty first).
+//! for a comm that fails; a recovery makes a fresh CQ with its new QPs).
 use super::verbs::QpCaps;
 use crate::proto::fifo::{ELEM_BYTES, FIFO_DEPTH, MAX_LANE_WRS};
 use crate::proto::notice::{NOTICE_BYTES, RECV_DEPTH as NOTICE_RECV_DEPTH};
