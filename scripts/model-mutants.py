@@ -76,6 +76,11 @@ MUTANTS = [
     ("the control writes' send queue not emptied", "rx/drive.rs", "        self.budget.reset();\n", ""),
     ("the eager send-queue count kept", "tx/drive.rs", "            e.pending = 0;\n", ""),
     ("CTS elements kept for one lap only", "rx.rs", "pub const CTS_KEEP: usize = 2 * FIFO_DEPTH;", "pub const CTS_KEEP: usize = FIFO_DEPTH;"),
+    ("a late ring's address never written", "rx.rs",
+     "            self.push(out, RING_ANN_OFF, RING_ANN_BYTES);\n", ""),
+    ("a late ring never made", "rx/drive.rs",
+     "        let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;\n        self.ring_made(nic.stage(), addr, rkey);\n",
+     "        let _ = nic.ring_requested();\n"),
 ]
 
 

@@ -402,10 +402,12 @@ knobs! {
     ib_merge_nics: String = "RUSTNET_IB_MERGE_NICS", default "0", accepts "0, 1, or groups of device names a,b;c,d";
     /// As NCCL's net_ib: the pciPath reported to NCCL has the PCI function digit set to 0 (the ports of one adapter are one PCI device to NCCL's topology) and, with 1, the device digits too, so SR-IOV virtual functions are placed where their physical function is.
     ib_merge_vfs: Int<0, 1> = "NCCL_IB_MERGE_VFS", default "1", accepts "0 or 1";
-    /// Use inline sends for the receiver's small control writes where the device allows.
+    /// Inline sends where the device allows: the receiver's one-element CTS and credit writes (up to 32 bytes), the sender's data and eager writes up to 48 bytes (an 8-byte message's eager write). iWARP notices go inline either way.
     ib_use_inline: Int<0, 1> = "NCCL_IB_USE_INLINE", default "1", accepts "0 or 1";
-    /// Verbs messages up to this many bytes skip the receiver's clear-to-send: the sender writes them into a ring of 32 slots the receiver registered at connect time (one RDMA write on the critical path instead of two), and the receiver copies them out. 0 turns it off. Both ends must enable it (the smaller limit is used); it is off on devices that offer GPUDirect (a CPU copy cannot reach GPU memory) and on merged devices. Ring memory per connection: about 32 x (the limit + 64 bytes) on each end (133 KiB at the default).
+    /// Verbs messages up to this many bytes skip the receiver's clear-to-send: the sender writes them into a ring of 32 slots the receiver registered (one RDMA write on the critical path instead of two), and the receiver copies them out. 0 turns it off. Both ends must enable it (the smaller limit is used); it is off on devices that offer GPUDirect (a CPU copy cannot reach GPU memory) and on merged devices. Ring memory per connection that uses it: about 32 x (the limit + 64 bytes) on each end (133 KiB at the default); when it is registered: RUSTNET_IB_EAGER_LAZY.
     ib_eager: Int<0, 65536> = "RUSTNET_IB_EAGER", default "4096", accepts "bytes 0..65536 (0 = off)";
+    /// 1: the receiver registers its eager ring, and the sender its staging, only the first time the sender has a small message ready before the receiver's clear-to-send, so a connection that never sends one ahead costs no ring memory (the messages before the ring is up go by clear-to-send). Needs both ends at a build that knows it; with an older peer the ring is registered at connect, as with 0.
+    ib_eager_lazy: Int<0, 1> = "RUSTNET_IB_EAGER_LAZY", default "1", accepts "0 or 1";
     /// GPU memory over verbs: `auto` offers it when peer memory or dma-buf works (and says why not otherwise); `off` reports host memory only.
     gdr: GdrChoice = "RUSTNET_GDR", default "auto", accepts "auto or off";
     /// NCCL's switch for dma-buf registration; 0 keeps NCCL_PTR_DMABUF off.

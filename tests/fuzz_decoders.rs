@@ -426,7 +426,7 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
                 name: "mlx5_0".into(),
                 eager: 8192,
                 ring: (0x7f00_beef_0000, 0x99),
-                flags: 1,
+                flags: 3,
             };
             add("valid-roce", m.encode().to_vec());
             let ib = Meta { qpns: (1..=128).collect(), link: 1, family: 0, roce_version: 0, lid: 7, eager: 0, ..m.clone() };

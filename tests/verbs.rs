@@ -748,11 +748,16 @@ fn zz_link_down_mid_transfer_fails_both_ends() {
 /// Receive `size` bytes into a fresh buffer of `cap` bytes and send one
 /// message of `size` bytes filled from `seed`; returns the receive completion.
 fn exchange(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, size: usize, cap: usize, seed: u8) -> Vec<u8> {
+    exchange2(n, n, s, r, size, cap, seed)
+}
+
+/// [`exchange`] between comms of two nets (`ns` the sender's, `nr` the receiver's).
+fn exchange2(ns: &IbNet, nr: &IbNet, s: &mut SendComm, r: &mut RecvComm, size: usize, cap: usize, seed: u8) -> Vec<u8> {
     let mut src = Buf::new(size);
     src.fill(seed);
     let mut dst = Buf::new(cap);
-    let smr = reg(n, s.dev(), &mut src, Access::LOCAL_READ);
-    let rmr = reg(n, r.dev(), &mut dst, Access::REMOTE_WRITE);
+    let smr = reg(ns, s.dev(), &mut src, Access::LOCAL_READ);
+    let rmr = reg(nr, r.dev(), &mut dst, Access::REMOTE_WRITE);
     // SAFETY: buffers and registrations outlive the requests (completed below).
     let rid = unsafe { r.irecv(&[RecvBuf { buf: dst.raw(), tag: 3 }], &[Some(&rmr)]) }.unwrap().unwrap();
     let mut rc = None;
@@ -770,22 +775,42 @@ fn exchange(n: &IbNet, s: &mut SendComm, r: &mut RecvComm, size: usize, cap: usi
     dst.bytes()[..size].to_vec()
 }
 
+/// Exchange 8-byte messages until one went eagerly (a late ring is made
+/// when the sender first asks: the messages before go by CTS).
+fn eager_ring_up(n: &IbNet, s: &mut SendComm, r: &mut RecvComm) {
+    eager_ring_up2(n, n, s, r)
+}
+
+/// [`eager_ring_up`] between comms of two nets.
+fn eager_ring_up2(ns: &IbNet, nr: &IbNet, s: &mut SendComm, r: &mut RecvComm) {
+    for k in 0..50 {
+        if s.eager_stats().0 > 0 {
+            assert!(s.eager_registered() && r.eager_registered());
+            return;
+        }
+        exchange2(ns, nr, s, r, 8, 8, k);
+    }
+    panic!("no eager message in 50 small exchanges: sender {:?}, receiver {:?}", s.eager_stats(), r.eager_stats());
+}
+
 /// Small messages go into the receiver's eager ring (one RDMA write, no
 /// clear-to-send on the critical path), arrive intact with their exact
-/// sizes, and RUSTNET_IB_EAGER=0 turns the path off.
+/// sizes, whether the ring was registered at connect or on the sender's
+/// first request (RUSTNET_IB_EAGER_LAZY), and RUSTNET_IB_EAGER=0 turns the
+/// path off.
 #[test]
 #[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
 fn eager_small_messages_skip_the_cts_and_arrive_intact() {
     let (d1, d2) = device2();
-    for (eager, want_eager) in [("4096", true), ("0", false)] {
-        let (n, idx) = net(&[&d1, &d2], &[("RUSTNET_IB_EAGER", eager)]);
+    for (eager, lazy, want_eager) in [("4096", "1", true), ("4096", "0", true), ("0", "1", false)] {
+        let (n, idx) = net(&[&d1, &d2], &[("RUSTNET_IB_EAGER", eager), ("RUSTNET_IB_EAGER_LAZY", lazy)]);
         let (mut s, mut r) = pair(&n, idx[0], idx[1]);
         let sizes: Vec<usize> = (0..200).map(|k| [0, 1, 8, 100, 4095, 4096, 4097, 70_000][k % 8]).collect();
         for (k, &size) in sizes.iter().enumerate() {
             exchange(&n, &mut s, &mut r, size, size + (k % 3) * 64, k as u8);
         }
         let (se, re) = (s.eager_stats(), r.eager_stats());
-        eprintln!("RUSTNET_IB_EAGER={eager}: sender eager {se:?}, receiver eager {re:?}");
+        eprintln!("RUSTNET_IB_EAGER={eager} RUSTNET_IB_EAGER_LAZY={lazy}: sender eager {se:?}, receiver eager {re:?}");
         assert_eq!(se, re, "both ends count the same eager messages and bytes");
         if want_eager {
             // messages up to 4096 bytes whose CTS was not there yet: most of the small ones
@@ -793,6 +818,41 @@ fn eager_small_messages_skip_the_cts_and_arrive_intact() {
         } else {
             assert_eq!(se.0, 0, "RUSTNET_IB_EAGER=0 still sent eagerly");
         }
+    }
+}
+
+/// A late eager ring (the default) costs nothing until small messages come:
+/// receives above the limit register nothing; the first receive only an
+/// eager message could fill (or the sender's request, its first small send
+/// with no CTS) has the ring registered on both ends. With
+/// RUSTNET_IB_EAGER_LAZY=0 on either end it is registered at connect.
+#[test]
+#[ignore = "needs an RDMA device: run in tests/rxe-vm (RUSTNET_TEST_DEVICE)"]
+fn a_late_eager_ring_is_registered_only_when_small_messages_come() {
+    let d = device();
+    let (n, idx) = net(&[&d], &[]);
+    let (mut s, mut r) = pair(&n, idx[0], idx[0]);
+    for k in 0..20 {
+        exchange(&n, &mut s, &mut r, 8192, 8192, k);
+    }
+    assert!(!s.eager_registered() && !r.eager_registered(), "a ring for a connection that never sent a small message");
+    eager_ring_up(&n, &mut s, &mut r);
+    for k in 0..20 {
+        exchange(&n, &mut s, &mut r, 1 + k as usize * 100, 4096, k);
+    }
+    assert_eq!(s.eager_stats(), r.eager_stats());
+    // one end at RUSTNET_IB_EAGER_LAZY=0 (or a build before late rings): at connect
+    for (a, b) in [("0", "1"), ("1", "0")] {
+        let (na, ia) = net(&[&d], &[("RUSTNET_IB_EAGER_LAZY", a)]);
+        let (nb, ib) = net(&[&d], &[("RUSTNET_IB_EAGER_LAZY", b)]);
+        let (mut l, h) = nb.listen(ib[0]).expect("listen");
+        let mut c = na.connect(ia[0], &h, None).expect("connect start");
+        until("connect", || c.progress().expect("connect").then_some(()));
+        let mut s = c.into_send_comm().expect("send comm");
+        let mut r = until("accept", || l.accept().expect("accept"));
+        exchange2(&na, &nb, &mut s, &mut r, 8, 8, 1);
+        assert!(r.eager_registered(), "sender lazy={a}, receiver lazy={b}: the ring is registered at connect");
+        eager_ring_up2(&na, &nb, &mut s, &mut r);
     }
 }
 
@@ -806,6 +866,8 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
     let (n, idx) = net(&[&d], &[]);
     let (mut s, mut r) = pair(&n, idx[0], idx[0]);
     exchange(&n, &mut s, &mut r, 8, 8, 0); // the first receive sets the eager tag
+    eager_ring_up(&n, &mut s, &mut r);
+    let before = r.eager_stats().0;
     const N: usize = 70;
     let mut src: Vec<Buf> = (0..N).map(|k| Buf::new(16 + k)).collect();
     let mut dst: Vec<Buf> = (0..N).map(|k| Buf::new(16 + k)).collect();
@@ -827,7 +889,13 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
             None => break,
         }
     }
-    assert_eq!(sids.len(), rustnet::proto::eager::RING_SLOTS, "sends accepted with no receive posted");
+    // (less the slots of the eager messages that brought the ring up, unless their credits came back)
+    let slots = rustnet::proto::eager::RING_SLOTS;
+    assert!(
+        (slots - before as usize..=slots).contains(&sids.len()),
+        "{} sends accepted with no receive posted: the ring has {slots} slots, {before} used before",
+        sids.len()
+    );
     // now post the receives; the rest of the sends follow as credits come back
     let (mut posted, mut rids, mut done) = (0, Vec::new(), vec![false; N]);
     let t0 = Instant::now();
@@ -863,7 +931,7 @@ fn eager_messages_wait_for_their_receives_and_credits_come_back() {
     for id in sids {
         until("send completion", || s.test(id).unwrap());
     }
-    assert!(r.eager_stats().0 >= 32, "{:?}", r.eager_stats());
+    assert!(r.eager_stats().0 - before >= 32, "{:?}", r.eager_stats());
 }
 
 /// A message larger than its receive buffer is an error on both ends, not a
@@ -877,7 +945,7 @@ fn eager_truncation_fails_with_sizes_instead_of_hanging() {
         let (n, idx) = net(&[&d], &[]);
         let (mut s, mut r) = pair(&n, idx[0], idx[0]);
         exchange(&n, &mut s, &mut r, 8, 8, 0);
-        exchange(&n, &mut s, &mut r, 8, 8, 1);
+        eager_ring_up(&n, &mut s, &mut r);
         let mut src = Buf::new(size);
         let mut dst = Buf::new(cap);
         let smr = reg(&n, idx[0], &mut src, Access::LOCAL_READ);

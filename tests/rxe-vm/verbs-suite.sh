@@ -22,7 +22,16 @@
 #    soft-iWARP pair (RXE_VM_SIW=1, the default) a fifth pass runs every
 #    version's traffic, grouped tags, profiler events and peer death over
 #    siw0 -> siw1 (rdma_cm, notices), a sixth its traffic with 4 QPs split
-#    (a notice per lane), and fuzz_calls runs again on siw0.
+#    (a notice per lane), and fuzz_calls runs again on siw0. A further pass
+#    runs the traffic cases with peer A at RUSTNET_IB_EAGER_LAZY=0 (its rings
+#    registered at connect, as builds before late rings do) against B's late
+#    rings, both directions; with VERBS_PEER_SO=/path/librustnet.so (another
+#    build, e.g. main's) one more runs them with B on that build. Then a
+#    short `rustnet bench scale` over rxe0 (16 and 128 comm pairs, ~30 s)
+#    checks what one verbs comm costs: 1 QP and at most 1.5 memory
+#    registrations per comm, at most 180 KiB of RSS per comm (NCCL's net_ib
+#    design measured 178 in this VM, docs/scale.md), RSS back within 8 MB
+#    after close.
 # 3. Prints PASS/FAIL per binary and a summary. Exit 0 when all passed, 1 when
 #    any failed, 125 when the VM died or timed out, other values when the build
 #    failed.
@@ -43,6 +52,11 @@
 #                            that write under target/, e.g. CARGO_TARGET_TMPDIR)
 #   VERBS_NO_BUILD=1         skip `cargo build --release` (test binaries are
 #                            still (re)built by `cargo test --no-run`)
+#   VERBS_PEER_SO=PATH       an older plugin build for peer B in an extra
+#                            conformance pass (wire compatibility); a path the
+#                            guest can read (under / but not /tmp)
+#   VERBS_SCALE=auto|1|0     run the short verbs bench scale check; auto = with
+#                            the default selection (no VERBS_TEST_ARGS)
 #   VERBS_LOSS=auto|1|0      run loss.sh's scenarios (netem loss on veth1 under
 #                            verbs traffic, ~40 s) in the same boot; auto = with
 #                            the default selection (no VERBS_TEST_ARGS)
@@ -107,6 +121,8 @@ if [ "${1:-}" = --in-vm ]; then
     case ${t%%=*} in conformance)
       runs+=("conformance_rxe0_to_rxe1=${t#*=}" "conformance_4qps_split=${t#*=}")
       runs+=("conformance_qp_faults=${t#*=}" "conformance_qp_faults_4qps_split=${t#*=}")
+      runs+=("conformance_eager_at_connect_vs_late=${t#*=}")
+      [ -n "${VERBS_PEER_SO:-}" ] && runs+=("conformance_with_peer_build=${t#*=}")
       [ "${RXE_VM_PAIRS:-1}" -ge 2 ] && runs+=("conformance_merged_rxe0+rxe2_to_rxe1+rxe3=${t#*=}")
       [ -n "${RXE_VM_SIW_DEVICES:-}" ] && runs+=("conformance_siw0_to_siw1=${t#*=}" "conformance_siw_4qps_split=${t#*=}")
       ;;
@@ -138,6 +154,17 @@ if [ "${1:-}" = --in-vm ]; then
         run_env=(RUSTNET_FAULT_QP_ERROR=random:3 RUSTNET_FAULT_SEED=7 RUSTNET_CONF_WANT_RECOVERY=1)
         [ "$name" = conformance_qp_faults_4qps_split ] && run_env+=(NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1)
         export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1" ;;
+      conformance_eager_at_connect_vs_late)
+        # A registers its eager rings at connect (a build before late rings
+        # answers the same), B asks for its peer's ring late: both directions
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v8 traffic_v12)
+        export RUSTNET_CONF_A_ENV="RUSTNET_IB_EAGER_LAZY=0" ;;
+      conformance_with_peer_build)
+        # B loads another build (VERBS_PEER_SO): the wire between builds
+        [ -z "${VERBS_TEST_ARGS:-}" ] || continue
+        extra=(traffic_v8 traffic_v12)
+        export RUSTNET_CONF_B_ENV="RUSTNET_CONF_LIBNAME=$VERBS_PEER_SO" ;;
       conformance_siw0_to_siw1)
         # iWARP (soft-iWARP): rdma_cm connections, notices instead of
         # immediates; every exported version's traffic, grouped tags,
@@ -171,6 +198,28 @@ if [ "${1:-}" = --in-vm ]; then
       *) results+=("FAIL $name (exit $rc, ${dt} s)"); fails=$((fails + 1)) ;;
     esac
   done
+  # What one verbs comm costs (docs/scale.md): 16 and 128 comm pairs of one
+  # process pair on rxe0, each comm 1 QP and at most 1.5 registrations (its
+  # FIFO or sizes area; the rest come from shared blocks), RSS per comm at
+  # most 180 KiB (net_ib's design: 178 here), RSS back within 8 MB after
+  # closing everything. CSV columns: see `rustnet bench scale --help`.
+  scale=${VERBS_SCALE:-auto}
+  if [ "$scale" = 1 ] || { [ "$scale" = auto ] && [ -z "${VERBS_TEST_ARGS:-}" ] && { [ $# = 0 ] || [[ " $* " == *conformance* ]]; }; }; then
+    echo "=== scale: rustnet bench scale over verbs (rxe0 to itself), 16 and 128 comm pairs"
+    t0=$EPOCHREALTIME
+    csv=/tmp/scale-ci.csv
+    ulimit -n 65536 2>/dev/null
+    NCCL_IB_HCA==rxe0 NCCL_IB_TIMEOUT=14 timeout -k 10 300 "$VERBS_RUSTNET" bench scale --comms 16,128 --reps 1 \
+      --lat-iters 200 --bytes 8M --idle-s 0.5 --label ci --csv "$csv" < /dev/null 2>&1 | tail -n 6
+    rc=${PIPESTATUS[0]}
+    dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))
+    # columns: 6 RSS KiB/comm, 11 RSS after close - start (MB), 20 QPs/comm, 22 registrations/comm
+    if [ $rc = 0 ] && awk -F, 'NR > 1 { n++ } NR > 1 && ($6 > 180 || $11 > 8 || $20 != 1 || $22 > 1.5) { print "FAIL: bench scale: " $0; bad = 1 } END { exit bad || n < 4 }' "$csv"; then
+      results+=("PASS scale (${dt} s)")
+    else
+      results+=("FAIL scale (exit $rc, ${dt} s)"); fails=$((fails + 1))
+    fi
+  fi
   # Packet loss on the live fabric (loss.sh, ~40 s): 1% netem loss must only
   # slow verbs traffic, 100% must fail it within NCCL_IB_TIMEOUT/RETRY_CNT's
   # time, naming the peer. Runs with the default selection (VERBS_LOSS=auto),
@@ -269,6 +318,7 @@ sysroot=$(rustc --print sysroot 2>/dev/null) && lib_dirs+=":$sysroot/lib"
 guest_cmd=$(printf '%q ' env \
   "VERBS_SMOKE=${VERBS_SMOKE:-auto}" "VERBS_TEST_ARGS=${VERBS_TEST_ARGS:-}" \
   "VERBS_TEST_TIMEOUT=${VERBS_TEST_TIMEOUT:-600}" "VERBS_ENV=${VERBS_ENV:-}" "VERBS_LOSS=${VERBS_LOSS:-auto}" \
+  "VERBS_PEER_SO=${VERBS_PEER_SO:-}" "VERBS_SCALE=${VERBS_SCALE:-auto}" \
   "VERBS_LIB_DIRS=$lib_dirs" "VERBS_RUSTNET=$target_dir/release/rustnet" bash "$HERE/verbs-suite.sh" --in-vm "${selected[@]}")
 "$HERE/run.sh" "$guest_cmd"
 rc=$?

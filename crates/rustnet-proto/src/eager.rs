@@ -25,6 +25,20 @@
 //! writes its FIFO head into the receiver's mailbox, which makes the receiver
 //! flush at once (and hand back credits).
 //!
+//! The ring may come late (a feature both ends announce in their
+//! [`Meta`](crate::ib_meta::Meta), [`FLAG_LATE_RING`](crate::ib_meta::FLAG_LATE_RING)):
+//! the receiver then agrees on the limit at connect but registers no ring,
+//! and a connection that never needs one never pays for it. The receiver
+//! registers the ring the first time it posts a receive only eager messages
+//! could fill (its CTS goes at once: no receive is deferred before the
+//! ring exists), or when the sender asks: the first time a send of the
+//! eager tag, small enough, finds no CTS, the sender writes [`RING_REQ`]
+//! into the receiver's sizes area at [`RING_REQ_OFF`] (and sends that
+//! message by rendezvous). The receiver writes the ring's address
+//! ([`RingAnn`]) into the sender's credit block at [`RING_ANN_OFF`] with its
+//! control writes; the sender registers its staging when it reads that, and
+//! from then on everything is as above. No mailbox is written before.
+//!
 //! Ring slot layout (the sender writes header, payload and trailer in one
 //! RDMA write; the marker words are `index + 1`, never 0):
 //! ```text
@@ -38,7 +52,7 @@
 use std::collections::VecDeque;
 
 use crate::error::ProtoError;
-use crate::fifo::FIFO_DEPTH;
+use crate::fifo::{FIFO_BYTES, FIFO_DEPTH, SIZES_BYTES};
 
 /// Bounce slots per connection.
 pub const RING_SLOTS: usize = 32;
@@ -53,6 +67,66 @@ pub const MAX_EAGER: usize = 64 << 10;
 /// Deferred CTS writes are sent once this many are waiting (they normally go
 /// out earlier, with the credit word, every RING_SLOTS / 2 eager messages).
 pub const CTS_BATCH: usize = 24;
+
+/// Late ring: where the sender's request word goes, in the receiver's
+/// sizes area (after the sizes slots; the area holds it).
+pub const RING_REQ_OFF: usize = SIZES_BYTES;
+/// Late ring: the request word.
+pub const RING_REQ: u64 = u64::from_le_bytes(*b"RNRINGRQ");
+/// Late ring: bytes of the receiver's sizes area (and of the sender's sizes
+/// staging, where the request word is staged): the sizes slots, then the
+/// request word.
+pub const SIZES_AREA_BYTES: usize = RING_REQ_OFF + 8;
+/// Late ring: where the receiver's [`RingAnn`] goes, in the sender's FIFO
+/// region: the credit block after the FIFO, past the credit word (in its
+/// staging at the same offset).
+pub const RING_ANN_OFF: usize = FIFO_BYTES + 8;
+/// Bytes of a [`RingAnn`] on the wire.
+pub const RING_ANN_BYTES: usize = 24;
+/// The marker that ends a [`RingAnn`] (written last, as a CTS element's).
+pub const RING_ANN_MARKER: u64 = u64::from_le_bytes(*b"RNRINGOK");
+const _: () = assert!(RING_ANN_OFF + RING_ANN_BYTES <= FIFO_BYTES + CREDIT_BYTES);
+
+/// Late ring: the receiver's ring, as it tells the sender.
+/// ```text
+///   0 addr   u64  the ring (mailbox word first)
+///   8 rkey   u32
+///  12 max    u32  the eager limit it was sized for (the one agreed at connect)
+///  16 marker u64  RING_ANN_MARKER
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingAnn {
+    /// Address of the ring region.
+    pub addr: u64,
+    /// Its rkey.
+    pub rkey: u32,
+    /// The eager limit its slots hold.
+    pub max: u32,
+}
+
+impl RingAnn {
+    /// To the wire (marker last).
+    pub fn encode(&self) -> [u8; RING_ANN_BYTES] {
+        let mut b = [0u8; RING_ANN_BYTES];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..16].copy_from_slice(&self.max.to_le_bytes());
+        b[16..24].copy_from_slice(&RING_ANN_MARKER.to_le_bytes());
+        b
+    }
+
+    /// From the wire: `None` while the marker is not there.
+    pub fn decode(b: &[u8; RING_ANN_BYTES]) -> Option<RingAnn> {
+        if u64::from_le_bytes(b[16..24].try_into().unwrap()) != RING_ANN_MARKER {
+            return None;
+        }
+        Some(RingAnn {
+            addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            rkey: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            max: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+        })
+    }
+}
 
 /// Bytes on the wire for a `size`-byte message (header, padded payload, trailer).
 pub fn wire_len(size: usize) -> usize {

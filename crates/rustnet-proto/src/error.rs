@@ -236,6 +236,17 @@ pub enum ProtoError {
         last: u64,
     },
 
+    /// A late eager ring's address that names no ring, or another limit.
+    #[error("receiver announced an eager ring at {addr:#x} for {max}-byte messages; the limit agreed at connect is {agreed}")]
+    EagerRing {
+        /// The ring's address.
+        addr: u64,
+        /// The limit it claims.
+        max: u32,
+        /// The limit agreed.
+        agreed: usize,
+    },
+
     // --- the verbs protocol machines (rx.rs, tx.rs)
     /// A completion word for a FIFO slot where no receive waits.
     #[error("completion {imm} for FIFO slot {slot}, which has no receive waiting for a rendezvous")]

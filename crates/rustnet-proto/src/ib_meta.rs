@@ -17,7 +17,8 @@
 //!  20 split   u8   1: messages are split across all QPs
 //!  21 family  u8   address family of the GID: 4, 6 (RoCE); 0 unknown / InfiniBand
 //!  22 rocever u8   RoCE version of the GID: 1, 2; 0 unknown / InfiniBand
-//!  23 flags   u8   bit 0 (FLAG_RECOVERY): this end recovers a comm in place after a fabric fault (recover.rs)
+//!  23 flags   u8   bit 0 (FLAG_RECOVERY): this end recovers a comm in place after a fabric fault (recover.rs);
+//!                  bit 1 (FLAG_LATE_RING): the eager ring may come late (eager.rs)
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
@@ -49,6 +50,11 @@ pub const LINK_IWARP: u8 = 3;
 /// [`crate::recover`] after READY (builds before them left the byte 0, and
 /// a comm recovers only when both ends set it).
 pub const FLAG_RECOVERY: u8 = 1;
+/// [`Meta::flags`]: the eager ring may come late ([`crate::eager`]). A
+/// sender sets it when it can take a ring announced after connect; a
+/// receiver answers with it (and no ring) when it will announce its ring
+/// later. Builds before it leave the bit 0 and ignore it.
+pub const FLAG_LATE_RING: u8 = 2;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 
@@ -215,7 +221,7 @@ mod tests {
             name: "rxe0".into(),
             eager: 8192,
             ring: (0x7000_1000, 0x55),
-            flags: FLAG_RECOVERY,
+            flags: FLAG_RECOVERY | FLAG_LATE_RING,
         }
     }
 
@@ -224,7 +230,11 @@ mod tests {
         let m = sample();
         assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
         let b = m.encode();
-        assert_eq!((b[21], b[22]), (4, 2), "family and RoCE version at their offsets");
+        assert_eq!((b[21], b[22], b[23]), (4, 2, FLAG_RECOVERY | FLAG_LATE_RING), "family, RoCE version and flags at their offsets");
+        // a build before the late ring left its bit 0: the flag is not read as set
+        let mut old = b;
+        old[23] &= !FLAG_LATE_RING;
+        assert_eq!(Meta::decode(&old).unwrap().flags & FLAG_LATE_RING, 0);
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_bytes(5), 4096);
     }

@@ -32,7 +32,7 @@ use crate::fifo::{FailCode, Group, PlannedWr};
 use crate::mem::{Mem, MemMut};
 use crate::pool::{ReqId, Stale};
 use crate::rx::{CtlChain, Deliver};
-use crate::tx::{EagerWr, MailboxWr};
+use crate::tx::{EagerWr, MailboxWr, RingRequestWr};
 use crate::MAX_RECVS;
 
 /// Completions asked for per poll.
@@ -50,8 +50,8 @@ pub enum WrId {
     /// iWARP: a lane's last data write, signaled only so siw copies it; its
     /// completion carries no news.
     DataDone(u64),
-    /// An eager-path write (eager message, mailbox, close fence); a
-    /// signaled one frees `count` eager-path send-queue entries.
+    /// An eager-path write (eager message, mailbox, late-ring request,
+    /// close fence); a signaled one frees `count` eager-path send-queue entries.
     Eager(u64),
     /// A control write (CTS, credits) on our QP `qp`; a signaled one hands
     /// `count` to the receiver's send-queue budget.
@@ -251,9 +251,18 @@ pub trait SendNic: Link {
     fn post_eager(&mut self, w: &EagerWr, copy: Option<(u64, usize)>) -> Result<(), Self::Error>;
     /// Post the mailbox write.
     fn post_mailbox(&mut self, m: &MailboxWr) -> Result<(), Self::Error>;
-    /// Post a signaled empty eager-path write behind the unsignaled ones
-    /// (close): its completion frees `count`.
+    /// Post a signaled empty eager-path write on QP 0 (to the ring, or
+    /// without one to the sizes area): behind the unsignaled ones at close,
+    /// or a blocked sender's probe; its completion frees `count`.
     fn post_fence(&mut self, count: u64) -> Result<(), Self::Error>;
+    /// Post the late-ring request ([`RingRequestWr`]: the word staged in the
+    /// sizes staging, to the receiver's sizes area) on QP 0.
+    fn post_ring_request(&mut self, r: &RingRequestWr) -> Result<(), Self::Error>;
+    /// The receiver's late ring is at `addr` (`rkey`), sized for `max`-byte
+    /// messages: make the eager staging (ring layout) and write there from
+    /// now on. An error fails the comm (the receiver may defer CTS from now
+    /// on, which only a sender with staging, for the mailbox, can undo).
+    fn ring_arrived(&mut self, addr: u64, rkey: u32, max: usize) -> Result<(), Self::Error>;
 }
 
 /// The receiving end's executor.
@@ -278,6 +287,12 @@ pub trait RecvNic: Link {
     fn may_advertise(&self, first: usize, nlanes: usize, in_flight: usize) -> bool;
     /// Receive `seq` (taken now) will bring `nlanes` completion words.
     fn expect(&mut self, seq: u64, nlanes: usize) -> Result<(), Self::Error>;
+    /// Late ring: has the sender's request word landed in the sizes area?
+    fn ring_requested(&self) -> bool;
+    /// Late ring: make the ring (registered for the sender's writes, zeroed,
+    /// sized for `max`-byte messages); its address and rkey. [`Self::ring`]
+    /// returns it from now on.
+    fn make_ring(&mut self, max: usize) -> Result<(u64, u32), Self::Error>;
 }
 
 #[cfg(test)]

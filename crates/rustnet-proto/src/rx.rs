@@ -19,7 +19,7 @@
 //! - an eager message fills the buffer its `j` names, once, if it fits.
 //!
 //! Every violation comes out as a typed [`ProtoError`].
-use crate::eager::{self, Arrival, CtsQueue, EagerRx, Header, HDR_BYTES, RING_SLOTS};
+use crate::eager::{self, Arrival, CtsQueue, EagerRx, Header, RingAnn, HDR_BYTES, RING_ANN_BYTES, RING_ANN_OFF, RING_SLOTS};
 use crate::error::ProtoError;
 use crate::fifo::{self, Cts, Imm, ImmKind, SqBudget, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH};
 use crate::mem::{Mem, MemMut};
@@ -63,6 +63,9 @@ pub struct Config {
     pub eager: usize,
     /// Send-queue entries the control writes may hold on QP 0.
     pub sq_depth: usize,
+    /// The eager ring comes late (both ends said so): registered when the
+    /// sender first asks ([`crate::eager`]), not at connect.
+    pub late_ring: bool,
 }
 
 /// One control write: `len` bytes at `off` of our staging go to the same
@@ -184,6 +187,15 @@ struct EagerState {
     early_size: [u32; RING_SLOTS],
     /// Last mailbox value acted on.
     mailbox: u64,
+    /// The ring exists (at connect, or since the sender asked for it).
+    made: bool,
+    /// Its address still has to go to the sender (a late ring, just made).
+    announce: bool,
+    /// A receive only eager messages could fill was posted with no ring:
+    /// make it (the receives after it may then wait for a batch).
+    wanted: bool,
+    /// The ring comes late (its address goes to the sender in a control write).
+    late: bool,
 }
 
 /// A range of CTS slots being planned into chains.
@@ -239,6 +251,10 @@ impl Receiver {
                 by_j: Box::new([None; JWIN]),
                 early_size: [0; RING_SLOTS],
                 mailbox: 0,
+                made: !cfg.late_ring,
+                announce: false,
+                wanted: false,
+                late: cfg.late_ring,
             }),
             batch: None,
             credit: None,
@@ -358,7 +374,11 @@ impl Receiver {
         if let Some(e) = &mut self.eager {
             e.st.assign(seq, &tags[..n], &mut js[..n]);
             // only eager messages can fill it: its CTS may wait for a batch
-            deferrable = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
+            // (once the ring exists: before, nothing can come eagerly, and
+            // the first such receive asks for a late ring to be made)
+            let eager_only = seq > 0 && js[..n].iter().all(Option::is_some) && caps[..n].iter().all(|&c| c <= e.st.max);
+            deferrable = e.made && eager_only;
+            e.wanted |= eager_only;
             for (i, j) in js[..n].iter().enumerate() {
                 if let Some(j) = *j {
                     e.by_j[(j % JWIN as u64) as usize] = Some((j, id, i as u8));
@@ -523,10 +543,48 @@ impl Receiver {
 
     /// Will `Receiver::poll_ctl` plan anything now? A cheap test for the
     /// polling loop: false when no CTS is due (deferred ones wait for their
-    /// batch), no credit and no chain is pending, or before READY.
+    /// batch), no credit, no ring address and no chain is pending, or
+    /// before READY.
     #[inline]
     pub fn has_ctl(&self) -> bool {
-        self.ready && (self.credit.is_some() || self.batch.is_some() || self.cts.due().is_some())
+        self.ready
+            && (self.credit.is_some()
+                || self.batch.is_some()
+                || self.cts.due().is_some()
+                || self.eager.as_ref().is_some_and(|e| e.announce))
+    }
+
+    /// A late eager ring not made yet: the sender's request is what to look for.
+    #[inline]
+    pub fn ring_missing(&self) -> bool {
+        self.eager.as_ref().is_some_and(|e| !e.made)
+    }
+
+    /// After a fault: a late ring made, its address written again (the
+    /// write may have been lost with the old QPs).
+    pub(crate) fn reannounce_ring(&mut self) {
+        if let Some(e) = self.eager.as_mut().filter(|e| e.late && e.made) {
+            e.announce = true;
+        }
+    }
+
+    /// A late ring not made yet that our own receives want (one only eager
+    /// messages could fill was posted): make it without waiting for the
+    /// sender to ask.
+    #[inline]
+    pub fn ring_wanted(&self) -> bool {
+        self.eager.as_ref().is_some_and(|e| !e.made && e.wanted)
+    }
+
+    /// The late ring was made at `addr` (`rkey`): stage its address for
+    /// the sender ([`RingAnn`] at [`RING_ANN_OFF`] of `stage`); it goes with
+    /// the next control writes, and eager-only receives may be deferred
+    /// from now on.
+    pub(crate) fn ring_made(&mut self, stage: &mut (impl MemMut + ?Sized), addr: u64, rkey: u32) {
+        let Some(e) = self.eager.as_mut().filter(|e| !e.made) else { return };
+        stage.write(RING_ANN_OFF, &RingAnn { addr, rkey, max: e.st.max as u32 }.encode());
+        e.made = true;
+        e.announce = true;
     }
 
     /// Is a credit write planned (the ring poll found credits due)?
@@ -554,6 +612,13 @@ impl Receiver {
         if !self.ready {
             self.credit = None;
             return false;
+        }
+        // a late ring's address first: nothing eager can come before it lands
+        if self.eager.as_ref().is_some_and(|e| e.announce) && self.budget.has_room() {
+            if let Some(e) = &mut self.eager {
+                e.announce = false;
+            }
+            self.push(out, RING_ANN_OFF, RING_ANN_BYTES);
         }
         if self.batch.is_none() {
             self.batch = self.start_batch(stage);
@@ -594,7 +659,7 @@ impl Receiver {
                 return true;
             }
         }
-        false
+        out.n > 0
     }
 
     /// The next range of CTS slots to write, staged: those of one lap that
@@ -726,7 +791,7 @@ mod tests {
     use crate::fifo::{FailCode, SIZES_SLOT_BYTES};
 
     fn cfg(nqps: usize, split: bool, eager: usize) -> Config {
-        Config { nqps, split, eager, sq_depth: 128 }
+        Config { nqps, split, eager, sq_depth: 128, late_ring: false }
     }
 
     fn elems(tags: &[i32], cap: u32, addr: u64) -> Vec<Cts> {
@@ -957,6 +1022,55 @@ mod tests {
         let end = off + eager::wire_len(3) - 8;
         ring[end..end + 8].fill(0);
         assert_eq!(mk().poll_ring(&ring[..], &mut |_| ()), Ok(0));
+    }
+
+    #[test]
+    fn a_late_ring_defers_nothing_until_made_and_its_address_goes_first() {
+        let max = 64;
+        let mut rx = Receiver::new(Config { late_ring: true, ..cfg(1, false, max) });
+        rx.on_ready();
+        let mut st = stage();
+        assert!(rx.ring_missing());
+        take(&mut rx, &[5], 100);
+        assert!(!rx.ring_wanted(), "a receive a rendezvous may fill wants no ring");
+        // eager-only, but without a ring nothing can fill it eagerly: written
+        // at once; it wants the ring made (the receives after it may then wait)
+        take(&mut rx, &[5], 64);
+        assert!(rx.ring_wanted());
+        let c = chains(&mut rx, &mut st);
+        assert_eq!(c.concat().iter().map(|w| (w.off, w.len)).collect::<Vec<_>>(), [(fifo::slot_offset(0), 2 * ELEM_BYTES)]);
+        // the sender asked: the ring is made, its address staged and written before anything else
+        rx.ring_made(&mut st[..], 0x7000, 0x42);
+        assert!(!rx.ring_missing() && !rx.ring_wanted() && rx.has_ctl());
+        take(&mut rx, &[5], 100);
+        let c = chains(&mut rx, &mut st);
+        assert_eq!(
+            c.concat().iter().map(|w| (w.off, w.len)).collect::<Vec<_>>(),
+            [(RING_ANN_OFF, RING_ANN_BYTES), (fifo::slot_offset(2), ELEM_BYTES)]
+        );
+        let mut b = [0u8; RING_ANN_BYTES];
+        st.as_slice().read(RING_ANN_OFF, &mut b);
+        assert_eq!(RingAnn::decode(&b), Some(RingAnn { addr: 0x7000, rkey: 0x42, max: max as u32 }));
+        assert!(!rx.has_ctl(), "the address goes once");
+        // from now on eager-only receives wait for a batch, as with a ring made at connect
+        take(&mut rx, &[5], 64);
+        assert!(chains(&mut rx, &mut st).is_empty());
+        // made once: a second request changes nothing
+        rx.ring_made(&mut st[..], 0x9000, 1);
+        assert!(!rx.has_ctl());
+        // with no room in the send queue the address waits, and is not lost
+        let mut rx = Receiver::new(Config { late_ring: true, sq_depth: 32, ..cfg(1, false, max) });
+        rx.on_ready();
+        for _ in 0..32 {
+            take(&mut rx, &[5, 5], 100);
+            rx.force_cts();
+            chains(&mut rx, &mut st);
+        }
+        assert_eq!(rx.ctl_room(), 0);
+        rx.ring_made(&mut st[..], 0x7000, 0x42);
+        assert!(chains(&mut rx, &mut st).is_empty() && rx.has_ctl());
+        rx.on_ctl_done(32);
+        assert_eq!(chains(&mut rx, &mut st).concat()[0].off, RING_ANN_OFF);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //!   that head into the receiver's mailbox, once per head.
 use std::time::{Duration, Instant};
 
-use crate::eager::{self, EagerTx, HDR_BYTES, RING_SLOTS};
+use crate::eager::{self, EagerTx, RingAnn, HDR_BYTES, RING_ANN_BYTES, RING_ANN_OFF, RING_REQ, RING_REQ_OFF, RING_SLOTS};
 use crate::error::ProtoError;
 use crate::fifo::{self, Cts, FailCode, Group, SendFifo, Slot, ELEM_BYTES, FIFO_BYTES, FIFO_DEPTH};
 use crate::mem::{Mem, MemMut};
@@ -48,6 +48,10 @@ pub struct Config {
     pub eager: usize,
     /// How long a blocked sender waits before it writes the mailbox.
     pub mailbox_after: Duration,
+    /// The receiver's eager ring comes late (both ends said so): no eager
+    /// write before its address arrived, which the first send that could go
+    /// eagerly asks for ([`crate::eager`]).
+    pub late_ring: bool,
 }
 
 /// Where the head FIFO slot stands (`Sender::head`).
@@ -129,6 +133,27 @@ pub struct MailboxWr {
     pub value: u64,
 }
 
+/// A signaled 8-byte write of [`RING_REQ`], staged at [`RING_REQ_OFF`] of
+/// the sizes staging, to the same offset of the receiver's sizes area: the
+/// sender asks for a late eager ring. `count` goes in the wr_id like an
+/// eager write's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingRequestWr {
+    /// Eager-path WRs its completion frees.
+    pub count: u64,
+}
+
+/// Where a late eager ring stands, seen from the sender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxRing {
+    /// Known (given at connect, or announced): eager writes may go.
+    Known,
+    /// Not asked for yet.
+    Unasked,
+    /// Asked for; its address has not arrived.
+    Asked,
+}
+
 /// A data write of slot `seq` completed (`Sender::on_write_done`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteDone {
@@ -198,6 +223,11 @@ struct EagerState {
     blocked: Option<(u64, Instant)>,
     /// Last mailbox value written (head + 1).
     mailbox: u64,
+    /// The receiver's ring.
+    ring: TxRing,
+    /// Last head an empty probe write was posted for (+ 1): a late ring
+    /// not known yet, and stuck.
+    probed: u64,
     /// Bytes on the wire of each ring slot's message (for a resend).
     wire_len: [u32; RING_SLOTS],
 }
@@ -241,12 +271,15 @@ impl Sender {
         self.nqps = cfg.nqps;
         self.split = cfg.split;
         self.mailbox_after = cfg.mailbox_after;
+        let ring = if cfg.late_ring { TxRing::Unasked } else { TxRing::Known };
         self.eager = (cfg.eager > 0).then(|| EagerState {
             st: EagerTx::new(cfg.eager),
             pending: 0,
             quiet: 0,
             blocked: None,
             mailbox: 0,
+            ring,
+            probed: 0,
             wire_len: [0; RING_SLOTS],
         });
     }
@@ -255,6 +288,67 @@ impl Sender {
     #[inline]
     pub fn eager_on(&self) -> bool {
         self.eager.is_some()
+    }
+
+    /// Is the receiver's eager ring known (eager writes may go)? False
+    /// without the eager path.
+    #[inline]
+    pub fn ring_known(&self) -> bool {
+        self.eager.as_ref().is_some_and(|e| e.ring == TxRing::Known)
+    }
+
+    /// A late ring's address, if the receiver's announcement landed in
+    /// `fifo_mem` (the FIFO region). An error if it names another limit
+    /// than the one agreed, or no ring.
+    pub(crate) fn read_ring_ann(&self, fifo_mem: &(impl Mem + ?Sized)) -> Result<Option<RingAnn>, ProtoError> {
+        let Some(e) = self.eager.as_ref().filter(|e| e.ring != TxRing::Known) else { return Ok(None) };
+        if fifo_mem.read_u64(RING_ANN_OFF + RING_ANN_BYTES - 8) != eager::RING_ANN_MARKER {
+            return Ok(None);
+        }
+        let mut b = [0u8; RING_ANN_BYTES];
+        fifo_mem.read(RING_ANN_OFF, &mut b);
+        let Some(a) = RingAnn::decode(&b) else { return Ok(None) };
+        if a.max as usize != e.st.max || a.addr == 0 {
+            return Err(ProtoError::EagerRing { addr: a.addr, max: a.max, agreed: e.st.max });
+        }
+        Ok(Some(a))
+    }
+
+    /// After a fault: a late ring asked for but not known is asked for again
+    /// (the request may have been lost with the old QPs; a second one is
+    /// harmless), and a stuck head may be probed again.
+    pub(crate) fn resume_late_ring(&mut self) {
+        if let Some(e) = &mut self.eager {
+            if e.ring == TxRing::Asked {
+                e.ring = TxRing::Unasked;
+            }
+            e.probed = 0;
+        }
+    }
+
+    /// The late ring's address arrived and our staging is ready: eager
+    /// writes may go from now on.
+    pub(crate) fn on_ring(&mut self) {
+        if let Some(e) = &mut self.eager {
+            e.ring = TxRing::Known;
+        }
+    }
+
+    /// A send of `tag`/`size` found no CTS: if the late ring was never
+    /// asked for and this send could have gone eagerly, ask now (the
+    /// request word is staged at [`RING_REQ_OFF`] of `stage`, the sizes
+    /// staging). The send itself waits for its CTS.
+    pub(crate) fn plan_ring_request(&mut self, tag: i32, size: usize, stage: &mut (impl MemMut + ?Sized)) -> Option<RingRequestWr> {
+        let e = self.eager.as_mut().filter(|e| e.ring == TxRing::Unasked)?;
+        if e.st.tag() != Some(tag) || size > e.st.max {
+            return None;
+        }
+        stage.write(RING_REQ_OFF, &RING_REQ.to_le_bytes());
+        let count = e.quiet as u64 + 1;
+        e.pending += 1;
+        e.quiet = 0;
+        e.ring = TxRing::Asked;
+        Some(RingRequestWr { count })
     }
 
     /// Eager messages sent and their payload bytes.
@@ -474,7 +568,7 @@ impl Sender {
         stage: &mut (impl MemMut + ?Sized),
     ) -> Result<EagerPlan, ProtoError> {
         let head = self.fifo.head();
-        let Some(e) = &mut self.eager else { return Ok(EagerPlan::No) };
+        let Some(e) = self.eager.as_mut().filter(|e| e.ring == TxRing::Known) else { return Ok(EagerPlan::No) };
         e.st.check_credits(freed)?;
         if e.st.refuse(tag, size, freed).is_some() {
             return Ok(EagerPlan::No);
@@ -514,7 +608,7 @@ impl Sender {
     pub(crate) fn on_blocked(&mut self, now: Instant, stage: &mut (impl MemMut + ?Sized)) -> Option<MailboxWr> {
         let head = self.fifo.head();
         let after = self.mailbox_after;
-        let e = self.eager.as_mut()?;
+        let e = self.eager.as_mut().filter(|e| e.ring == TxRing::Known)?;
         match e.blocked {
             Some((h, since)) if h == head => {
                 if e.mailbox == head + 1 || now.saturating_duration_since(since) < after {
@@ -532,6 +626,36 @@ impl Sender {
         e.pending += 1;
         e.quiet = 0;
         Some(MailboxWr { count, value: head + 1 })
+    }
+
+    /// A send could not go at `now`, and the late ring is not known (no
+    /// mailbox yet): once stuck at this FIFO head for
+    /// [`Config::mailbox_after`], post a signaled empty write to the
+    /// receiver (`Some(count)`: [`crate::nic::SendNic::post_fence`]), once per
+    /// head. It asks nothing of the receiver; its completion, or its error,
+    /// says whether the receiver is still reachable, as the mailbox write
+    /// does with a ring (a sender waiting for a CTS has nothing else on
+    /// the wire to fail by when the link goes).
+    pub(crate) fn on_blocked_probe(&mut self, now: Instant) -> Option<u64> {
+        let head = self.fifo.head();
+        let after = self.mailbox_after;
+        let e = self.eager.as_mut().filter(|e| e.ring != TxRing::Known)?;
+        match e.blocked {
+            Some((h, since)) if h == head => {
+                if e.probed == head + 1 || now.saturating_duration_since(since) < after {
+                    return None;
+                }
+            }
+            _ => {
+                e.blocked = Some((head, now));
+                return None;
+            }
+        }
+        e.probed = head + 1;
+        let count = e.quiet as u64 + 1;
+        e.pending += 1;
+        e.quiet = 0;
+        Some(count)
     }
 
     /// When `Sender::on_blocked` would write the mailbox (a blocked
@@ -589,7 +713,7 @@ mod tests {
 
     fn sender(eager: usize) -> Sender {
         let mut s = Sender::new();
-        s.connected(Config { nqps: 1, split: false, eager, mailbox_after: MAILBOX_AFTER });
+        s.connected(Config { nqps: 1, split: false, eager, mailbox_after: MAILBOX_AFTER, late_ring: false });
         s
     }
 
@@ -701,6 +825,60 @@ mod tests {
         assert_eq!(s.head(&m[..]), Ok(Head::NotYet));
         assert_eq!(s.head_seq(), 2);
         assert_eq!(s.eager_stats(), (33, 33 * 8));
+    }
+
+    #[test]
+    fn a_late_ring_is_asked_for_once_and_used_once_its_address_landed() {
+        let late = |eager| {
+            let mut s = Sender::new();
+            s.connected(Config { nqps: 1, split: false, eager, mailbox_after: MAILBOX_AFTER, late_ring: true });
+            s
+        };
+        let mut s = late(64);
+        let mut m = fifo_mem();
+        let mut sizes = vec![0u8; eager::SIZES_AREA_BYTES];
+        let mut st = vec![0u8; eager::ring_bytes(64)];
+        // no eager tag before the first CTS: nothing to ask for
+        assert_eq!(s.plan_ring_request(5, 8, &mut sizes[..]), None);
+        cts(&mut m, 0, &[(5, 100)]);
+        assert_eq!(s.head(&m[..]), Ok(Head::Ready));
+        let Sent::Taken { group: Some(g), .. } = s.send(5, 100, 0, 0) else { panic!() };
+        s.on_posted(&g, 1);
+        s.on_write_done(0, 0);
+        assert!(s.eager_on() && !s.ring_known());
+        assert_eq!(s.plan_eager(5, 8, 0, &mut st[..]), Ok(EagerPlan::No), "no eager write before the ring is known");
+        let t0 = Instant::now();
+        assert_eq!(s.on_blocked(t0, &mut st[..]), None);
+        assert_eq!(s.on_blocked(t0 + 10 * MAILBOX_AFTER, &mut st[..]), None, "no mailbox before the ring is known");
+        // an empty probe instead, once per head, after the same wait
+        assert_eq!(s.on_blocked_probe(t0 + MAILBOX_AFTER / 2), None);
+        let p = s.on_blocked_probe(t0 + 10 * MAILBOX_AFTER).unwrap();
+        assert_eq!(s.on_blocked_probe(t0 + 20 * MAILBOX_AFTER), None, "once per head");
+        s.on_eager_done(p);
+        assert_eq!(s.plan_ring_request(6, 8, &mut sizes[..]), None, "not the eager tag");
+        assert_eq!(s.plan_ring_request(5, 65, &mut sizes[..]), None, "over the limit");
+        let r = s.plan_ring_request(5, 8, &mut sizes[..]).unwrap();
+        assert_eq!(sizes.as_slice().read_u64(RING_REQ_OFF), RING_REQ);
+        assert_eq!((r.count, s.outstanding()), (1, 1));
+        assert_eq!(s.plan_ring_request(5, 8, &mut sizes[..]), None, "asked once");
+        s.on_eager_done(r.count);
+        assert_eq!(s.read_ring_ann(&m[..]), Ok(None));
+        // the address lands, marker last
+        let ann = RingAnn { addr: 0x7000, rkey: 0x42, max: 64 }.encode();
+        m.write(RING_ANN_OFF, &ann[..RING_ANN_BYTES - 8]);
+        assert_eq!(s.read_ring_ann(&m[..]), Ok(None), "not before its marker");
+        m.write(RING_ANN_OFF, &ann);
+        assert_eq!(s.read_ring_ann(&m[..]), Ok(Some(RingAnn { addr: 0x7000, rkey: 0x42, max: 64 })));
+        s.on_ring();
+        assert!(s.ring_known());
+        assert_eq!(s.read_ring_ann(&m[..]), Ok(None), "read once");
+        let EagerPlan::Go(w) = s.plan_eager(5, 8, 0, &mut st[..]).unwrap() else { panic!("eager once the ring is known") };
+        assert_eq!((w.idx, st.as_slice().read_u64(w.off + 24)), (0, eager::marker(0)));
+        // an address for another limit than the one agreed is the receiver's error
+        let s = late(32);
+        assert_eq!(s.read_ring_ann(&m[..]), Err(ProtoError::EagerRing { addr: 0x7000, max: 64, agreed: 32 }));
+        // a ring given at connect needs no address
+        assert!(sender(64).ring_known() && !sender(0).ring_known());
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! one lossless, in-order queue of RDMA writes per QP and direction, whose
 //! writes land (sometimes in two parts, the end last) at random moments,
 //! reading their source when they land as a NIC does, and completion queues
-//! polled at random moments. A quarter of the clean runs model iWARP's
+//! polled at random moments. Half the runs with the eager path have the
+//! receiver's ring come late (asked for by the sender's first small send
+//! without a CTS, announced in its FIFO region). A quarter of the clean runs model iWARP's
 //! notices (no immediates: every lane's completion needs a posted receive,
 //! and one that finds none fails the run, as iWARP has no
 //! receiver-not-ready retry). 1000 seeds; a failure prints its seed (rerun
@@ -30,6 +32,8 @@
 //!   credit or CTS due and room to post it; a sender's mailbox is answered
 //!   within three polls once the receive it waits for is posted; an irecv
 //!   refused for a slot's previous lap writes that lap's CTS before it returns;
+//! - a late ring: no eager or mailbox write lands in it before the receiver
+//!   made it, the sender asks once and takes the address the receiver made;
 //! - liveness: everything completes (the mailbox wakes deferred CTS), every
 //!   write the sender posted is accounted for at close, every profiler
 //!   event opened is closed once, flushes complete, and the bytes the
@@ -44,8 +48,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use rustnet_proto::eager::{self, Header};
-use rustnet_proto::fifo::{self, Cts, FailCode, Imm, ImmKind, WrKind, FIFO_BYTES, FIFO_DEPTH, SIZES_BYTES, SIZES_SLOT_BYTES};
+use rustnet_proto::eager::{self, Header, RING_REQ, RING_REQ_OFF};
+use rustnet_proto::fifo::{self, Cts, FailCode, Imm, ImmKind, WrKind, FIFO_BYTES, FIFO_DEPTH, SIZES_SLOT_BYTES};
 use rustnet_proto::nic::{self, Cqe, Ev, Fail, Lane, RecvNic, SendNic, WrId, POLL_BATCH};
 use rustnet_proto::notice::RecvRing;
 use rustnet_proto::pool::ReqId;
@@ -201,6 +205,13 @@ struct Wire {
     now: Instant,
     nqps: usize,
     eager_max: usize,
+    /// The receiver's ring comes late; has it made it, has the sender its staging?
+    late: bool,
+    r_ring: bool,
+    s_ring: bool,
+    ring_requests: u64,
+    /// A link fault happened (a late ring may be asked for again after it).
+    recovered: bool,
     // memory
     sfifo: Vec<u8>,
     rstage: Vec<u8>,
@@ -342,7 +353,7 @@ impl SendNic for SNic<'_> {
         Ok(())
     }
     fn eager_stage(&mut self) -> Option<&mut [u8]> {
-        if self.0.eager_max > 0 {
+        if self.0.eager_max > 0 && (!self.0.late || self.0.s_ring) {
             Some(&mut self.0.seager[..])
         } else {
             None
@@ -389,7 +400,39 @@ impl SendNic for SNic<'_> {
         self.0.s2r[0].push_back(w);
         Ok(())
     }
+    fn post_ring_request(&mut self, r: &tx::RingRequestWr) -> Result<(), Stop> {
+        let seed = self.0.seed;
+        // (asked again only after a recovery, whose new QPs may have lost the first)
+        assert!(
+            self.0.late && (self.0.ring_requests == 0 || self.0.recovered),
+            "seed {seed}: a ring request without a late ring, or twice"
+        );
+        self.0.ring_requests += 1;
+        if self.0.s_halted {
+            return Ok(());
+        }
+        let w = Write {
+            src: Some((Region::SSizes, RING_REQ_OFF)),
+            dst: (Region::RSizes, RING_REQ_OFF),
+            len: 8,
+            imm: None,
+            signaled: true,
+            tag: Tag::Eager(r.count),
+        };
+        self.0.s2r[0].push_back(w);
+        Ok(())
+    }
+    fn ring_arrived(&mut self, addr: u64, rkey: u32, max: usize) -> Result<(), Stop> {
+        let w = &mut *self.0;
+        assert!(w.late && w.r_ring && !w.s_ring, "seed {}: a ring address the receiver did not make, or twice", w.seed);
+        assert_eq!((addr, rkey, max), (MODEL_RING.0, MODEL_RING.1, w.eager_max), "seed {}: the sender took another ring", w.seed);
+        w.s_ring = true;
+        Ok(())
+    }
 }
+
+/// Where the model's receiver says its late ring is (address, rkey).
+const MODEL_RING: (u64, u32) = (0x5000_0000, 0x77);
 
 impl nic::Link for RNic<'_> {
     type Error = Stop;
@@ -455,7 +498,7 @@ impl RecvNic for RNic<'_> {
     type Ring = [u8];
     type Stage = [u8];
     fn ring(&self) -> Option<&[u8]> {
-        (self.0.eager_max > 0).then_some(&self.0.rring[..])
+        (self.0.eager_max > 0 && (!self.0.late || self.0.r_ring)).then_some(&self.0.rring[..])
     }
     fn deliver(&self, d: &rx::Deliver) {
         let w = &*self.0;
@@ -500,6 +543,15 @@ impl RecvNic for RNic<'_> {
     }
     fn expect(&mut self, _seq: u64, _nlanes: usize) -> Result<(), Stop> {
         Ok(())
+    }
+    fn ring_requested(&self) -> bool {
+        u64::from_le_bytes(self.0.rsizes[RING_REQ_OFF..RING_REQ_OFF + 8].try_into().unwrap()) == RING_REQ
+    }
+    fn make_ring(&mut self, max: usize) -> Result<(u64, u32), Stop> {
+        let w = &mut *self.0;
+        assert!(w.late && !w.r_ring && max == w.eager_max, "seed {}: a ring made twice, or for another limit", w.seed);
+        w.r_ring = true;
+        Ok(MODEL_RING)
     }
 }
 
@@ -560,6 +612,11 @@ impl World {
         // iWARP: completions by notice, no eager path (as decided per device)
         let notices = fault.is_none() && rng.chance(4);
         let eager_max = if notices { 0 } else { eager_max };
+        let late = eager_max > 0 && rng.chance(2);
+
+        // the control writes' send-queue budget: the shipping one, or twice it
+        let sq_depth = [64, 128][rng.below(2) as usize];
+
         let small = eager_max > 0 && rng.chance(4);
         let tags: &[i32] = if rng.chance(3) { &[5] } else { &[5, 6, 7] };
         let nrecv = 60 + rng.below(60) as usize;
@@ -611,7 +668,7 @@ impl World {
             }
         }
         let tx = Sender::new();
-        let rx = Receiver::new(rx::Config { nqps, split, eager: eager_max, sq_depth: 128 });
+        let rx = Receiver::new(rx::Config { nqps, split, eager: eager_max, sq_depth, late_ring: late });
         let notices = notices.then(|| {
             (0..nqps)
                 .map(|_| {
@@ -627,12 +684,17 @@ impl World {
             now: Instant::now(),
             nqps,
             eager_max,
+            late,
+            r_ring: false,
+            s_ring: false,
+            ring_requests: 0,
+            recovered: false,
             sfifo: vec![0; FIFO_BYTES + eager::CREDIT_BYTES],
             rstage: vec![0; FIFO_BYTES + eager::CREDIT_BYTES],
             rring: vec![0; ring_len],
             seager: vec![0; ring_len],
-            rsizes: vec![0; SIZES_BYTES],
-            ssizes: vec![0; SIZES_BYTES],
+            rsizes: vec![0; eager::SIZES_AREA_BYTES],
+            ssizes: vec![0; eager::SIZES_AREA_BYTES],
             sheap,
             rheap: RefCell::new(vec![0xcc; addr + 8]),
             bufs,
@@ -691,7 +753,7 @@ impl World {
             w.link_faults = 1 + w.rng.below(4) as u32;
         }
         // the QPs are connected (as ready.rs's `connected`), then READY arrived (its `progress_ready`)
-        w.tx.connected(tx::Config { nqps, split, eager: eager_max, mailbox_after: Duration::from_millis(1) });
+        w.tx.connected(tx::Config { nqps, split, eager: eager_max, mailbox_after: Duration::from_millis(1), late_ring: late });
         assert_eq!(w.rx.eager_limit(), eager_max);
         let r = w.rx.handshake_done(&mut RNic(&mut w.wire));
         assert!(r.is_ok(), "seed {seed}: handshake_done: {r:?}");
@@ -820,6 +882,13 @@ impl World {
                 }
                 off += fifo::ELEM_BYTES;
             }
+        }
+        if w.dst.0 == Region::RRing {
+            assert!(
+                !self.wire.late || self.wire.r_ring,
+                "seed {}: an eager-path write lands before the receiver made its late ring",
+                self.seed
+            );
         }
         if w.dst == (Region::RRing, 0) && w.len == 8 {
             self.wire.mailbox_landed = Some((u64::from_le_bytes(bytes[..8].try_into().unwrap()), 0));
@@ -958,9 +1027,13 @@ impl World {
         if self.wire.r_halted && !self.rx.is_done(id).unwrap() {
             return Ok(());
         }
+        // a test of a receive already complete returns at once: no poll to count
+        let polls = !self.rx.is_done(id).unwrap();
         let f = self.rx.test(&mut RNic(&mut self.wire), id).map_err(|f| stop_of(f, true, seed))?;
         self.ctl_flushed("test");
-        self.mailbox_answered();
+        if polls {
+            self.mailbox_answered();
+        }
         let Some(f) = f else { return Ok(()) };
         let ids = self.recvs[r].bufs.clone();
         assert_eq!(f.n, ids.len());
@@ -1086,6 +1159,7 @@ impl World {
         w.flush_q.clear();
         w.s_halted = true;
         w.r_halted = true;
+        w.recovered = true;
         w.mailbox_landed = None;
         self.rec = Some(Rec { points: None, rx_first: self.rng.chance(2) });
         self.link_faults -= 1;
@@ -1162,7 +1236,9 @@ impl World {
         loop {
             let all_recv = self.recvs.iter().all(|r| r.done);
             let all_sent = self.sends.iter().all(|s| s.done);
-            if all_recv && all_sent && self.flushes.is_empty() {
+            // (and no recovery half done: a link fault after the last
+            // completion still resumes before the close counts the writes)
+            if all_recv && all_sent && self.flushes.is_empty() && self.rec.is_none() {
                 break;
             }
             steps += 1;
@@ -1357,13 +1433,19 @@ fn fault_of(seed: u64) -> Option<Fault> {
 #[test]
 fn model_shipping_machines_under_random_interleavings() {
     let mut faults = [0usize; FAULTS.len()];
-    let mut kinds = [0usize; 3];
-    let mut totals = [0u64; 13];
+    let mut kinds = [0usize; 4];
+    let mut totals = [0u64; 14];
     for seed in seeds() {
         let fault = fault_of(seed);
         let r = std::panic::catch_unwind(|| {
             let mut w = World::new(seed, fault);
-            let kind = if w.wire.notices.is_some() { 2 } else { (w.eager_max > 0) as usize };
+            let kind = if w.wire.notices.is_some() {
+                2
+            } else if w.wire.late {
+                3
+            } else {
+                (w.eager_max > 0) as usize
+            };
             w.run();
             let sums = [
                 w.steps,
@@ -1379,6 +1461,7 @@ fn model_shipping_machines_under_random_interleavings() {
                 w.replayed_lanes,
                 w.replayed_eager,
                 w.confirmed,
+                w.wire.r_ring as u64,
             ];
             (w.injected, kind, sums)
         });
@@ -1399,12 +1482,14 @@ fn model_shipping_machines_under_random_interleavings() {
         }
     }
     eprintln!(
-        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}; runs eager off/eager on/iWARP notices {kinds:?}; faults injected {faults:?}; link faults recovered {}, lanes resent {}, eager messages resent {}, lanes confirmed by the receiver only {}",
-        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8], totals[9], totals[10], totals[11], totals[12]
+        "model: steps {}, receives {}, buffers {}, eager messages {}, mailbox writes {}, writes landed in parts {}, look-aheads {}, flushes {}, profiler events {}, late rings made {}; runs eager off/eager on/iWARP notices/late ring {kinds:?}; faults injected {faults:?}; link faults recovered {}, lanes resent {}, eager messages resent {}, lanes confirmed by the receiver only {}",
+        totals[0], totals[1], totals[2], totals[3], totals[4], totals[5], totals[6], totals[7], totals[8], totals[13], totals[9], totals[10], totals[11], totals[12]
     );
     if std::env::var("VERBS_MODEL_SEED").is_err() {
         // the runs covered both eager modes, the notices and every fault
-        assert!(kinds.iter().all(|&n| n > 100), "eager off/on/notice runs: {kinds:?}");
+        assert!(kinds.iter().all(|&n| n > 100), "eager off/on/notice/late-ring runs: {kinds:?}");
+        // most late-ring runs send small messages ahead of their CTS: the ring gets made
+        assert!(totals[13] as usize > kinds[3] / 2, "late rings made: {} of {} runs", totals[13], kinds[3]);
         assert!(faults.iter().all(|&n| n > 5), "faults injected per kind: {faults:?}");
         assert!(totals[6] > 1000 && totals[7] > 1000, "look-aheads and flushes exercised: {totals:?}");
         // the eager path carries small messages (a mutation that never

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::reg::MrCache;
+use super::slab::CtlSlab;
 use super::verbs::{Context, Lib, Pd, PortAttr};
 use crate::config::{Config, NameList};
 use crate::error::{Error, Result};
@@ -93,6 +94,8 @@ pub struct IbDev {
     pub pci_report: Option<String>,
     /// Registration cache of this device.
     pub mrs: Arc<MrCache>,
+    /// The comms' small control regions, from shared blocks ([`super::slab`]).
+    pub ctl: Arc<CtlSlab>,
     /// Async-event counters of the device context.
     pub health: Arc<Health>,
     /// GPUDirect decision of the device (ptrSupport, flush, reason).
@@ -298,13 +301,13 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
     }
     let order = order_and_name(cands.iter().map(|c| c.0.clone()).collect());
     // per device (not port): name, PD, registration cache, event counters, GPUDirect decision
-    type PerDevice = (String, Pd, Arc<MrCache>, Arc<Health>, super::gdr::Gdr);
+    type PerDevice = (String, Pd, Arc<MrCache>, Arc<Health>, super::gdr::Gdr, Arc<CtlSlab>);
     let mut pds: Vec<PerDevice> = Vec::new();
     let mut out = Vec::new();
     for (cand, unique) in order.into_iter().take(MAX_DEVS) {
         let (_, ctx, attr, pa) = cands.iter().find(|c| c.0.dev == cand.dev && c.0.port == cand.port).unwrap();
         let shared = match pds.iter().find(|p| p.0 == cand.dev) {
-            Some(p) => (p.1.clone(), p.2.clone(), p.3.clone(), p.4.clone()),
+            Some(p) => (p.1.clone(), p.2.clone(), p.3.clone(), p.4.clone(), p.5.clone()),
             None => {
                 let pd = Pd::new(ctx)?;
                 let health = Arc::new(Health::default());
@@ -314,8 +317,9 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
                 if ctx.transport_type() == super::ffi::IBV_TRANSPORT_IWARP {
                     super::gdr::host_only(&mut gdr);
                 }
-                pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone(), gdr.clone()));
-                (pd, mrs, health, gdr)
+                let ctl = Arc::new(CtlSlab::new(pd.clone()));
+                pds.push((cand.dev.clone(), pd.clone(), mrs.clone(), health.clone(), gdr.clone(), ctl.clone()));
+                (pd, mrs, health, gdr, ctl)
             }
         };
         out.push(Arc::new(IbDev {
@@ -337,6 +341,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             mrs: shared.1,
             health: shared.2,
             gdr: shared.3,
+            ctl: shared.4,
         }));
     }
     Ok(out)

@@ -22,14 +22,15 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::caps::{self, Limits, Role};
 use super::device::{IbDev, LINK_ETH};
 use super::gid::{self, SysfsGids};
-use super::verbs::{Access, Cq, HostRegion, Init, Qp, QpCaps, Rtr, RtrParams, Rts, RtsParams};
+use super::verbs::{Access, Cq, HostRegion, Init, Qp, Rtr, RtrParams, Rts, RtsParams};
 use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
-use crate::proto::fifo::{FIFO_BYTES, FIFO_DEPTH, MAX_LANE_WRS, SIZES_BYTES, SLOT_BYTES};
-use crate::proto::ib_meta::{Meta, LINK_IWARP};
+use crate::proto::fifo::FIFO_BYTES;
+use crate::proto::ib_meta::{Meta, FLAG_LATE_RING, LINK_IWARP};
 use crate::transport::oob::OobCfg;
 use crate::transport::sock::Socket;
 pub(super) use crate::transport::sock::{read_some, write_some};
@@ -65,6 +66,8 @@ pub struct ConnCfg {
     pub use_inline: bool,
     /// RUSTNET_IB_EAGER: the eager limit this end offers (0 = off).
     pub eager: u32,
+    /// RUSTNET_IB_EAGER_LAZY: the eager ring may come late ([`crate::proto::eager`]).
+    pub eager_lazy: bool,
     /// iflush posts a loopback RDMA READ even for host memory
     /// (RUSTNET_FORCE_FLUSH=1 and not NCCL_GDR_FLUSH_DISABLE=1).
     pub flush: bool,
@@ -108,10 +111,26 @@ impl ConnCfg {
             addr_range: cfg.ib_addr_range,
             use_inline: cfg.ib_use_inline.get() == 1,
             eager: cfg.ib_eager.get() as u32,
+            eager_lazy: cfg.ib_eager_lazy.get() == 1,
             flush: cfg.force_flush.get() == 1 && cfg.gdr_flush_disable.get() == 0,
             stream: OobCfg::from_config(cfg),
             notices: false,
             recovery_s: cfg.recovery_timeout.get() as u32,
+        }
+    }
+}
+
+impl ConnCfg {
+    /// What this end's queue depths depend on ([`caps`]): `sender` or not
+    /// (a receiver's CQ also serves its flush QP).
+    pub fn shape(&self, sender: bool) -> caps::Shape {
+        caps::Shape {
+            nqps: self.nqps,
+            split: self.split,
+            use_inline: self.use_inline,
+            notices: self.notices,
+            eager: self.eager > 0,
+            flush: !sender && self.flush,
         }
     }
 }
@@ -259,58 +278,38 @@ pub(super) struct Setup {
     pub stage: HostRegion,
     /// The eager limit this end offers (0 = off).
     pub eager: u32,
-    /// The QPs' sizes (a recovery makes new QPs alike).
-    pub caps: QpCaps,
-    /// The CQ's size (a recovery makes a new CQ alike).
-    pub cqe: i32,
-    /// [`Meta::flags`] this end announces.
+    /// ... and whether its ring may come late (RUSTNET_IB_EAGER_LAZY).
+    pub late_ok: bool,
+    /// What its queues were sized from (a recovery makes new QPs and a new CQ alike).
+    pub plan: caps::Plan,
+    /// [`Meta::flags`] this end announces (the late ring's bit aside: `meta` adds it).
     pub flags: u8,
 }
-
-/// Send-queue depth of a receiver QP (CTS writes).
-pub const RECV_SQ_DEPTH: usize = 128;
 
 impl Setup {
     pub fn new(dev: &Arc<IbDev>, cc: &ConnCfg, sender: bool) -> Result<Setup> {
         let local = local_addr(dev, cc)?;
         let nqps = cc.nqps;
-        let lanes = if cc.split { nqps } else { 1 };
-        // completions per lane and FIFO slot: the write that ends the lane and
-        // its send's (2); iWARP signals every data write and the notice
-        let per_slot = if cc.notices { MAX_LANE_WRS + 1 } else { 2 };
-        let cqe = (per_slot * FIFO_DEPTH * lanes + RECV_SQ_DEPTH + 64).min(dev.max_cqe.max(64) as usize) as i32;
-        let cq = Cq::new(&dev.ctx, cqe)?;
-        let wr_cap = |v: usize| v.min(dev.max_qp_wr.max(16) as usize) as u32;
-        let caps = if sender {
-            QpCaps {
-                max_send_wr: wr_cap(FIFO_DEPTH * MAX_LANE_WRS + 2 * eager::RING_SLOTS + 32),
-                max_recv_wr: 1,
-                // notices (iWARP) always go inline: no source to keep alive;
-                // data writes follow NCCL_IB_USE_INLINE (p2p::data_inline)
-                max_inline: if cc.use_inline || cc.notices { 64 } else { 0 },
-            }
-        } else {
-            QpCaps {
-                max_send_wr: wr_cap(RECV_SQ_DEPTH),
-                max_recv_wr: wr_cap(2 * FIFO_DEPTH),
-                // a batch of 16 single-buffer CTS fits inline (16 x 32 bytes)
-                max_inline: if cc.use_inline { SLOT_BYTES.max(512) as u32 } else { 0 },
-            }
-        };
+        let role = if sender { Role::Send } else { Role::Recv };
+        let plan = caps::Plan { role, shape: cc.shape(sender), lim: Limits::new(dev.max_qp_wr, dev.max_cqe) };
+        let cq = Cq::new(&dev.ctx, plan.cqe() as i32)?;
         let mut qps = Vec::with_capacity(nqps);
-        for _ in 0..nqps {
-            qps.push(Qp::create(&dev.pd, &cq, caps, dev.port, cc.pkey, Access::REMOTE_WRITE)?);
+        for i in 0..nqps {
+            qps.push(Qp::create(&dev.pd, &cq, plan.qp(i), dev.port, cc.pkey, Access::REMOTE_WRITE)?);
         }
+        // small regions from the device's shared blocks (slab.rs): the one
+        // the peer writes with a registration of its own, the staging without
+        let ctl = &dev.ctl;
         let (region, stage) = if sender {
             // the FIFO, then the credit word the receiver writes
-            let fifo = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
-            (fifo, HostRegion::new(&dev.pd, SIZES_BYTES, Access::LOCAL_READ)?)
+            let fifo = ctl.region(FIFO_BYTES + eager::CREDIT_BYTES, Access::REMOTE_WRITE)?;
+            (fifo, ctl.region(eager::SIZES_AREA_BYTES, Access::LOCAL_READ)?)
         } else {
             // CTS staging, then the credit word's source
-            let stage = HostRegion::new(&dev.pd, FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
-            (HostRegion::new(&dev.pd, SIZES_BYTES, Access::REMOTE_WRITE)?, stage)
+            let stage = ctl.region(FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
+            (ctl.region(eager::SIZES_AREA_BYTES, Access::REMOTE_WRITE)?, stage)
         };
-        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, caps, cqe, flags: cc.meta_flags() })
+        Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, late_ok: cc.eager_lazy, plan, flags: cc.meta_flags() })
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
@@ -332,7 +331,8 @@ impl Setup {
             name: self.dev.dev_name.clone(),
             eager: self.eager,
             ring: (0, 0),
-            flags: self.flags,
+            // a sender takes a ring announced later (a receiver's answer is RecvComm::local_meta)
+            flags: self.flags | if self.eager > 0 && self.late_ok { FLAG_LATE_RING } else { 0 },
         }
     }
 }

@@ -565,6 +565,12 @@ macro_rules! comm_accessors {
             pub fn eager_stats(&self) -> (u64, u64) {
                 self.$m.eager_stats()
             }
+
+            /// Is this end's eager memory registered (the receiver's ring, the
+            /// sender's staging)? With a late ring only once the sender asked.
+            pub fn eager_registered(&self) -> bool {
+                self.io.eager.is_some()
+            }
         }
     };
 }

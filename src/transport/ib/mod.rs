@@ -4,6 +4,7 @@
 //! - [`verbs`]: libibverbs loaded at run time, RAII wrappers (most of the `unsafe`; the rest sits beside the calls it wraps, each with a `// SAFETY:` line);
 //! - [`device`]: discovery, filtering, ordering, properties, async events ([`port`]: link layer and state words);
 //! - [`gid`]: the RoCE GID choice;
+//! - [`caps`]: the depth of every queue (QPs, CQ) and the inline sizes, per end of a connection;
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
 //! - [`establish`]: connect/accept, sequencing the handshake into comms;
 //! - [`p2p`]: isend/irecv/test over RDMA writes: the executor of the protocol machines
@@ -13,7 +14,7 @@
 //! - [`recover`] / [`reconnect`]: a comm recovering in place after a fabric fault (new QPs, the
 //!   restart points exchanged on the out-of-band socket, the resend decided by the machines,
 //!   [`crate::proto::recover`]);
-//! - [`reg`]: the registration cache;
+//! - [`reg`]: the registration cache; [`slab`]: the comms' small control regions from shared blocks per device;
 //! - [`gdr`]: GPUDirect per device (ptrSupport, dma-buf probe, flush);
 //! - [`vdev`]: several ports or NICs as one NCCL device (v8 self-merge, v9+ makeVDevice);
 //! - [`comm`]: what the plugin holds: one send, receive and registration type for plain and merged devices;
@@ -21,6 +22,7 @@
 //! - [`iwarp`] / [`rdmacm`] (types in [`cmffi`]): iWARP connection set-up through librdmacm
 //!   (iWARP QPs are connected by the CM, not by hand); [`notice_path`]: iWARP's connection
 //!   and completions without immediates (rules in [`crate::proto::notice`]), used by [`p2p`]'s executor.
+pub mod caps;
 pub mod cmffi;
 pub mod comm;
 pub mod device;
@@ -39,6 +41,7 @@ pub mod ready;
 pub mod reconnect;
 pub mod recover;
 pub mod reg;
+pub mod slab;
 pub mod topo;
 pub mod vdev;
 pub mod verbs;

@@ -7,7 +7,8 @@
 //! [`RecvIo`], the machines' `SendNic` / `RecvNic`), which reads registered
 //! memory and the CQ and makes one verbs call per thing the machine asks
 //! for. Progress happens in the caller of isend/irecv/test; no allocation
-//! after a comm is built, and nothing is shared with other comms on the
+//! after a comm is built (but for a late eager ring and its staging, made
+//! once, when the sender first asks: [`crate::proto::eager`]), and nothing is shared with other comms on the
 //! data path except one relaxed atomic load of the device's async-event
 //! counters. Failures and liveness are [`super::link`]'s; the last steps of
 //! the handshake (metadata, rdma_cm, READY) are [`super::ready`]'s.
@@ -20,18 +21,16 @@ use super::reg::IbMr;
 use super::verbs::{Access, HostRegion, Qp, Rts, SendWr};
 use crate::error::{Error, Result};
 use crate::profiler::Parent;
+use crate::proto::eager::{self, RING_REQ, RING_REQ_OFF};
 use crate::proto::fifo::{self, Cts, WrKind, FIFO_DEPTH, MAX_LANE_WRS, SIZES_SLOT_BYTES};
 use crate::proto::nic::{Cqe, Fail, Lane, RecvNic, SendNic, WrId, POLL_BATCH};
 use crate::proto::pool::ReqId;
-use crate::proto::tx::{EagerWr, MailboxWr};
+use crate::proto::tx::{EagerWr, MailboxWr, RingRequestWr};
 use crate::proto::{rx, tx};
 use crate::transport::{Completion, RawBuf, RecvBuf, MAX_RECVS};
 
 pub use super::link::{format_stats, set_stats_dump, QpStat};
 
-/// Receive WRs kept posted on each receiver QP (at most FIFO_DEPTH
-/// immediates are outstanding per QP).
-pub(super) const RECV_WRS: usize = FIFO_DEPTH + 16;
 /// Sends still possible per comm (see [`tx::SEND_SLOTS`]).
 pub const SEND_SLOTS: usize = tx::SEND_SLOTS;
 /// Request slots of a receive comm (see [`rx::RECV_POOL`]).
@@ -70,9 +69,8 @@ pub(super) struct SendIo {
     pub(super) cur: Option<RawBuf>,
     /// iWARP: lanes end with notice SENDs (after `link`: dropped after the QPs).
     pub(super) notices: Option<NoticeTx>,
-    /// The QPs' and CQ's sizes (a recovery makes new ones alike).
-    pub(super) caps: super::verbs::QpCaps,
-    pub(super) cqe: i32,
+    /// What the QPs and the CQ were sized from (a recovery makes new ones alike).
+    pub(super) plan: super::caps::Plan,
 }
 
 /// The sender's half of the eager path (its bookkeeping is in the machine, [`tx::Sender`]).
@@ -337,10 +335,54 @@ impl SendNic for SendIo {
     }
 
     fn post_fence(&mut self, count: u64) -> Result<()> {
-        let Some(e) = self.eager.as_ref().filter(|_| !self.link.halted()) else { return Ok(()) };
-        let wr = self.eager_wr(e, count, (0, 0, 0), 0, true);
+        if self.link.halted() {
+            return Ok(());
+        }
+        let wr = match &self.eager {
+            Some(e) => self.eager_wr(e, count, (0, 0, 0), 0, true),
+            // a late ring not known yet: the probe goes to the sizes area (no bytes)
+            None => SendWr {
+                wr_id: WrId::Eager(count).encode(),
+                local: (0, 0, 0),
+                remote: self.remote_sizes,
+                imm: None,
+                signaled: true,
+                inline: false,
+            },
+        };
         // SAFETY: an empty write: no local memory is read.
         unsafe { self.link.qps[0].post_writes(&[wr]) }
+    }
+
+    fn post_ring_request(&mut self, r: &RingRequestWr) -> Result<()> {
+        if self.link.halted() {
+            return Ok(()); // the resume asks again
+        }
+        let wr = SendWr {
+            wr_id: WrId::Eager(r.count).encode(),
+            local: (self.stage.addr() as u64 + RING_REQ_OFF as u64, 8, self.stage.lkey()),
+            remote: (self.remote_sizes.0 + RING_REQ_OFF as u64, self.remote_sizes.1),
+            imm: None,
+            signaled: true,
+            inline: 8 <= self.link.max_inline,
+        };
+        // SAFETY: the source is the request word in our sizes staging, which
+        // lives in this comm after the QPs (field order) and is written once.
+        unsafe { self.link.qps[0].post_writes(&[wr])? };
+        self.link.ctl_posts += 1;
+        Ok(())
+    }
+
+    fn ring_arrived(&mut self, addr: u64, rkey: u32, max: usize) -> Result<()> {
+        // the one registration on the data path, once per comm that uses the eager path
+        let stage = HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::LOCAL_READ)?;
+        tracing::debug!(
+            "{}: send comm to {}: eager ring at {addr:#x} announced, staging registered",
+            self.link.dev.name,
+            self.link.peer_name()
+        );
+        self.eager = Some(EagerSend { stage, ring: (addr, rkey) });
+        Ok(())
     }
 }
 
@@ -382,6 +424,8 @@ pub(super) struct RecvIo {
     pub(super) local: LocalAddr,
     pub(super) remote_fifo: (u64, u32),
     pub(super) eager: Option<EagerRing>,
+    /// The eager ring comes late (the sender asks for it; `eager` is None until then).
+    pub(super) late_ring: bool,
     /// iWARP: rdma_cm and notices (after `link`: dropped after the QPs).
     pub(super) notices: Option<Box<RecvSide>>,
     /// What each flush request reads (address, rkey), by request slot.
@@ -629,5 +673,24 @@ impl RecvNic for RecvIo {
             Some(nt) => nt.expect(seq, nlanes, || link.peer_name()),
             None => Ok(()),
         }
+    }
+
+    #[inline]
+    fn ring_requested(&self) -> bool {
+        self.late_ring && self.sizes_mem.read_u64(RING_REQ_OFF) == RING_REQ
+    }
+
+    fn make_ring(&mut self, max: usize) -> Result<(u64, u32)> {
+        // the one registration on the data path, once per comm whose sender asks
+        let ring = HostRegion::new(&self.link.dev.pd, eager::ring_bytes(max), Access::REMOTE_WRITE)?;
+        let at = (ring.addr() as u64, ring.rkey());
+        tracing::debug!(
+            "{}: receive comm from {}: eager ring registered at {:#x} on request",
+            self.link.dev.name,
+            self.link.peer_name(),
+            at.0
+        );
+        self.eager = Some(EagerRing { ring });
+        Ok(at)
     }
 }

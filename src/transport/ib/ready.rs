@@ -8,17 +8,17 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::caps::{self, Limits, Role, RECV_CTL_SQ, RECV_WRS};
 use super::device::IbDev;
-use super::handshake::{self, ConnCfg, LocalAddr, Setup, RECV_SQ_DEPTH};
+use super::handshake::{self, ConnCfg, LocalAddr, Setup};
 use super::link::{Link, SendHs};
 use super::notice_path::{CmConnect, NoticeTx, RecvSide};
-use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, RECV_WRS, SEND_SLOTS};
+use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, SEND_SLOTS};
 use super::recover::RecLink;
 use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
-use crate::proto::fifo::FIFO_DEPTH;
-use crate::proto::ib_meta::{Meta, FLAG_RECOVERY, META_LEN, READY};
+use crate::proto::ib_meta::{Meta, FLAG_LATE_RING, FLAG_RECOVERY, META_LEN, READY};
 use crate::proto::nic::WrId;
 use crate::proto::{eager, rx, tx};
 use crate::transport::sock::Socket;
@@ -81,22 +81,34 @@ impl SendComm {
         io.link.set_peer(remote);
         io.remote_sizes = (remote.addr, remote.rkey);
         let mut limit = 0;
+        // the receiver's ring: given now (a build before late rings, or
+        // RUSTNET_IB_EAGER_LAZY=0 there), or announced on our first request
+        let late = remote.ring.0 == 0 && remote.flags & FLAG_LATE_RING != 0 && io.link.cc.eager_lazy;
         if remote.eager > 0 && remote.eager <= io.eager_offer && remote.ring.0 != 0 {
             limit = remote.eager as usize;
             io.eager = Some(EagerSend {
                 stage: HostRegion::new(&io.link.dev.pd, eager::ring_bytes(limit), Access::LOCAL_READ)?,
                 ring: remote.ring,
             });
+        } else if remote.eager > 0 && remote.eager <= io.eager_offer && late {
+            limit = remote.eager as usize;
         } else if remote.eager > 0 {
             return Err(Error::Protocol {
                 peer: io.link.peer_name(),
                 what: format!("receiver agreed to an eager limit of {} bytes; we offered {}", remote.eager, io.eager_offer),
             });
         }
-        self.tx.connected(tx::Config { nqps: io.link.qps.len(), split: io.link.cc.split, eager: limit, mailbox_after: tx::MAILBOX_AFTER });
+        let cfg = tx::Config {
+            nqps: io.link.qps.len(),
+            split: io.link.cc.split,
+            eager: limit,
+            mailbox_after: tx::MAILBOX_AFTER,
+            late_ring: late,
+        };
+        self.tx.connected(cfg);
         if io.link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
             let seen = io.link.dev.health.port_events(io.link.dev.port);
-            io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.caps, io.cqe, io.tc, io.sl, seen)));
+            io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.plan, io.tc, io.sl, seen)));
             // (best effort: recovery messages go soon after a link's return either way)
             let _ = io.link.oob.set_thin_linear_timeouts();
         }
@@ -147,7 +159,7 @@ pub(super) fn data_inline(use_inline: bool, qp_max_inline: u32) -> u32 {
 
 impl SendComm {
     pub(super) fn new(setup: Setup, oob: Socket, peer: SocketAddr, cc: Arc<ConnCfg>, tc: u8, sl: u8) -> SendComm {
-        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, caps, cqe, .. } = setup;
+        let Setup { dev, cq, qps, local, region, stage, eager: eager_offer, plan, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.local_gid = local.gid;
         link.max_inline = data_inline(link.cc.use_inline, qps.iter().map(|q| q.max_inline()).min().unwrap_or(0));
@@ -164,8 +176,7 @@ impl SendComm {
             eager: None,
             cur: None,
             notices: None,
-            caps,
-            cqe,
+            plan,
         };
         SendComm { io, tx: tx::Sender::new() }
     }
@@ -183,15 +194,16 @@ impl RecvComm {
         remote: &Meta,
         notices: Option<Box<RecvSide>>,
     ) -> Result<RecvComm> {
-        let Setup { dev, cq, local, region, stage, eager: offer, caps, cqe, .. } = setup;
+        let Setup { dev, cq, local, region, stage, eager: offer, late_ok, plan, .. } = setup;
         let mut link = Link::new(&dev, cq, cc, oob, peer);
         link.local_gid = local.gid;
         if link.cc.meta_flags() & remote.flags & FLAG_RECOVERY != 0 {
             let tc = handshake::receiver_tc(&link.cc, dev.link_layer, remote.tc);
-            link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, caps, cqe, tc, remote.sl, dev.health.port_events(dev.port))));
+            link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, plan, tc, remote.sl, dev.health.port_events(dev.port))));
             let _ = link.oob.set_thin_linear_timeouts();
         }
-        link.max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
+        // control writes all go on QP 0 (the only one that asks for inline room)
+        link.max_inline = qps.first().map_or(0, |q| q.max_inline());
         let nq = qps.len();
         for q in qps.iter().filter(|_| notices.is_none()) {
             for _ in 0..RECV_WRS {
@@ -206,12 +218,14 @@ impl RecvComm {
         let flush = if link.cc.flush { Some(Flush::new(&dev, &link.cq, &local, &link.cc)?) } else { None };
         link.flush_qpn = flush.as_ref().map(|f| f.qp.qpn());
         let limit = offer.min(remote.eager) as usize;
-        let eager = if limit > 0 {
+        // a sender that takes a late ring gets none now: it asks when it first needs it
+        let late_ring = limit > 0 && late_ok && remote.flags & FLAG_LATE_RING != 0;
+        let eager = if limit > 0 && !late_ring {
             Some(EagerRing { ring: HostRegion::new(&dev.pd, eager::ring_bytes(limit), Access::REMOTE_WRITE)? })
         } else {
             None
         };
-        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_SQ_DEPTH });
+        let rx = rx::Receiver::new(rx::Config { nqps: nq, split: link.cc.split, eager: limit, sq_depth: RECV_CTL_SQ, late_ring });
         let io = RecvIo {
             link,
             flush,
@@ -221,6 +235,7 @@ impl RecvComm {
             local,
             remote_fifo: (remote.addr, remote.rkey),
             eager,
+            late_ring,
             notices,
             flush_at: Box::new([(0, 0); RECV_POOL]),
         };
@@ -248,7 +263,7 @@ impl RecvComm {
             name: io.link.dev.dev_name.clone(),
             eager: self.rx.eager_limit() as u32,
             ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
-            flags: io.link.cc.meta_flags(),
+            flags: io.link.cc.meta_flags() | if io.late_ring { FLAG_LATE_RING } else { 0 },
         };
         if let Some(n) = &io.notices {
             n.fill_meta(&mut m);
@@ -263,7 +278,7 @@ impl RecvComm {
 
 impl Flush {
     pub(super) fn new(dev: &Arc<IbDev>, cq: &Cq, local: &LocalAddr, cc: &ConnCfg) -> Result<Flush> {
-        let caps = verbs::QpCaps { max_send_wr: FIFO_DEPTH as u32, max_recv_wr: 1, max_inline: 0 };
+        let caps = caps::qp_caps(Role::Flush, 0, &cc.shape(false), Limits::new(dev.max_qp_wr, dev.max_cqe));
         let qp = Qp::create(&dev.pd, cq, caps, dev.port, cc.pkey, Access::REMOTE_READ)?;
         let me = verbs::RtrParams {
             dest_qpn: qp.qpn(),
@@ -277,7 +292,7 @@ impl Flush {
             sl: 0,
         };
         let qp = qp.to_rtr(&me)?.to_rts(&verbs::RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt })?;
-        Ok(Flush { qp, scratch: HostRegion::new(&dev.pd, 64, Access::LOCAL_WRITE)? })
+        Ok(Flush { qp, scratch: dev.ctl.region(64, Access::LOCAL_WRITE)? })
     }
 }
 

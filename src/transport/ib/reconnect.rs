@@ -6,10 +6,11 @@
 //! messages over the comm's out-of-band socket.
 use std::time::{Duration, Instant};
 
+use super::caps::RECV_WRS;
 use super::device::LINK_ETH;
 use super::handshake;
 use super::link::Link;
-use super::p2p::{Flush, RecvComm, SendComm, RECV_WRS};
+use super::p2p::{Flush, RecvComm, SendComm};
 use super::verbs::{Access, Cq, Qp, RtrParams, RtsParams};
 use crate::error::{Error, Result};
 use crate::proto::nic::WrId;
@@ -246,14 +247,14 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 let link = s.link();
                 let r = link.rec.as_mut().expect("recovering");
                 let Some(local) = r.local else { return Err(link.fail_with(Error::Internal("rebuild before the port came back".into()))) };
-                let caps = r.caps;
-                let cq = match Cq::new(&link.dev.ctx, r.cqe) {
+                let plan = r.plan;
+                let cq = match Cq::new(&link.dev.ctx, plan.cqe() as i32) {
                     Ok(c) => c,
                     Err(e) => return Err(link.fail_with(e)),
                 };
                 let mut qps = Vec::with_capacity(link.qps.len());
-                for _ in 0..link.qps.len() {
-                    match Qp::create(&link.dev.pd, &cq, caps, link.dev.port, link.cc.pkey, Access::REMOTE_WRITE) {
+                for i in 0..link.qps.len() {
+                    match Qp::create(&link.dev.pd, &cq, plan.qp(i), link.dev.port, link.cc.pkey, Access::REMOTE_WRITE) {
                         Ok(q) => qps.push(q),
                         Err(e) => return Err(link.fail_with(e)),
                     }

@@ -20,8 +20,9 @@
 //! points say is missing.
 use std::time::{Duration, Instant};
 
+use super::caps::Plan;
 use super::handshake::LocalAddr;
-use super::verbs::{Cq, Init, Qp, QpCaps};
+use super::verbs::{Cq, Init, Qp};
 use crate::proto::recover::{RcMsg, Recovery, RC_HDR, RC_MAX_PAYLOAD};
 
 /// Completion statuses a healthy peer can come back from: the network
@@ -54,10 +55,10 @@ pub(super) struct RecLink {
     /// Our address once the port is back (the GID read fresh).
     pub(super) local: Option<LocalAddr>,
     pub(super) new_qps: Vec<Qp<Init>>,
-    pub(super) caps: QpCaps,
-    /// The CQ's size: a recovery makes a new CQ as well (a flush of every
-    /// queue at once may have overrun the old one, which is then unusable).
-    pub(super) cqe: i32,
+    /// What the QPs and the CQ were sized from ([`super::caps`]): a recovery
+    /// makes new QPs alike, and a new CQ as well (a flush of every queue at
+    /// once may have overrun the old one, which is then unusable).
+    pub(super) plan: Plan,
     pub(super) new_cq: Option<Cq>,
     pub(super) rtr_tc: u8,
     pub(super) rtr_sl: u8,
@@ -72,7 +73,7 @@ pub(super) struct RecLink {
 }
 
 impl RecLink {
-    pub(super) fn new(window_s: u32, caps: QpCaps, cqe: i32, rtr_tc: u8, rtr_sl: u8, port_seen: (u32, u32)) -> RecLink {
+    pub(super) fn new(window_s: u32, plan: Plan, rtr_tc: u8, rtr_sl: u8, port_seen: (u32, u32)) -> RecLink {
         let now = Instant::now();
         RecLink {
             m: Recovery::new(Duration::from_secs(window_s as u64)),
@@ -87,8 +88,7 @@ impl RecLink {
             next_query: now,
             local: None,
             new_qps: Vec::new(),
-            caps,
-            cqe,
+            plan,
             new_cq: None,
             rtr_tc,
             rtr_sl,

@@ -669,14 +669,29 @@ impl Mr {
 
 // ---------------------------------------------------------------- host memory the NIC writes
 
-/// Page-aligned, zeroed host memory registered with the NIC: the FIFO the
-/// peer writes its CTS entries into, the sizes slots, staging areas. Rust
-/// never takes a reference to its bytes (the NIC may write them at any
-/// time): reads are volatile copies, writes go through raw pointers.
+/// Zeroed host memory registered with the NIC: the FIFO the peer writes
+/// its CTS entries into, the sizes slots, staging areas. Rust never takes a
+/// reference to its bytes (the NIC may write them at any time): reads are
+/// volatile copies, writes go through raw pointers. Its own page-aligned
+/// allocation and registration ([`HostRegion::new`]), or a piece of a
+/// shared block lent by the device's slab (`slab.rs`, [`HostRegion::lent`]).
 pub struct HostRegion {
+    ptr: *mut u8,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
     // Fields drop in order: the registration goes before the memory.
-    mr: Mr,
-    mem: RawAlloc,
+    mr: Option<Mr>,
+    _mem: Backing,
+}
+
+/// Where a region's bytes come from (held for its Drop only).
+enum Backing {
+    /// Our own page-aligned allocation.
+    Own { _alloc: RawAlloc },
+    /// Lent: the owner takes the bytes back when dropped (after the
+    /// region's own registration, if any: field order of HostRegion).
+    Lent { _owner: Box<dyn std::any::Any + Send + Sync> },
 }
 
 struct RawAlloc {
@@ -692,8 +707,14 @@ impl Drop for RawAlloc {
     }
 }
 
-// SAFETY: the region is plain memory owned by this struct; its bytes are
-// only touched through raw pointers (volatile reads, explicit copies).
+// SAFETY: a RawAlloc is plain memory owned by this struct, freed once.
+unsafe impl Send for RawAlloc {}
+// SAFETY: &RawAlloc exposes nothing (the region reaches the bytes).
+unsafe impl Sync for RawAlloc {}
+
+// SAFETY: the region is plain memory owned by this struct (or lent to it
+// for its lifetime); its bytes are only touched through raw pointers
+// (volatile reads, explicit copies).
 unsafe impl Send for HostRegion {}
 // SAFETY: &HostRegion reaches the bytes only through raw pointers (volatile
 // reads, explicit copies), never through references, so concurrent use is
@@ -714,36 +735,53 @@ impl HostRegion {
         // SAFETY: ptr..ptr+len is our allocation, freed only after the MR
         // is dropped (field order).
         let mr = unsafe { pd.reg_mr(ptr, len, access)? };
-        Ok(HostRegion { mr, mem })
+        Ok(HostRegion { ptr, len, lkey: mr.lkey(), rkey: mr.rkey(), mr: Some(mr), _mem: Backing::Own { _alloc: mem } })
+    }
+
+    /// A region over lent memory `[ptr, ptr+len)`: registered by `mr`
+    /// (its keys are the region's), or, without one, covered by a
+    /// registration with local key `lkey` (rkey 0: no remote access).
+    ///
+    /// # Safety
+    /// The bytes must be zeroed, 8-byte aligned, valid and used by nothing
+    /// else until `owner` is dropped; a registration behind `lkey` must
+    /// outlive `owner`.
+    pub unsafe fn lent(ptr: *mut u8, len: usize, lkey: u32, mr: Option<Mr>, owner: Box<dyn std::any::Any + Send + Sync>) -> HostRegion {
+        let (lkey, rkey) = mr.as_ref().map_or((lkey, 0), |m| (m.lkey(), m.rkey()));
+        HostRegion { ptr, len, lkey, rkey, mr, _mem: Backing::Lent { _owner: owner } }
     }
 
     /// Base address.
     pub fn addr(&self) -> *mut u8 {
-        self.mem.ptr
+        self.ptr
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mem.layout.size()
+        self.len
     }
-    /// Always false (at least one page).
+    /// Always false (at least one byte).
     pub fn is_empty(&self) -> bool {
         false
     }
     /// Local key.
     pub fn lkey(&self) -> u32 {
-        self.mr.lkey()
+        self.lkey
     }
-    /// Remote key.
+    /// Remote key (0: not remotely accessible).
     pub fn rkey(&self) -> u32 {
-        self.mr.rkey()
+        self.rkey
+    }
+    /// Its own registration, if it has one (a lent local piece has none).
+    pub fn own_mr(&self) -> Option<&Mr> {
+        self.mr.as_ref()
     }
 
     /// Volatile read of the 8-byte word at `off` (a marker the peer writes
     /// last), followed by an acquire fence so later reads see what came before it.
     pub fn read_u64(&self, off: usize) -> u64 {
         assert!(off + 8 <= self.len() && off.is_multiple_of(8));
-        // SAFETY: in bounds and aligned; volatile because the NIC writes it.
-        let v = unsafe { std::ptr::read_volatile(self.mem.ptr.add(off) as *const u64) };
+        // SAFETY: in bounds and aligned (the base is 8-byte aligned); volatile because the NIC writes it.
+        let v = unsafe { std::ptr::read_volatile(self.ptr.add(off) as *const u64) };
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         v
     }
@@ -753,7 +791,7 @@ impl HostRegion {
         assert!(off + out.len() <= self.len() && off.is_multiple_of(8) && out.len().is_multiple_of(8));
         for (i, c) in out.chunks_exact_mut(8).enumerate() {
             // SAFETY: in bounds and aligned; volatile because the NIC writes it.
-            let w = unsafe { std::ptr::read_volatile(self.mem.ptr.add(off + 8 * i) as *const u64) };
+            let w = unsafe { std::ptr::read_volatile(self.ptr.add(off + 8 * i) as *const u64) };
             c.copy_from_slice(&w.to_ne_bytes());
         }
     }
@@ -762,7 +800,7 @@ impl HostRegion {
     pub fn write(&self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.len());
         // SAFETY: in bounds; `data` is a separate Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.ptr.add(off), data.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
     }
 }
 

@@ -16,6 +16,7 @@ impl Receiver {
     /// CTS of receives posted before go out now.
     pub fn handshake_done<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         self.on_ready();
+        self.late_ring(nic)?;
         self.flush_ctl(nic)
     }
 
@@ -72,6 +73,7 @@ impl Receiver {
             }
         }
         nic.progressed();
+        self.late_ring(nic)?;
         self.flush_ctl(nic)?;
         Ok(Some(t))
     }
@@ -144,6 +146,8 @@ impl Receiver {
             // the credit word may have been lost with the old QPs
             self.credit = Some(e.st.freed());
         }
+        // and a late ring's address
+        self.reannounce_ring();
         let mut ids = [None; super::RECV_POOL];
         for (slot, (id, r)) in ids.iter_mut().zip(self.reqs.iter()) {
             if r.flush && !r.done {
@@ -226,6 +230,10 @@ impl Receiver {
     /// Look at the eager ring and the mailbox; post the credit write (and
     /// deferred CTS) when due.
     fn poll_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        if self.ring_missing() {
+            self.late_ring(nic)?;
+            return self.flush_ctl(nic);
+        }
         let got = {
             let nic_ref = &*nic;
             let Some(ring) = nic_ref.ring() else { return Ok(()) };
@@ -237,6 +245,20 @@ impl Receiver {
         // credits due go now, deferred CTS with them (the same post); and a
         // mailbox that said the sender waits makes its CTS due now too
         self.flush_ctl(nic)
+    }
+
+    /// A late eager ring is made when the sender asks for it (its first
+    /// small send found no CTS) or when one of our receives only eager
+    /// messages could fill was posted, once READY came; its address goes
+    /// out with the next control writes (the caller flushes them).
+    fn late_ring<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+        if !self.ready || !self.ring_missing() || !(self.ring_wanted() || nic.ring_requested()) {
+            return Ok(());
+        }
+        let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;
+        self.ring_made(nic.stage(), addr, rkey);
+        nic.progressed();
+        Ok(())
     }
 
     /// Post the control writes planned now (CTS slots in order, the credit

@@ -152,6 +152,8 @@ impl Sender {
             e.pending = 0;
             e.quiet = 0;
         }
+        // a late ring asked for and not announced: the request may be lost, ask again
+        self.resume_late_ring();
         let mut plan = [PlannedWr { kind: WrKind::Empty, imm: None }; MAX_LANE_WRS];
         for slot in 0..FIFO_DEPTH {
             if !self.inflight[slot].active {
@@ -265,6 +267,9 @@ impl Sender {
         if !self.eager_on() {
             return Ok(None);
         }
+        if !self.ring_known() && !self.late_ring(nic, tag, size)? {
+            return Ok(None);
+        }
         let Some(stage) = nic.eager_stage() else { return Ok(None) };
         let mut plan = self.plan_eager(tag, size, freed, stage);
         if plan == Ok(EagerPlan::Full) {
@@ -293,11 +298,36 @@ impl Sender {
         Ok(Some(id))
     }
 
+    /// A late eager ring: take its address if the receiver's announcement
+    /// landed (our staging is registered then), else ask for it once, on
+    /// the first send that could have gone eagerly. True once it is known.
+    fn late_ring<N: SendNic>(&mut self, nic: &mut N, tag: i32, size: usize) -> R<bool, N> {
+        if let Some(a) = self.read_ring_ann(nic.fifo()).map_err(Fail::Proto)? {
+            nic.ring_arrived(a.addr, a.rkey, a.max as usize).map_err(Fail::Nic)?;
+            self.on_ring();
+            return Ok(true);
+        }
+        if let Some(r) = self.plan_ring_request(tag, size, nic.sizes_stage()) {
+            nic.post_ring_request(&r).map_err(Fail::Nic)?;
+            nic.progressed();
+        }
+        Ok(false)
+    }
+
     /// A send could not go: if we have been stuck at this FIFO head for a
     /// while, tell the receiver (it may be holding CTS writes back, or owe
     /// us credits).
     fn note_blocked<N: SendNic>(&mut self, nic: &mut N) {
         let now = nic.now();
+        if !self.ring_known() {
+            // a late ring not known yet: no mailbox, but the receiver is probed
+            if let Some(count) = self.on_blocked_probe(now) {
+                if let Err(e) = nic.post_fence(count) {
+                    nic.fail(Fail::Nic(e));
+                }
+            }
+            return;
+        }
         let Some(stage) = nic.eager_stage() else { return };
         let Some(m) = self.on_blocked(now, stage) else { return };
         if let Err(e) = nic.post_mailbox(&m) {

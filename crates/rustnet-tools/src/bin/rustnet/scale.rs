@@ -2,7 +2,9 @@
 //! active comm among N-1 idle ones is as fast as alone. Two processes (this
 //! one and a spawned server end, or two hosts), each holding N send and N
 //! receive comms (and their N listen comms), one 1 MiB buffer registered on
-//! every comm; then one comm pair active and the rest idle.
+//! every comm; then one comm pair active and the rest idle. Over verbs it
+//! also counts the RDMA objects (QPs, CQs, memory registrations) each comm
+//! holds, from the kernel's resource table (`rdma res show`).
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -26,7 +28,11 @@ active comm's latency and bandwidth, for N comm pairs per process
   rustnet bench scale --peer ADDR:PORT     client end, connects to a server end
 
 Each process holds N send and N receive comms (and N listen comms), one 1 MiB
-buffer registered on each; the idle window measures CPU and wake-ups (context
+buffer registered on each (--warm: and one 8-byte message each way on every
+pair, as a job's first collective, which ends each connection's handshake);
+over verbs the QPs, CQs and memory registrations per comm are counted from
+the kernel's table (`rdma res show`, iproute2: '-' where it cannot be read);
+the idle window measures CPU and wake-ups (context
 switches) with nothing posted; then comm 0 runs an 8-byte ping-pong and a
 one-way bandwidth run while the N-1 others stay idle; then everything is
 closed and RSS is compared with the start of the run.
@@ -39,6 +45,7 @@ options:
   --bytes SIZE     bytes per bandwidth repeat (default 256M)
   --inflight N     bandwidth requests in flight (default 4)
   --idle-s S       idle window, seconds (default 2)
+  --warm           one 8-byte message each way on every comm pair before measuring
   --label TEXT     the run's name in the CSV and plot (default: RUSTNET_SOCKET_HELPER=...)
   --csv FILE       also write every row as CSV
   --svg FILE       also draw the rows as an SVG chart
@@ -46,8 +53,7 @@ options:
   --dev N          plugin device index (default 0)
 Per-comm figures divide by 2N (the N send and N receive comms of a process).
 The plugin reads its usual variables (RUSTNET_TRANSPORT, RUSTNET_SOCKET_HELPER,
-...); in loopback mode NCCL_SOCKET_IFNAME defaults to lo. Queue pairs are not
-counted yet (TCP has none).";
+...); in loopback mode NCCL_SOCKET_IFNAME defaults to lo.";
 
 #[derive(Clone)]
 struct Opts {
@@ -65,6 +71,7 @@ struct Opts {
     svg: Option<PathBuf>,
     plugin: PathBuf,
     dev: i32,
+    warm: bool,
 }
 
 fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
@@ -83,6 +90,7 @@ fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
         svg: None,
         plugin: driver::default_plugin_path(),
         dev: 0,
+        warm: false,
     };
     let mut serve = false;
     let mut it = args.into_iter();
@@ -113,6 +121,7 @@ fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
             "--svg" => o.svg = Some(val("--svg")?.into()),
             "--plugin" => o.plugin = val("--plugin")?.into(),
             "--dev" => o.dev = val("--dev")?.parse().map_err(|_| "bad --dev (an integer)")?,
+            "--warm" => o.warm = true,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
@@ -194,12 +203,16 @@ struct Side {
     wakeups_s: f64,
     rss_closed_mb: f64,
     threads_closed: usize,
+    /// RDMA objects per comm (NaN: not counted): QPs, CQs, registrations.
+    qps_per_comm: f64,
+    cqs_per_comm: f64,
+    mrs_per_comm: f64,
 }
 
 impl Side {
     fn line(&self) -> String {
         format!(
-            "{} {} {} {} {} {} {} {} {}",
+            "{} {} {} {} {} {} {} {} {} {} {} {}",
             self.listen_us,
             self.setup_us,
             self.rss_kib_per_comm,
@@ -208,7 +221,10 @@ impl Side {
             self.idle_cpu_pct,
             self.wakeups_s,
             self.rss_closed_mb,
-            self.threads_closed
+            self.threads_closed,
+            self.qps_per_comm,
+            self.cqs_per_comm,
+            self.mrs_per_comm
         )
     }
     fn from_line(s: &str) -> Result<Side, String> {
@@ -216,7 +232,7 @@ impl Side {
             .split_whitespace()
             .map(|x| x.parse::<f64>().map_err(|_| format!("bad figures from the peer: {s:?}")))
             .collect::<Result<_, _>>()?;
-        if v.len() != 9 {
+        if v.len() != 12 {
             return Err(format!("bad figures from the peer: {s:?}"));
         }
         Ok(Side {
@@ -229,6 +245,9 @@ impl Side {
             wakeups_s: v[6],
             rss_closed_mb: v[7],
             threads_closed: v[8] as usize,
+            qps_per_comm: v[9],
+            cqs_per_comm: v[10],
+            mrs_per_comm: v[11],
         })
     }
 }
@@ -245,9 +264,62 @@ struct Comms {
 /// The shared 1 MiB buffer every comm registers.
 const REG_LEN: usize = 1 << 20;
 
+/// This process's RDMA objects in the kernel's resource table: (QPs, CQs,
+/// memory registrations), from iproute2's `rdma res show`; `None` when it
+/// cannot be read (no tool, no RDMA, no permission).
+fn rdma_objects() -> Option<[usize; 3]> {
+    let me = format!(" pid {} ", std::process::id());
+    let mut out = [0usize; 3];
+    for (o, kind) in out.iter_mut().zip(["qp", "cq", "mr"]) {
+        let r = Command::new("rdma").args(["res", "show", kind]).stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+        if !r.status.success() {
+            return None;
+        }
+        *o = String::from_utf8_lossy(&r.stdout).lines().filter(|l| format!("{l} ").contains(&me)).count();
+    }
+    Some(out)
+}
+
+/// One 8-byte message each way on every comm pair (both ends run this in
+/// the same order): each connection's handshake ends, as a job's first
+/// collective would end it. `regs` holds each send comm's registration,
+/// then each receive comm's, of `buf`.
+fn warm(p: &Plugin, c: &Comms, buf: &mut [u8]) -> Result<(), String> {
+    let e = |x: driver::NcclErr| x.to_string();
+    let n = c.sends.len();
+    let (sbuf, rbuf) = buf.split_at_mut(64);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let (s, smh) = c.regs[i];
+        let (r, rmh) = c.regs[n + i];
+        let rq = loop {
+            if let Some(q) = p.irecv(r, &[(rbuf.as_mut_ptr(), 8, 0, rmh)]).map_err(e)? {
+                break q;
+            }
+        };
+        let (mut sq, mut sdone, mut rdone) = (None, false, false);
+        while !(sdone && rdone) {
+            if t0.elapsed() > Duration::from_secs(600) {
+                return Err(format!("--warm: comm pair {i} of {n} still not done after 600 s"));
+            }
+            if sq.is_none() {
+                sq = p.isend(s, sbuf.as_mut_ptr(), 8, 0, smh).map_err(e)?;
+            }
+            if let (Some(q), false) = (sq, sdone) {
+                sdone = p.test(q, &mut [0]).map_err(e)?;
+            }
+            if !rdone {
+                rdone = p.test(rq, &mut [0]).map_err(e)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Listen N times, swap handles (the client's first), connect and accept
 /// every pair, register `buf` on each comm; fills the set-up figures of `side`.
 fn open_all(p: &Plugin, o: &Opts, ctl: &mut Ctl, n: usize, first: bool, buf: &mut [u8], side: &mut Side) -> Result<Comms, String> {
+    let objs_before = rdma_objects();
     let before = snap();
     let e = |x: driver::NcclErr| x.to_string();
     let t0 = Instant::now();
@@ -294,13 +366,22 @@ fn open_all(p: &Plugin, o: &Opts, ctl: &mut Ctl, n: usize, first: bool, buf: &mu
     for &c in sends.iter().chain(&recvs) {
         regs.push((c, p.reg_mr(c, buf.as_mut_ptr(), buf.len()).map_err(e)?));
     }
+    let comms = Comms { listens, sends, recvs, regs };
+    if o.warm {
+        warm(p, &comms, buf)?;
+    }
     let after = snap();
+    let per = |a: usize, b: usize| (a as f64 - b as f64) / (2 * n) as f64;
+    [side.qps_per_comm, side.cqs_per_comm, side.mrs_per_comm] = match (objs_before, rdma_objects()) {
+        (Some(b), Some(a)) => [per(a[0], b[0]), per(a[1], b[1]), per(a[2], b[2])],
+        _ => [f64::NAN; 3],
+    };
     side.listen_us = t_listen.as_secs_f64() * 1e6 / n as f64;
     side.setup_us = (t_listen + t_conn).as_secs_f64() * 1e6 / n as f64;
     side.rss_kib_per_comm = (after.rss_kib - before.rss_kib) / (2 * n) as f64;
     side.fds_per_comm = (after.fds as f64 - before.fds as f64) / (2 * n) as f64;
     side.threads = after.threads;
-    Ok(Comms { listens, sends, recvs, regs })
+    Ok(comms)
 }
 
 /// CPU seconds and context switches of the whole process so far (cheap:
@@ -440,6 +521,9 @@ fn client(o: &Opts) -> Result<(), String> {
                 std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
             }
             cmd.args(["--idle-s", &o.idle_s.to_string()]);
+            if o.warm {
+                cmd.arg("--warm");
+            }
             cmd.stdout(Stdio::piped()).stdin(Stdio::null());
             let mut c = cmd.spawn().map_err(|e| format!("spawn server end: {e}"))?;
             let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
@@ -521,14 +605,18 @@ fn report(o: &Opts, rows: &[Row]) -> Result<(), String> {
         |s: &Stat, d: usize| if s.0.is_empty() { "-".to_string() } else { format!("{:.d$} [{:.d$}-{:.d$}]", s.med(), s.min(), s.max()) };
     println!("\nper process (a = this end, b = the server end); per comm = / 2N; latency and bandwidth of comm 0 with N-1 idle,");
     println!("median [min-max] over {} repeats; 'closed' = RSS after closing everything minus RSS at the start of the run", o.reps);
+    let obj = |v: f64| if v.is_finite() { format!("{v:.2}") } else { "-".to_string() };
     println!(
-        "{:>5} {:>2} {:>10} {:>10} {:>9} {:>8} {:>7} {:>8} {:>9} {:>22} {:>22} {:>9} {:>8}",
+        "{:>5} {:>2} {:>10} {:>10} {:>9} {:>8} {:>5} {:>5} {:>5} {:>7} {:>8} {:>9} {:>22} {:>22} {:>9} {:>8}",
         "N",
         "",
         "setup us",
         "listen us",
         "RSS KiB",
         "fds",
+        "QPs",
+        "CQs",
+        "MRs",
         "threads",
         "idle %",
         "wakeup/s",
@@ -541,13 +629,16 @@ fn report(o: &Opts, rows: &[Row]) -> Result<(), String> {
         for (who, s) in [("a", &r.me), ("b", &r.peer)] {
             let (l, b) = if who == "a" { (f(&r.lat, 2), f(&r.bw, 3)) } else { (String::new(), String::new()) };
             println!(
-                "{:>5} {:>2} {:>10.1} {:>10.1} {:>9.1} {:>8.2} {:>7} {:>8.2} {:>9.1} {:>22} {:>22} {:>9.1} {:>8}",
+                "{:>5} {:>2} {:>10.1} {:>10.1} {:>9.1} {:>8.2} {:>5} {:>5} {:>5} {:>7} {:>8.2} {:>9.1} {:>22} {:>22} {:>9.1} {:>8}",
                 r.n,
                 who,
                 s.setup_us,
                 s.listen_us,
                 s.rss_kib_per_comm,
                 s.fds_per_comm,
+                obj(s.qps_per_comm),
+                obj(s.cqs_per_comm),
+                obj(s.mrs_per_comm),
                 s.threads,
                 s.idle_cpu_pct,
                 s.wakeups_s,
@@ -559,11 +650,11 @@ fn report(o: &Opts, rows: &[Row]) -> Result<(), String> {
         }
     }
     if let Some(path) = &o.csv {
-        let mut w = String::from("label,n,proc,setup_us_per_comm,listen_us_per_call,rss_kib_per_comm,fds_per_comm,threads,idle_cpu_pct,wakeups_per_s,rss_after_close_mb,threads_after_close,lat8_us_med,lat8_us_min,lat8_us_max,bw_gbs_med,bw_gbs_min,bw_gbs_max,bw_size\n");
+        let mut w = String::from("label,n,proc,setup_us_per_comm,listen_us_per_call,rss_kib_per_comm,fds_per_comm,threads,idle_cpu_pct,wakeups_per_s,rss_after_close_mb,threads_after_close,lat8_us_med,lat8_us_min,lat8_us_max,bw_gbs_med,bw_gbs_min,bw_gbs_max,bw_size,qps_per_comm,cqs_per_comm,mrs_per_comm,warm\n");
         for r in rows {
             for (who, s) in [("a", &r.me), ("b", &r.peer)] {
                 w += &format!(
-                    "{},{},{who},{:.2},{:.2},{:.2},{:.3},{},{:.3},{:.2},{:.2},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{}\n",
+                    "{},{},{who},{:.2},{:.2},{:.2},{:.3},{},{:.3},{:.2},{:.2},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{},{:.3},{:.3},{:.3},{}\n",
                     o.label.replace([',', '\n'], ";"),
                     r.n,
                     s.setup_us,
@@ -581,7 +672,11 @@ fn report(o: &Opts, rows: &[Row]) -> Result<(), String> {
                     r.bw.med(),
                     r.bw.min(),
                     r.bw.max(),
-                    o.bw_size
+                    o.bw_size,
+                    s.qps_per_comm,
+                    s.cqs_per_comm,
+                    s.mrs_per_comm,
+                    o.warm as u8
                 );
             }
         }
