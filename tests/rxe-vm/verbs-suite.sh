@@ -209,7 +209,7 @@ if [ "${1:-}" = --in-vm ]; then
     t0=$EPOCHREALTIME
     csv=/tmp/scale-ci.csv
     ulimit -n 65536 2>/dev/null
-    NCCL_IB_HCA==rxe0 NCCL_IB_TIMEOUT=14 timeout -k 10 300 "$VERBS_RUSTNET" bench scale --comms 16,128 --reps 1 \
+    NCCL_IB_HCA="=rxe0" NCCL_IB_TIMEOUT=14 timeout -k 10 300 "$VERBS_RUSTNET" bench scale --comms 16,128 --reps 1 \
       --lat-iters 200 --bytes 8M --idle-s 0.5 --label ci --csv "$csv" < /dev/null 2>&1 | tail -n 6
     rc=${PIPESTATUS[0]}
     dt=$(( (${EPOCHREALTIME/./} - ${t0/./}) / 1000000 ))

@@ -206,7 +206,7 @@ impl CtlSlab {
         let (mem, block, off) = self.take(pool, size, remote)?;
         // SAFETY: off..off+size lies inside the block (take), and is ours alone until the piece returns.
         let ptr = unsafe { mem.ptr.add(off) };
-        // SAFETY: as above; a reused piece may hold its last user's bytes.
+        // SAFETY: ptr..ptr+size is inside the block and ours alone (take); zeroed because a reused piece may hold its last user's bytes.
         unsafe { std::ptr::write_bytes(ptr, 0, size) };
         let lkey = mem.lkey;
         let piece: Box<dyn Any + Send + Sync> = Box::new(Piece { pool: pool.clone(), block, off, size, _mem: mem });
