@@ -31,6 +31,7 @@
 #     other than the fabric, as on most clusters), so "again" times the
 #     recovery and not the rig putting its routes back; flap-3-shared keeps
 #     them on veth0 (the fabric's own link).
+#   - loss5 (by name only): as loss1 with 5% loss.
 #   - qperr (by name only): 300 s of traffic (LOSS_QPERR_SECONDS) with a QP
 #     forced to the error state every 700th data post (RUSTNET_FAULT_QP_ERROR):
 #     no error, every byte right; the statistics table counts the recoveries.
@@ -198,6 +199,8 @@ FLAP
   pick clean   0%   14 7 ok
   pick loss1   1%   14 7 ok
   pick loss1-t20 1% 20 7 ok
+  # (by name only) 5% loss: slower still, nothing lost
+  pick loss5   5%   14 7 ok
   pick cut-t14 100% 14 2 fail RUSTNET_RECOVERY_TIMEOUT=0
   pick cut-t16 100% 16 3 fail RUSTNET_RECOVERY_TIMEOUT=0
   pick cut-t18 100% 18 1 fail RUSTNET_RECOVERY_TIMEOUT=0
