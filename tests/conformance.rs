@@ -699,7 +699,7 @@ fn peer_cross_round_tags(peer: &mut Peer, e: &PeerEnv) {
 
 fn peer_cut_sender(peer: &mut Peer, _e: &PeerEnv) {
     // B sends until the link is cut under it; reports the error.
-    let (s, _r, _l) = peer.connect_pair();
+    let (s, r, l) = peer.connect_pair();
     let mut buf = vec![7u8; 1 << 20];
     let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
     let mut inflight: Vec<Ptr> = Vec::new();
@@ -725,6 +725,13 @@ fn peer_cut_sender(peer: &mut Peer, _e: &PeerEnv) {
             told = true;
         }
     };
+    // close what it opened, as NCCL does after an error: a failed comm
+    // (with sends in flight) must still give everything back (LeakSanitizer
+    // checks it under scripts/sanitize.sh)
+    peer.p.dereg_mr(s, mh).unwrap();
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_listen(l).unwrap();
     peer.say(&format!("DONE send_error={code}"));
 }
 
