@@ -1,12 +1,12 @@
 //! The verbs sender as a state machine (quinn-proto style): it owns the send
 //! requests, the FIFO head and the group being filled, the messages in
 //! flight per FIFO slot, the eager ring's sender side and the mailbox timer.
-//! The transport (`transport::ib::p2p`) hands it the FIFO memory the
-//! receiver writes, the sends NCCL posts, the completions of its writes and
-//! the time; it posts what the machine plans: a complete group's writes
-//! (built with [`crate::fifo::plan_lane`]), an eager write, a mailbox write.
-//! No I/O, no clock, no allocation after [`Sender::new`] (the text of a
-//! mismatch excepted, which fails the comm).
+//! The transport (`transport::ib::entry`, with `p2p`'s executor) hands it
+//! the FIFO memory the receiver writes, the sends NCCL posts, the
+//! completions of its writes and the time; it posts what the machine plans:
+//! a complete group's writes (built with [`crate::fifo::plan_lane`]), an
+//! eager write, a mailbox write. No I/O, no clock, no allocation after
+//! [`Sender::new`] (the text of a mismatch excepted, which fails the comm).
 //!
 //! Rules kept here:
 //! - a CTS slot is taken only when every element of it landed with the

@@ -1,9 +1,9 @@
 //! The shipping verbs protocol machines ([`rx::Receiver`], [`tx::Sender`])
-//! driven through the entry points the plugin's `transport::ib::p2p` calls
+//! driven through the entry points the plugin's `transport::ib::entry` calls
 //! (`isend`, `peek`, `test`, `poll`, `close`; `irecv`, `would_take`,
 //! `test`, `iflush`, `poll`, `handshake_done`), each with this file's
-//! executor ([`SendNic`]/[`RecvNic`] over a simulated NIC) where p2p passes
-//! its verbs one: the call order is the machines', not a copy of it here.
+//! executor ([`SendNic`]/[`RecvNic`] over a simulated NIC) where entry.rs
+//! passes p2p's verbs one: the call order is the machines', not a copy of it here.
 //! The NIC: byte arrays for every registered region and for NCCL's buffers,
 //! one lossless, in-order queue of RDMA writes per QP and direction, whose
 //! writes land (sometimes in two parts, the end last) at random moments,
@@ -42,8 +42,10 @@
 //!   larger than its buffer, a forged eager message, a corrupt CTS), the
 //!   machines return the typed [`ProtoError`] for it.
 //!
-//! And [`the_transport_calls_only_what_the_model_drives`] reads p2p.rs: a
-//! machine method the transport calls and this model never does fails it.
+//! And [`the_transport_calls_only_what_the_model_drives`] reads the verbs
+//! transport's files that call the machines (`entry.rs`, `p2p.rs`,
+//! `ready.rs`, `reconnect.rs`): a machine method the transport calls and
+//! this model never does fails it.
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -1520,7 +1522,7 @@ fn machine_calls(src: &str) -> std::collections::BTreeSet<String> {
 #[test]
 fn the_transport_calls_only_what_the_model_drives() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let files = ["src/transport/ib/p2p.rs", "src/transport/ib/ready.rs", "src/transport/ib/reconnect.rs"];
+    let files = ["src/transport/ib/entry.rs", "src/transport/ib/p2p.rs", "src/transport/ib/ready.rs", "src/transport/ib/reconnect.rs"];
     let mut shipped = std::collections::BTreeSet::new();
     for f in files {
         let Ok(s) = std::fs::read_to_string(root.join(f)) else {
@@ -1530,7 +1532,7 @@ fn the_transport_calls_only_what_the_model_drives() {
         shipped.extend(machine_calls(&s));
     }
     let model = machine_calls(include_str!("verbs_model.rs"));
-    assert!(shipped.len() >= 10, "p2p.rs calls the machines through `self.tx.` / `self.rx.`: found {shipped:?}");
+    assert!(shipped.len() >= 10, "entry.rs calls the machines through `self.tx.` / `self.rx.`: found {shipped:?}");
     let missing: Vec<&String> = shipped.difference(&model).collect();
     assert!(missing.is_empty(), "the transport calls machine methods the model never drives: {missing:?} (drive them in verbs_model.rs)");
 }

@@ -8,7 +8,8 @@
 //! - [`handshake`]: the out-of-band exchange's steps and QP bring-up (imports no comm);
 //! - [`establish`]: connect/accept, sequencing the handshake into comms;
 //! - [`p2p`]: isend/irecv/test over RDMA writes: the executor of the protocol machines
-//!   ([`crate::proto::tx`], [`crate::proto::rx`], through [`crate::proto::nic`]); [`link`]: what
+//!   ([`crate::proto::tx`], [`crate::proto::rx`], through [`crate::proto::nic`]); [`entry`]: the
+//!   comms' entry points (NCCL's arguments checked, the call handed to the machine); [`link`]: what
 //!   both ends share (QPs, CQ, failure, liveness, profiler events); [`ready`]: the handshake's
 //!   last steps, run from the data path;
 //! - [`recover`] / [`reconnect`]: a comm recovering in place after a fabric fault (new QPs, the
@@ -26,6 +27,7 @@ pub mod caps;
 pub mod cmffi;
 pub mod comm;
 pub mod device;
+pub mod entry;
 pub mod establish;
 pub mod ffi;
 pub mod gdr;

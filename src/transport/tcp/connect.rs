@@ -7,8 +7,9 @@
 //! comm is registered there under its token ([`super::resume`]).
 use std::net::SocketAddr;
 
-use super::p2p::{RecvComm, RecvResume, SendComm, SendResume};
+use super::recv::{RecvComm, RecvResume};
 use super::resume::{self, PortRef};
+use super::send::{SendComm, SendResume};
 use super::StreamCfg;
 use crate::error::Result;
 use crate::proto::handle::{Handle, HandleKind};

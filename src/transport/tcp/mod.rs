@@ -3,7 +3,9 @@ pub mod connect;
 pub mod device;
 pub mod helper;
 pub mod p2p;
+pub mod recv;
 pub mod resume;
+pub mod send;
 
 use std::path::Path;
 
@@ -16,7 +18,8 @@ use crate::transport::oob::OobCfg;
 use crate::transport::DeviceProps;
 
 pub use connect::{TcpConnecting, TcpListen};
-pub use p2p::{RecvComm, SendComm};
+pub use recv::RecvComm;
+pub use send::SendComm;
 
 /// RUSTNET_SOCKET_HELPER=-1 starts helper threads when this process has at
 /// least this many CPUs per rank on its host: there the pool's threads find

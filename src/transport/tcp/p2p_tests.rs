@@ -1,4 +1,4 @@
-//! Unit tests of `tcp/p2p.rs` (kept apart: the data path reads better alone).
+//! Unit tests of the TCP data path (`tcp/p2p.rs`, `send.rs`, `recv.rs`; kept apart: the data path reads better alone).
 #[cfg(test)]
 mod ack_tests {
     use super::super::*;
@@ -48,6 +48,13 @@ mod ack_tests {
 #[cfg(test)]
 mod data_tests {
     use super::super::*;
+    use crate::proto::wire::HDR_LEN;
+    use crate::transport::sock::Socket;
+    use crate::transport::tcp::recv::RecvComm;
+    use crate::transport::tcp::send::SendComm;
+    use crate::transport::tcp::StreamCfg;
+    use crate::transport::{RawBuf, RecvBuf};
+    use std::collections::VecDeque;
     use std::net::{IpAddr, Ipv4Addr};
     use std::sync::Arc;
 
@@ -271,9 +278,14 @@ mod data_tests {
 mod recovery_tests {
     use super::super::*;
     use super::data_tests::{exchange, MIX};
+    use crate::error::Result;
     use crate::proto::resume::ACK_DELAY;
     use crate::transport::tcp::connect::{TcpConnecting, TcpListen};
+    use crate::transport::tcp::recv::RecvComm;
     use crate::transport::tcp::resume::ResetPlan;
+    use crate::transport::tcp::send::SendComm;
+    use crate::transport::tcp::StreamCfg;
+    use crate::transport::{RawBuf, RecvBuf};
     use std::net::{IpAddr, Ipv4Addr};
 
     fn cfg(n: usize, helper: bool, recovery_s: i64, fault: Option<ResetPlan>) -> StreamCfg {
