@@ -622,7 +622,16 @@ impl World {
         let small = eager_max > 0 && rng.chance(4);
         let tags: &[i32] = if rng.chance(3) { &[5] } else { &[5, 6, 7] };
         let nrecv = 60 + rng.below(60) as usize;
-        let window = if rng.chance(3) { 1 + rng.below(4) as usize } else { MAX_REQUESTS };
+        // NCCL's window, a short one, or a caller that keeps twice NCCL's
+        // receives open (the receiver takes up to RECV_POOL - MAX_REQUESTS):
+        // receives then run up to two FIFO laps ahead of the sender's head
+        let window = if rng.chance(3) {
+            1 + rng.below(4) as usize
+        } else if rng.chance(3) {
+            2 * MAX_REQUESTS
+        } else {
+            MAX_REQUESTS
+        };
         let mut bufs = Vec::new();
         let mut recvs = Vec::new();
         let mut addr = 0usize;
@@ -1115,6 +1124,9 @@ impl World {
             }
             Fault::EagerTag | Fault::EagerSize
                 if self.wire.s2r[0].is_empty()
+                    // a receive NCCL posts later reads the ring (with every
+                    // receive posted and matched, nothing would look there)
+                    && self.posted < self.recvs.len()
                     && self.tx.eager_on()
                     && self.wire.eager_posted > 0
                     && self.tx.read_credits(&self.wire.sfifo[..]) + eager::RING_SLOTS as u64 > self.wire.eager_posted =>
