@@ -87,6 +87,21 @@ MUTANTS = [
      "        let _ = nic.ring_requested();\n"),
 ]
 
+# Mutations the model cannot catch because they change nothing it can see,
+# with the reason; the table says "equivalent" and does not count them as
+# survivors. Each reason is held by a const assert or stated limit in the code.
+EQUIVALENT = {
+    "a full slot's previous lap not forced out":
+        "CTS_BATCH (24) < FIFO_DEPTH (32): the batch rule already makes that CTS due (const assert in eager.rs)",
+    "irecv skips iWARP's notice gate":
+        "notices in flight <= FIFO slots in flight <= RECV_DEPTH receives, reposted as each is read (const assert in notice.rs); the gate guards a late-reposting executor",
+}
+# Mutations known to survive, and why (still counted as not caught).
+KNOWN_SURVIVORS = {
+    "eager credits read after the FIFO head":
+        "a read-order race inside one isend: the model lands the receiver's writes between calls, never between two reads of one call",
+}
+
 
 def run_model(seeds=None):
     env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(WORK, "target"))
@@ -132,13 +147,17 @@ def main():
             rows.append((name, "NO BUILD", why))
             survived += 1
         else:
-            rows.append((name, "caught" if caught else "SURVIVED", why))
-            survived += not caught
+            if not caught and name in EQUIVALENT:
+                rows.append((name, "equivalent", EQUIVALENT[name]))
+            else:
+                rows.append((name, "caught" if caught else "SURVIVED", why if caught else KNOWN_SURVIVORS.get(name, why)))
+                survived += not caught
         print(f"{rows[-1][1]:>8}  {name}: {rows[-1][2]}", flush=True)
     print("\n| mutation | result | how |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2].replace('|', '/')} |")
-    print(f"\n{len(rows) - survived} of {len(rows)} caught")
+    eq = sum(r[1] == "equivalent" for r in rows)
+    print(f"\n{len(rows) - survived - eq} of {len(rows)} caught, {eq} equivalent (reasons above), {survived} not caught")
     sys.exit(1 if survived else 0)
 
 

@@ -67,6 +67,12 @@ pub const MAX_EAGER: usize = 64 << 10;
 /// Deferred CTS writes are sent once this many are waiting (they normally go
 /// out earlier, with the credit word, every RING_SLOTS / 2 eager messages).
 pub const CTS_BATCH: usize = 24;
+// A receive refused because its slot's previous lap still has a deferred
+// CTS is then at least FIFO_DEPTH receives past the last CTS written, so
+// the batch rule above already makes that CTS due: `Receiver::irecv`'s
+// `force_cts` there is a second guard (scripts/model-mutants.py lists its
+// removal as equivalent for this reason).
+const _: () = assert!(CTS_BATCH < crate::fifo::FIFO_DEPTH);
 
 /// Late ring: where the sender's request word goes, in the receiver's
 /// sizes area (after the sizes slots; the area holds it).

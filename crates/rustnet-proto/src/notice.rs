@@ -43,6 +43,12 @@ use crate::MAX_RECVS;
 /// Receives each QP keeps posted (one per FIFO slot: at most one notice per
 /// QP per slot can be in flight).
 pub const RECV_DEPTH: usize = FIFO_DEPTH;
+// With a receive reposted as each notice is read (the executor's
+// `repost`), notices in flight on a QP (at most one per FIFO slot in
+// flight) never outnumber the receives posted: the notice gate
+// (`may_advertise`) is a second guard for an executor that reposts late
+// (scripts/model-mutants.py lists its removal as equivalent for this reason).
+const _: () = assert!(RECV_DEPTH >= FIFO_DEPTH);
 /// Header bytes of a notice.
 pub const HDR_BYTES: usize = 8;
 /// Largest notice (header and eight sizes); each posted receive has this much.
