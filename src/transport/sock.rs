@@ -258,10 +258,7 @@ impl Socket {
     pub fn tune_stream(&self, timeout_s: i64, bufsize: u64) -> Result<()> {
         self.setopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1 as libc::c_int, "TCP_NODELAY")?;
         self.setopt(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1 as libc::c_int, "SO_KEEPALIVE")?;
-        let idle = (timeout_s / 3).max(1) as libc::c_int;
-        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle, "TCP_KEEPIDLE")?;
-        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, idle.max(1), "TCP_KEEPINTVL")?;
-        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2 as libc::c_int, "TCP_KEEPCNT")?;
+        self.keepalive_within(timeout_s)?;
         if bufsize > 0 {
             let b = bufsize.min(i32::MAX as u64) as libc::c_int;
             self.setopt(libc::SOL_SOCKET, libc::SO_SNDBUF, b, "SO_SNDBUF")?;
@@ -322,6 +319,18 @@ impl Socket {
             return Err(Errno::last());
         }
         Ok(Some(err))
+    }
+
+    /// Keepalive probes that declare an idle connection's peer dead after
+    /// about `secs` of silence (a third of it idle, then two probes a third
+    /// apart). A verbs comm that recovers widens its out-of-band
+    /// connection's to its recovery window: a link cut on a shared path
+    /// must not end the connection the recovery itself needs.
+    pub fn keepalive_within(&self, secs: i64) -> Result<()> {
+        let idle = (secs / 3).clamp(1, 32767) as libc::c_int; // Linux caps TCP_KEEPIDLE at 32767 s
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle, "TCP_KEEPIDLE")?;
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, idle, "TCP_KEEPINTVL")?;
+        self.setopt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2 as libc::c_int, "TCP_KEEPCNT")
     }
 
     /// Linear retransmission timeouts while little data is in flight

@@ -111,6 +111,9 @@ impl SendComm {
             io.link.rec = Some(Box::new(RecLink::new(io.link.cc.recovery_s, io.plan, io.tc, io.sl, seen)));
             // (best effort: recovery messages go soon after a link's return either way)
             let _ = io.link.oob.set_thin_linear_timeouts();
+            // the out-of-band connection outlives a cut as long as the window
+            // (a dead peer's process still closes it at once)
+            let _ = io.link.oob.keepalive_within(i64::from(io.link.cc.recovery_s).max(io.link.cc.stream.timeout_s));
         }
         io.hs = Some(SendHs::WriteReady { sent: 0 });
         Ok(())
@@ -201,6 +204,7 @@ impl RecvComm {
             let tc = handshake::receiver_tc(&link.cc, dev.link_layer, remote.tc);
             link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, plan, tc, remote.sl, dev.health.port_events(dev.port))));
             let _ = link.oob.set_thin_linear_timeouts();
+            let _ = link.oob.keepalive_within(i64::from(link.cc.recovery_s).max(link.cc.stream.timeout_s));
         }
         // control writes all go on QP 0 (the only one that asks for inline room)
         link.max_inline = qps.first().map_or(0, |q| q.max_inline());

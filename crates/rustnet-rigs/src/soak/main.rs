@@ -800,7 +800,7 @@ fn coordinator_main() -> i32 {
     } else {
         format!(
             "{} ms asked, down {:.2}-{:.2} s, median {:.2}; {} judged as cuts: longer than timeout/3, or on verbs, \
-             where the plugin fails the comms of a port that went down",
+             where the port goes down with the link (survived, as a cut, by comms that recover)",
             FLAP.as_millis(),
             pct(&t.flap_down, 0.0),
             pct(&t.flap_down, 1.0),
