@@ -96,7 +96,8 @@ FLAP
   # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS] [FLAP_AT: run|connect]
   scenario() {
     local name=$1 loss=$2 to=$3 rc=$4 mode=$5 xenv=${6:-} flap=${7:-} at=${8:-run} out dir line secs expect="" res again="-" window=0
-    dir=$W/stats-$name out=$W/$name
+    # (a repeat is named flap-3/2: its files flap-3_2)
+    dir=$W/stats-${name//\//_} out=$W/${name//\//_}
     echo
     echo "=== $name: loss $loss on $devs, NCCL_IB_TIMEOUT=$to NCCL_IB_RETRY_CNT=$rc $xenv${flap:+, veth1 down for $flap s}, expect $mode"
     apply=""
