@@ -181,13 +181,20 @@ fn main() {
     }
     let t0 = Instant::now();
     let mut failure: Option<(f64, String, String, i32)> = None;
-    'run: while pairs.iter().any(|x| x.got < n.saturating_mul(msg as u64) || x.sent < n.saturating_mul(msg as u64)) {
+    // messages each pair moves (by time: until time is up, then what it started)
+    let mut ns = vec![n; pairs.len()];
+    'run: while pairs.iter().zip(&ns).any(|(x, &n)| x.got < n.saturating_mul(msg as u64) || x.sent < n.saturating_mul(msg as u64)) {
         if by_time.is_some_and(|s| n == u64::MAX && t0.elapsed().as_secs_f64() >= s) {
-            // time is up: every pair finishes the messages either end started
-            n = pairs.iter().map(|x| x.next_send.max(x.next_recv)).max().unwrap_or(0);
+            // time is up: each pair finishes the messages either of its ends
+            // started (not the faster pair's count: the directions need not
+            // move at one speed, and the slower one would run on for minutes)
+            n = 0;
+            for (k, x) in pairs.iter().enumerate() {
+                ns[k] = x.next_send.max(x.next_recv);
+            }
         }
         for (i, x) in pairs.iter_mut().enumerate() {
-            match x.step(&p, i, n, msg, window) {
+            match x.step(&p, i, ns[i], msg, window) {
                 Ok(()) => {}
                 Err(Fail::Corrupt(w)) => {
                     println!("LOSS CORRUPT {w}");
