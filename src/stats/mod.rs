@@ -225,6 +225,20 @@ struct Totals {
     replayed: u64,
 }
 
+impl Totals {
+    /// Count comm `c` in these totals.
+    fn add(&mut self, c: &CommStats) {
+        self.msgs += c.msgs.get();
+        self.completions += c.completions.get();
+        self.bytes += c.bytes.get();
+        self.errors += c.errors.get();
+        self.comms += 1;
+        let (n, b) = c.recovered();
+        self.recoveries += n;
+        self.replayed += b;
+    }
+}
+
 impl CommStats {
     /// Recoveries of this comm (every member of a merged device), and the bytes they wrote again.
     fn recovered(&self) -> (u64, u64) {
@@ -371,14 +385,7 @@ pub fn close_comm(c: &Arc<CommStats>) {
     let mut r = lock(&REG);
     r.live.retain(|x| !Arc::ptr_eq(x, c));
     let t = r.retired.entry((c.device.clone(), c.transport, c.way)).or_default();
-    t.msgs += c.msgs.get();
-    t.completions += c.completions.get();
-    t.bytes += c.bytes.get();
-    t.errors += c.errors.get();
-    t.comms += 1;
-    let (n, b) = c.recovered();
-    t.recoveries += n;
-    t.replayed += b;
+    t.add(c);
     let last = r.live.is_empty();
     drop(r);
     if last {
@@ -493,14 +500,7 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
     let mut open: BTreeMap<(String, &'static str, Way), u64> = BTreeMap::new();
     for c in &r.live {
         let t = dev.entry((c.device.clone(), c.transport, c.way)).or_default();
-        t.msgs += c.msgs.get();
-        t.completions += c.completions.get();
-        t.bytes += c.bytes.get();
-        t.errors += c.errors.get();
-        t.comms += 1;
-        let (n, b) = c.recovered();
-        t.recoveries += n;
-        t.replayed += b;
+        t.add(c);
         *open.entry((c.device.clone(), c.transport, c.way)).or_default() += 1;
     }
     type Get = fn(&Totals) -> u64;
