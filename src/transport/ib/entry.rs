@@ -9,6 +9,7 @@
 //! decides a protocol step.
 use super::link::{check_buf, comm_accessors};
 use super::p2p::{RecvComm, RecvIo, SendComm, RECV_POOL};
+use super::reconnect::Side as _;
 use super::reg::IbMr;
 use super::verbs::Access;
 use crate::error::{Error, Result};

@@ -176,6 +176,18 @@ pub(super) trait Side {
     fn connected(&mut self) -> Result<()>;
     /// Hand the peer's restart point to the machine; bytes written again.
     fn resume(&mut self, peer: &Point) -> Result<u64>;
+
+    /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
+    fn recovering(&mut self) -> Result<bool>
+    where
+        Self: Sized,
+    {
+        if !self.link().halted() {
+            return Ok(false);
+        }
+        progress(self)?;
+        Ok(self.link().halted())
+    }
 }
 
 /// Move a comm's recovery on as far as it goes now. `Err`: the comm failed.
@@ -377,17 +389,6 @@ fn connect(link: &mut Link) -> Result<()> {
 
 // ---------------------------------------------------------------- the two ends
 
-impl SendComm {
-    /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
-    pub(super) fn recovering(&mut self) -> Result<bool> {
-        if !self.io.link.halted() {
-            return Ok(false);
-        }
-        progress(self)?;
-        Ok(self.io.link.halted())
-    }
-}
-
 impl Side for SendComm {
     fn link(&mut self) -> &mut Link {
         &mut self.io.link
@@ -412,17 +413,6 @@ impl Side for SendComm {
             Ok(r) => Ok(r.bytes),
             Err(f) => Err(self.io.link.fail_by(f, "send")),
         }
-    }
-}
-
-impl RecvComm {
-    /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
-    pub(super) fn recovering(&mut self) -> Result<bool> {
-        if !self.io.link.halted() {
-            return Ok(false);
-        }
-        progress(self)?;
-        Ok(self.io.link.halted())
     }
 }
 
