@@ -1561,6 +1561,79 @@ fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
     ))
 }
 
+/// Verbs: a peer killed while both ends recover from a link that went down
+/// under them (`RUSTNET_CONF_FLAP_IF`, the soft-RoCE VM's veth1: both rxe
+/// ports go down with it). The survivor started its recovery at PORT_ERR
+/// (requests were outstanding) and must fail soon after the link is back,
+/// naming the peer and the recovery it was in, not wait out
+/// RUSTNET_RECOVERY_TIMEOUT (120 s by default).
+fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
+    let Ok(dev) = std::env::var("RUSTNET_CONF_FLAP_IF") else {
+        return Err("SKIPPED: needs RUSTNET_CONF_FLAP_IF, an interface under the verbs devices to take down (the VM suite sets it)".into());
+    };
+    let t = Duration::from_secs(60);
+    let mut a = spawn("A", 8, &KILLED_RECEIVER_SIDE, &[]);
+    let mut b = spawn("B", 8, &CUT_SENDER, &[]);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("STARTED", t)?;
+    std::thread::sleep(Duration::from_millis(300));
+    // the interface's routes (the VM's policy routes are not put back by the
+    // kernel when it comes up), then down
+    let routes = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ip -o route show table all | grep ' dev {dev}' || true"))
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if !sh(&format!("ip link set {dev} down")) {
+        return Err(format!("could not take {dev} down"));
+    }
+    // both ends see PORT_ERR with requests outstanding and stop their QPs
+    std::thread::sleep(Duration::from_secs(2));
+    let (victim, survivor, what) = if kill_sender { (&mut b, &mut a, "recv_error=6") } else { (&mut a, &mut b, "send_error=6") };
+    let _ = victim.child.kill();
+    let _ = victim.child.wait();
+    let up_ok = sh(&format!("ip link set {dev} up"));
+    for r in routes.lines() {
+        sh(&format!("ip route replace {}", r.trim()));
+    }
+    if !up_ok {
+        return Err(format!("could not bring {dev} back up"));
+    }
+    let up = Instant::now();
+    let r = survivor
+        .expect("DONE", Duration::from_secs(60))
+        .map_err(|e| format!("the survivor did not fail: {e}; {}", survivor.stderr.tail(20)))?;
+    let took = up.elapsed();
+    survivor.stderr.wait_eof(Duration::from_secs(40));
+    let log = survivor.stderr.text();
+    let _ = survivor.child.kill();
+    let _ = survivor.child.wait();
+    if !r.contains(what) {
+        return Err(format!("expected {what}: {r}"));
+    }
+    let recovering = log.lines().find(|l| l.contains("recovering in place")).unwrap_or("").to_string();
+    let failed = log.lines().find(|l| l.contains("while recovering")).unwrap_or("").to_string();
+    if recovering.is_empty() || failed.is_empty() {
+        return Err(format!("expected a recovery, then an error naming the peer that closed while recovering: {}", tail_lines(&log, 20)));
+    }
+    if took > Duration::from_secs(20) {
+        return Err(format!("the survivor took {took:?} after the link came back"));
+    }
+    Ok(format!(
+        "{} killed during the recovery; the survivor failed {:.1} s after link-up: {}",
+        if kill_sender { "sender" } else { "receiver" },
+        took.as_secs_f64(),
+        failed.trim()
+    ))
+}
+
+fn tail_lines(s: &str, n: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(n)..].join("\n")
+}
+
 /// Streams reset in the middle of transfers (RUSTNET_FAULT_TCP_RESET: A's
 /// send comms reset a stream after write 40 and every 150, B's receive
 /// comms after read 60 and every 200), traffic both ways, every byte
@@ -2036,6 +2109,10 @@ fn main() {
         cases.push(Case::new(format!("two_contexts_traffic_classes_v{v}"), move || two_contexts_case(v)));
     }
     cases.push(Case::new("peer_killed_mid_transfer", killed_peer_case));
+    if on_verbs() {
+        cases.push(Case::new("verbs_receiver_killed_during_recovery", || verbs_killed_during_recovery_case(false)));
+        cases.push(Case::new("verbs_sender_killed_during_recovery", || verbs_killed_during_recovery_case(true)));
+    }
     cases.push(Case::new("garbage_on_listen_port", garbage_case));
     cases.push(Case::new("invalid_env_values", bad_env_case));
     cases.push(Case::new("injected_panic", panic_case));

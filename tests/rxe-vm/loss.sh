@@ -46,7 +46,7 @@
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
 # LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3"; LOSS_SLOW=1 adds loss1-t20
 # and flap-20), LOSS_RESUME_MAX (2 s), LOSS_REPEAT (runs per scenario, 1), LOSS_MSG (message size, 1 MiB),
-# LOSS_NO_BUILD=1, RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
+# LOSS_NO_BUILD=1, LOSS_NCCL_DEBUG (INFO: print each recovery's steps and their times), RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -144,7 +144,9 @@ FLAP
       grep -m2 'comm failed' $out.err | sed 's/^/  WARN: /' | cut -c1-500
     fi
     if [ -n "$flap" ]; then
-      grep -E 'recover' $out.err | head -6 | sed 's/^/  WARN: /' | cut -c1-300
+      grep -E 'recover' $out.err | grep -v 'recovery epoch' | head -6 | sed 's/^/  WARN: /' | cut -c1-300
+      # LOSS_NCCL_DEBUG=INFO: each recovery's steps with their times
+      grep -E 'recovery epoch' $out.err | head -40 | sed 's/^/  INFO: /' | cut -c1-200
       if [ -s "$out.up" ]; then
         # from link-up to the first message received after it, and the longest silence
         again=$(awk -v up="$(cat "$out.up")" '$1 > up { print $1 - up; exit }' "$out.timeline")
@@ -236,5 +238,5 @@ export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
   "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
-  bash "$HERE/loss.sh" --in-vm)
+  ${LOSS_NCCL_DEBUG:+"NCCL_DEBUG=$LOSS_NCCL_DEBUG"} bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"

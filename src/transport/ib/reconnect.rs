@@ -66,16 +66,29 @@ impl Link {
             return;
         }
         // a PORT_ERR not yet ridden out, then a PORT_ACTIVE (in one look or two)
-        r.went_down |= now.0 > r.port_seen.0;
+        let went_down = now.0 > r.port_seen.0;
+        r.went_down |= went_down;
         let came_back = r.went_down && now.1 > r.port_seen.1;
         r.port_seen = now;
         if came_back {
             r.went_down = false;
         }
-        if came_back && pending > 0 && !r.m.active() {
-            let cause = format!("the link of {} went down and came back with {pending} request(s) outstanding", self.dev.describe());
-            self.fault(cause, Error::Internal("port flap".into()));
+        if pending == 0 || r.m.active() {
+            return;
         }
+        // Work outstanding when the link went down: stop and drain now, while
+        // the link is down, so that only the rebuild is left for link-up. The
+        // QPs would retransmit into a dead link until their retry budget is
+        // spent (NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT), and the side whose
+        // QPs see no error would otherwise start only at PORT_ACTIVE.
+        let cause = if came_back {
+            format!("the link of {} went down and came back with {pending} request(s) outstanding", self.dev.describe())
+        } else if went_down && self.dev.port_attr().is_ok_and(|p| p.state != super::ffi::IBV_PORT_ACTIVE) {
+            format!("the link of {} went down (PORT_ERR) with {pending} request(s) outstanding", self.dev.describe())
+        } else {
+            return;
+        };
+        self.fault(cause, Error::Internal("port flap".into()));
     }
 
     /// Write what is queued, read what came, hand complete messages to the
@@ -84,9 +97,14 @@ impl Link {
     pub(super) fn pump(&mut self) -> Result<()> {
         let Some(r) = self.rec.as_mut() else { return Ok(()) };
         if r.sent < r.out.len() && (r.port_up || !r.m.active()) {
+            let before = r.sent;
             if let Err(e) = self.oob.write_on(&r.out, &mut r.sent) {
                 let what = format!("out-of-band connection failed while recovering: {e}");
                 return Err(self.fail_with(Error::Remote { peer: self.peer_name(), what }));
+            }
+            let (wrote, left) = (r.sent - before, r.out.len() - r.sent);
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                self.step_note(&format!("wrote {wrote} byte(s) of recovery messages ({left} left)"));
             }
         }
         loop {
@@ -118,6 +136,18 @@ impl Link {
                 Err(e) => return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() })),
             };
             r.inbuf.drain(..used);
+            let kind = if !tracing::enabled!(tracing::Level::DEBUG) {
+                String::new()
+            } else {
+                match &m {
+                    RcMsg::Halt { epoch } => format!("Halt({epoch})"),
+                    RcMsg::State { epoch, .. } => format!("State({epoch})"),
+                    RcMsg::Go { epoch } => format!("Go({epoch})"),
+                    RcMsg::GiveUp { epoch } => format!("GiveUp({epoch})"),
+                }
+            };
+            self.step_note(&format!("the peer's {kind} read"));
+            let r = self.rec.as_mut().expect("checked above");
             let was = r.m.active();
             if let Err(e) = r.m.on_msg(Instant::now(), m) {
                 return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() }));
@@ -126,6 +156,37 @@ impl Link {
                 r.cause = "the peer stopped its QPs (a fault on its side)".into();
                 let peer = self.peer_name();
                 tracing::warn!("{}: comm to {peer}: the peer stopped its QPs (a fault on its side); recovering in place", self.dev.name);
+            }
+        }
+    }
+
+    /// One INFO line per step of a recovery, with the time since its stop
+    /// (`NCCL_DEBUG=INFO`): where a recovery's time goes.
+    fn step_done(&self, what: &str) {
+        if let Some(r) = &self.rec {
+            let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            tracing::info!(
+                "{}: comm to {}: recovery epoch {}: {what} at +{:.1} ms (unix {:.3})",
+                self.dev.name,
+                self.peer_name(),
+                r.m.epoch(),
+                r.halted_at.elapsed().as_secs_f64() * 1e3,
+                unix.as_secs_f64()
+            );
+        }
+    }
+
+    /// [`Self::step_done`] at DEBUG (NCCL's TRACE): the recovery messages.
+    fn step_note(&self, what: &str) {
+        if let Some(r) = &self.rec {
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                tracing::debug!(
+                    "{}: comm to {}: recovery epoch {}: {what} at +{:.1} ms",
+                    self.dev.name,
+                    self.peer_name(),
+                    r.m.epoch(),
+                    r.halted_at.elapsed().as_secs_f64() * 1e3
+                );
             }
         }
     }
@@ -208,10 +269,12 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.quiet = false;
                 r.new_qps.clear();
                 r.new_cq = None;
+                r.port_wait.clear();
                 r.send(&msg);
                 link.stop_qps();
                 let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
                 link.rec.as_mut().expect("recovering").port_up = up;
+                link.step_done(if up { "QPs stopped, port ACTIVE" } else { "QPs stopped, port down" });
                 s.halt_extra();
             }
             Do::Drain => {
@@ -231,6 +294,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                         );
                     }
                     link.rec.as_mut().expect("recovering").m.drained();
+                    link.step_done("drained");
                 } else {
                     return Ok(());
                 }
@@ -250,8 +314,17 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                         r.port_seen = seen;
                         r.went_down = false;
                         r.m.port_active();
+                        link.step_done("port ACTIVE, address read");
                     }
-                    Err(_) => return Ok(()),
+                    Err(e) => {
+                        // what the port or its address table still lacks (once per change)
+                        let why = e.to_string();
+                        if r.port_wait != why {
+                            r.port_wait = why;
+                            link.step_done(&format!("waiting for the port: {}", link.rec.as_ref().map_or("", |r| r.port_wait.as_str())));
+                        }
+                        return Ok(());
+                    }
                 }
             }
             Do::Rebuild { epoch } => {
@@ -287,15 +360,28 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.new_cq = Some(cq);
                 r.send(&RcMsg::State { epoch, addr: Box::new(addr), point: Box::new(point) });
                 r.m.rebuilt();
+                link.step_done("new QPs made, State sent");
             }
             Do::Connect { epoch } => {
+                let t = Instant::now();
                 connect(link)?;
+                let took = t.elapsed();
+                if took > Duration::from_millis(100) {
+                    // RoCE: ibv_modify_qp to RTR resolves the peer's address
+                    // (ARP/ND) in the kernel and blocks until it has it; after
+                    // a link flap the neighbour entry is gone
+                    link.step_done(&format!(
+                        "moving the new QPs to RTS took {:.0} ms (RoCE: the kernel resolves the peer's address inside ibv_modify_qp; after a flap its neighbour entry is gone)",
+                        took.as_secs_f64() * 1e3
+                    ));
+                }
                 if let Err(e) = s.connected() {
                     return Err(s.link().fail_with(e));
                 }
                 let r = s.link().rec.as_mut().expect("recovering");
                 r.send(&RcMsg::Go { epoch });
                 r.m.connected();
+                s.link().step_done("connected to the peer's new QPs, Go sent");
             }
             Do::Resume => {
                 let Some((_, point)) = r.m.peer() else { return Ok(()) };

@@ -70,6 +70,8 @@ pub(super) struct RecLink {
     pub(super) port_up: bool,
     /// A PORT_ERR was seen and no recovery or PORT_ACTIVE has answered it yet.
     pub(super) went_down: bool,
+    /// Why the last look found the port not usable yet (logged once per change).
+    pub(super) port_wait: String,
 }
 
 impl RecLink {
@@ -95,6 +97,7 @@ impl RecLink {
             port_seen,
             port_up: true,
             went_down: false,
+            port_wait: String::new(),
         }
     }
 
