@@ -427,6 +427,7 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
                 eager: 8192,
                 ring: (0x7f00_beef_0000, 0x99),
                 flags: 3,
+                secret: 0,
             };
             add("valid-roce", m.encode().to_vec());
             let ib = Meta { qpns: (1..=128).collect(), link: 1, family: 0, roce_version: 0, lid: 7, eager: 0, ..m.clone() };

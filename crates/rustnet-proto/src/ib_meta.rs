@@ -18,11 +18,13 @@
 //!  21 family  u8   address family of the GID: 4, 6 (RoCE); 0 unknown / InfiniBand
 //!  22 rocever u8   RoCE version of the GID: 1, 2; 0 unknown / InfiniBand
 //!  23 flags   u8   bit 0 (FLAG_RECOVERY): this end recovers a comm in place after a fabric fault (recover.rs);
-//!                  bit 1 (FLAG_LATE_RING): the eager ring may come late (eager.rs)
+//!                  bit 1 (FLAG_LATE_RING): the eager ring may come late (eager.rs);
+//!                  bit 2 (FLAG_CM_SECRET): iWARP: this end echoes (sender) or checks (receiver) `secret`,
+//!                  and a sender's `gid` is the address its rdma_cm connections come from
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
-//!  52 -       u32
+//!  52 secret  u32  iWARP receiver: random; its rdma_cm listener accepts only requests carrying it
 //!  56 name    [u8; 32]  device name, for messages
 //!  88 qpn     [u32; MAX_QPS]
 //! 600 eager   u32  sender: the eager limit it offers; receiver: the one both use (0 = off)
@@ -55,6 +57,12 @@ pub const FLAG_RECOVERY: u8 = 1;
 /// receiver answers with it (and no ring) when it will announce its ring
 /// later. Builds before it leave the bit 0 and ignore it.
 pub const FLAG_LATE_RING: u8 = 2;
+/// [`Meta::flags`]: iWARP connection requests carry the receiver's random
+/// [`Meta::secret`] (a sender echoes it, a receiver refuses requests without
+/// it), and a sender's `gid` names the address its rdma_cm connections come
+/// from (the receiver refuses others). Builds before it leave the bit 0: a
+/// receiver then checks what those builds sent, as they did.
+pub const FLAG_CM_SECRET: u8 = 4;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 
@@ -97,6 +105,9 @@ pub struct Meta {
     pub ring: (u64, u32),
     /// FLAG_* bits (unknown bits are ignored).
     pub flags: u8,
+    /// iWARP receiver with [`FLAG_CM_SECRET`]: what the sender's rdma_cm
+    /// requests must carry (random per comm; 0 elsewhere).
+    pub secret: u32,
 }
 
 impl Meta {
@@ -121,6 +132,7 @@ impl Meta {
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.addr.to_le_bytes());
         b[48..52].copy_from_slice(&self.rkey.to_le_bytes());
+        b[52..56].copy_from_slice(&self.secret.to_le_bytes());
         // at most 31 bytes, cut at a character boundary so the peer decodes
         // exactly this name (a cut inside a character became U+FFFD, and the
         // name changed at every round trip)
@@ -189,6 +201,7 @@ impl Meta {
                 u32::from_le_bytes(b[EAGER_OFF + 4..EAGER_OFF + 8].try_into().unwrap()),
             ),
             flags: b[23],
+            secret: u32::from_le_bytes(b[52..56].try_into().unwrap()),
         })
     }
 }
@@ -221,7 +234,8 @@ mod tests {
             name: "rxe0".into(),
             eager: 8192,
             ring: (0x7000_1000, 0x55),
-            flags: FLAG_RECOVERY | FLAG_LATE_RING,
+            flags: FLAG_RECOVERY | FLAG_LATE_RING | FLAG_CM_SECRET,
+            secret: 0x9e37_79b9,
         }
     }
 

@@ -253,7 +253,7 @@ impl IbListen {
         }
         let qps = std::mem::take(&mut setup.qps);
         let qpns = qps.iter().map(|q| q.qpn()).collect();
-        let side = RecvSide::new(&self.dev, &cc, &self.dev.pd, qpns, setup.region.addr() as u64, &peer)?;
+        let side = RecvSide::new(&self.dev, &cc, &self.dev.pd, qpns, setup.region.addr() as u64, &peer, remote)?;
         // not RTS yet: the comm posts no send before RecvSide::cm_ready says
         // rdma_cm established every connection (its READY gate)
         let qps = qps.into_iter().map(|q| q.connected_by_cm()).collect();

@@ -8,9 +8,13 @@
 //!   sender's metadata arrives and puts that address in its own metadata
 //!   ([`RecvSide::fill_meta`]: `gid` = the address, `lid` = the port); the
 //!   sender starts one rdma_cm connection per QP there ([`CmConnect`]) with
-//!   its QP's number and, as private data, a cookie naming the receive comm
-//!   and the QP index; the receiver accepts each matching request with its
-//!   QP of that index ([`RecvSide::cm_ready`]) and refuses anything else.
+//!   its QP's number and, as private data, a cookie naming the receive comm,
+//!   the QP index and the receiver's random secret (its metadata's `secret`,
+//!   which only the out-of-band connection carried); the receiver accepts a
+//!   request only if it carries all three and comes from the address the
+//!   sender's metadata named (or the out-of-band peer's), with its QP of that
+//!   index ([`RecvSide::cm_ready`]), and refuses anything else with a WARN
+//!   naming where it came from.
 //!   All of it is polled from the comms' existing progress points; nothing
 //!   waits. The sender writes READY once its side is established; the
 //!   receiver writes its first CTS only when READY came and its side is
@@ -40,7 +44,7 @@ use super::verbs::{Access, HostRegion, Init, Pd, Qp, Rts, SendWr};
 use crate::error::{Error, Result};
 use crate::proto::error::ProtoError;
 use crate::proto::fifo::{Group, Imm, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
-use crate::proto::ib_meta::{Meta, LINK_IWARP};
+use crate::proto::ib_meta::{Meta, FLAG_CM_SECRET, LINK_IWARP};
 use crate::proto::nic::WrId;
 use crate::proto::notice::{Assembler, Notice, RecvRing, MAX_LANES, NOTICE_BYTES, RECV_DEPTH};
 use crate::transport::MAX_RECVS;
@@ -99,29 +103,93 @@ pub fn listener_addr(m: &Meta) -> SocketAddr {
 }
 
 const COOKIE_MAGIC: [u8; 4] = *b"RNCM";
+/// Magic, QP index, QP count, cookie (builds before the secret sent this much).
 const PRIVATE_LEN: usize = 16;
+/// ... and the receiver's secret.
+const PRIVATE_SECRET_LEN: usize = PRIVATE_LEN + 4;
 
 /// The private data of the sender's connect request for QP `i` of `n`:
-/// magic, QP index, QP count, and the receive comm's cookie (the address of
-/// its sizes area, from its metadata).
-fn private(cookie: u64, i: usize, n: usize) -> [u8; PRIVATE_LEN] {
-    let mut b = [0u8; PRIVATE_LEN];
+/// magic, QP index, QP count, the receive comm's cookie (the address of its
+/// sizes area, from its metadata) and, for a receiver that asked for it
+/// ([`FLAG_CM_SECRET`]), its secret. Returns the bytes and how many to send.
+fn private(cookie: u64, secret: Option<u32>, i: usize, n: usize) -> ([u8; PRIVATE_SECRET_LEN], usize) {
+    let mut b = [0u8; PRIVATE_SECRET_LEN];
     b[..4].copy_from_slice(&COOKIE_MAGIC);
     b[4..6].copy_from_slice(&(i as u16).to_le_bytes());
     b[6..8].copy_from_slice(&(n as u16).to_le_bytes());
     b[8..16].copy_from_slice(&cookie.to_le_bytes());
-    b
+    match secret {
+        Some(s) => {
+            b[16..20].copy_from_slice(&s.to_le_bytes());
+            (b, PRIVATE_SECRET_LEN)
+        }
+        None => (b, PRIVATE_LEN),
+    }
 }
 
-/// Which QP a connect request is for, if it is one of ours for this comm.
-fn parse_private(p: &[u8], cookie: u64, n: usize) -> Option<usize> {
+/// Which QP a connect request is for, if it is one of ours for this comm
+/// (with our `secret` when we require one); else why not.
+fn parse_private(p: &[u8], cookie: u64, secret: Option<u32>, n: usize) -> std::result::Result<usize, &'static str> {
     if p.len() < PRIVATE_LEN || p[..4] != COOKIE_MAGIC {
-        return None;
+        return Err("not a librustnet request");
     }
     let i = u16::from_le_bytes([p[4], p[5]]) as usize;
     let m = u16::from_le_bytes([p[6], p[7]]) as usize;
-    let c = u64::from_le_bytes(p[8..16].try_into().ok()?);
-    (c == cookie && m == n && i < n).then_some(i)
+    let c = u64::from_le_bytes(p[8..16].try_into().map_err(|_| "short")?);
+    if c != cookie {
+        return Err("for another comm (cookie)");
+    }
+    if let Some(s) = secret {
+        if p.len() < PRIVATE_SECRET_LEN || p[16..20] != s.to_le_bytes() {
+            return Err("without this comm's secret");
+        }
+    }
+    if m != n || i >= n {
+        return Err("for a QP this comm does not have");
+    }
+    Ok(i)
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn unmapped(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Who may connect to a receiver's listener: with a sender that declared
+/// its rdma_cm address ([`FLAG_CM_SECRET`]), only that address or the
+/// out-of-band peer's; with an older sender, anyone with the cookie (as
+/// those builds did).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Admit {
+    secret: Option<u32>,
+    from: Vec<IpAddr>,
+}
+
+impl Admit {
+    /// For the sender whose metadata is `sender`, met over the out-of-band
+    /// connection from `oob`; `secret` is ours (in our metadata).
+    fn new(sender: &Meta, oob: IpAddr, secret: u32) -> Admit {
+        if sender.flags & FLAG_CM_SECRET == 0 {
+            return Admit { secret: None, from: Vec::new() };
+        }
+        let declared = unmapped(IpAddr::V6(Ipv6Addr::from(sender.gid)));
+        Admit { secret: Some(secret), from: vec![declared, unmapped(oob)] }
+    }
+
+    /// The QP index a request (its private data, its source) is for; else why it is refused.
+    fn check(&self, private: &[u8], src: Option<IpAddr>, cookie: u64, n: usize) -> std::result::Result<usize, String> {
+        if !self.from.is_empty() {
+            match src.map(unmapped) {
+                Some(a) if self.from.contains(&a) => {}
+                Some(a) => return Err(format!("from {a}, not the peer ({})", self.from.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" or "))),
+                None => return Err("from an address rdma_cm did not give".into()),
+            }
+        }
+        parse_private(private, cookie, self.secret, n).map_err(str::to_string)
+    }
 }
 
 fn proto(peer: String, e: ProtoError) -> Error {
@@ -140,6 +208,8 @@ pub struct CmConnect {
     qps: Vec<Qp<Init>>,
     est: Vec<bool>,
     cookie: u64,
+    /// The receiver's secret, when it asked for one.
+    secret: Option<u32>,
     dev: String,
     peer: String,
     since: Instant,
@@ -179,6 +249,7 @@ impl CmConnect {
             qps,
             est: vec![false; n],
             cookie: remote.addr,
+            secret: (remote.flags & FLAG_CM_SECRET != 0).then_some(remote.secret),
             dev: dev.dev_name.clone(),
             peer,
             since,
@@ -208,7 +279,8 @@ impl CmConnect {
                         )));
                     }
                     let qpn = self.qps[i].qpn();
-                    self.conns[i].connect(qpn, &private(self.cookie, i, n))?;
+                    let (p, len) = private(self.cookie, self.secret, i, n);
+                    self.conns[i].connect(qpn, &p[..len])?;
                 }
                 Progress::Established(_) => self.est[i] = true,
             }
@@ -322,6 +394,10 @@ pub struct RecvSide {
     /// Its address, which our metadata carries.
     listen_addr: SocketAddr,
     cookie: u64,
+    /// Random: in our metadata, required in every request (with a sender that echoes it).
+    secret: u32,
+    /// Whose requests we take.
+    admit: Admit,
     qpns: Vec<u32>,
     conns: Vec<Option<CmConn>>,
     est: Vec<bool>,
@@ -363,13 +439,26 @@ impl RecvSide {
     /// is what our metadata's `addr` says (the sender echoes it).
     /// `cc`'s RUSTNET_CONNECT_TIMEOUT bounds the wait for the sender's
     /// connections, from now.
-    pub fn new(dev: &IbDev, cc: &ConnCfg, pd: &Pd, qpns: Vec<u32>, cookie: u64, peer: &SocketAddr) -> Result<Box<RecvSide>> {
+    /// `sender` is the sender's metadata: whether it echoes our secret and
+    /// where its connections come from.
+    pub fn new(dev: &IbDev, cc: &ConnCfg, pd: &Pd, qpns: Vec<u32>, cookie: u64, peer: &SocketAddr, sender: &Meta) -> Result<Box<RecvSide>> {
         let listener = CmListener::new(device_ip(dev)?)?;
         let n = qpns.len();
+        // a secret, not an id: it must not be guessable by whoever can reach the listener
+        let secret = u32::from_le_bytes(crate::random::secret_128()[..4].try_into().unwrap_or([1; 4]));
+        let admit = Admit::new(sender, peer.ip(), secret);
+        if admit.secret.is_none() {
+            tracing::info!(
+                "{}: peer {peer} is a build without the rdma_cm secret: its connections are checked by cookie only",
+                dev.describe()
+            );
+        }
         Ok(Box::new(RecvSide {
             listen_addr: listener.addr(),
             listener: Some(listener),
             cookie,
+            secret,
+            admit,
             conns: (0..n).map(|_| None).collect(),
             est: vec![false; n],
             peer: peer.to_string(),
@@ -402,6 +491,8 @@ impl RecvSide {
         m.lid = a.port();
         m.family = if a.is_ipv4() { 4 } else { 6 };
         m.link = LINK_IWARP;
+        m.secret = self.secret;
+        m.flags |= FLAG_CM_SECRET;
     }
 
     /// Accept the sender's requests and follow the connections; once all
@@ -415,12 +506,26 @@ impl RecvSide {
             return Err(Error::Usage("rdma_cm listener closed before the connections were up".into()));
         };
         while let Some(req) = listener.poll()? {
-            match parse_private(&req.private, self.cookie, n) {
-                Some(i) if self.conns[i].is_none() => {
+            match self.admit.check(&req.private, req.src, self.cookie, n) {
+                Ok(i) if self.conns[i].is_none() => {
                     self.conns[i] = Some(req.accept(self.qpns[i], &[], &self.peer)?);
                 }
-                _ => {
-                    tracing::debug!("rdma_cm listener {}: refusing a request that is not for this comm", self.listen_addr);
+                Ok(i) => {
+                    tracing::warn!(
+                        "rdma_cm listener {} (comm from {}): refused a second request for QP {i} from {}",
+                        self.listen_addr,
+                        self.peer,
+                        req.src.map_or("?".into(), |a| a.to_string())
+                    );
+                    req.reject();
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        "rdma_cm listener {} (comm from {}): refused a connection request {why} (source {})",
+                        self.listen_addr,
+                        self.peer,
+                        req.src.map_or("unknown".into(), |a| a.to_string())
+                    );
                     req.reject();
                 }
             }
@@ -529,12 +634,71 @@ mod tests {
 
     #[test]
     fn private_data_names_comm_and_qp() {
-        let p = private(0xfeed, 2, 4);
-        assert_eq!(parse_private(&p, 0xfeed, 4), Some(2));
-        assert_eq!(parse_private(&p, 0xbeef, 4), None, "another comm's request");
-        assert_eq!(parse_private(&p, 0xfeed, 2), None, "QP count differs");
-        assert_eq!(parse_private(&p[..8], 0xfeed, 4), None, "short");
-        assert_eq!(parse_private(b"hello", 0xfeed, 4), None);
+        let (p, len) = private(0xfeed, None, 2, 4);
+        assert_eq!(len, PRIVATE_LEN, "without a secret: what builds before it sent");
+        let p = &p[..len];
+        assert_eq!(parse_private(p, 0xfeed, None, 4), Ok(2));
+        assert!(parse_private(p, 0xbeef, None, 4).is_err(), "another comm's request");
+        assert!(parse_private(p, 0xfeed, None, 2).is_err(), "QP count differs");
+        assert!(parse_private(&p[..8], 0xfeed, None, 4).is_err(), "short");
+        assert!(parse_private(b"hello", 0xfeed, None, 4).is_err());
+        // with the receiver's secret
+        let (s, len) = private(0xfeed, Some(0x5ec2_e7a1), 3, 4);
+        assert_eq!(parse_private(&s[..len], 0xfeed, Some(0x5ec2_e7a1), 4), Ok(3));
+        assert_eq!(parse_private(&s[..len], 0xfeed, Some(0x5ec2_e7a0), 4), Err("without this comm's secret"));
+        assert_eq!(parse_private(p, 0xfeed, Some(0x5ec2_e7a1), 4), Err("without this comm's secret"), "an old-style request");
+        // a receiver of an older build reads the first 16 bytes and ignores the rest
+        assert_eq!(parse_private(&s[..len], 0xfeed, None, 4), Ok(3));
+    }
+
+    fn sender_meta(flags: u8, gid_ip: &str) -> Meta {
+        let ip: IpAddr = gid_ip.parse().unwrap();
+        let gid = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        Meta {
+            qpns: vec![1, 2],
+            mtu: 3,
+            link: LINK_IWARP,
+            port: 1,
+            gid_index: 0,
+            lid: 0,
+            tc: 0,
+            sl: 0,
+            split: false,
+            gid,
+            family: 4,
+            roce_version: 0,
+            addr: 0xfeed,
+            rkey: 0,
+            name: "siw0".into(),
+            eager: 0,
+            ring: (0, 0),
+            flags,
+            secret: 0,
+        }
+    }
+
+    #[test]
+    fn a_stranger_is_refused_by_address_and_secret() {
+        let oob: IpAddr = "10.0.0.1".parse().unwrap();
+        let a = Admit::new(&sender_meta(FLAG_CM_SECRET, "10.198.0.1"), oob, 0xabcd_0123);
+        let (good, len) = private(0xfeed, Some(0xabcd_0123), 1, 2);
+        let good = &good[..len];
+        let at = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert_eq!(a.check(good, at("10.198.0.1"), 0xfeed, 2), Ok(1), "from the address the sender named");
+        assert_eq!(a.check(good, at("10.0.0.1"), 0xfeed, 2), Ok(1), "from the out-of-band peer's address");
+        assert_eq!(a.check(good, at("::ffff:10.0.0.1"), 0xfeed, 2), Ok(1), "the same address, IPv4-mapped");
+        let e = a.check(good, at("10.198.0.9"), 0xfeed, 2).unwrap_err();
+        assert!(e.contains("from 10.198.0.9, not the peer (10.198.0.1 or 10.0.0.1)"), "{e}");
+        assert!(a.check(good, None, 0xfeed, 2).is_err(), "no source address");
+        // the right address, the cookie an attacker could guess, no secret
+        let (old, len) = private(0xfeed, None, 1, 2);
+        assert_eq!(a.check(&old[..len], at("10.198.0.1"), 0xfeed, 2), Err("without this comm's secret".into()));
+        // an older sender: cookie only, from anywhere (what those builds checked)
+        let legacy = Admit::new(&sender_meta(0, "10.198.0.1"), oob, 0xabcd_0123);
+        assert_eq!(legacy.check(&old[..len], at("192.0.2.7"), 0xfeed, 2), Ok(1));
     }
 
     #[test]
@@ -560,6 +724,7 @@ mod tests {
                 eager: 0,
                 ring: (0, 0),
                 flags: 0,
+                secret: 0,
             };
             m.gid = match a.ip() {
                 IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),

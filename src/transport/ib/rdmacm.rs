@@ -335,6 +335,8 @@ pub struct CmRequest {
     id: Id,
     /// What the peer sent with its request.
     pub private: Vec<u8>,
+    /// Where the request came from (its source address), when rdma_cm says.
+    pub src: Option<IpAddr>,
 }
 
 impl CmListener {
@@ -382,11 +384,37 @@ impl CmListener {
                 if r != 0 {
                     return Err(Error::last_os("rdma_migrate_id"));
                 }
-                return Ok(Some(CmRequest { id, private: ev.private }));
+                // SAFETY: id.ptr is the live id of this request; its route's
+                // destination is the requester's address (a sockaddr_storage
+                // that rdma_cm filled before it raised the event).
+                let src = unsafe { sockaddr_ip(&(*id.ptr).route.addr.__bindgen_anon_2.dst_storage as *const _ as *const libc::sockaddr) };
+                return Ok(Some(CmRequest { id, private: ev.private, src }));
             }
             tracing::debug!("rdma_cm listener {}: ignoring event {}", self.addr, self.id.chan.lib.event_name(ev.kind));
         }
         Ok(None)
+    }
+}
+
+/// The IP address in a sockaddr (None: not AF_INET or AF_INET6).
+///
+/// # Safety
+/// `sa` points to a sockaddr_storage (or a sockaddr as large as its family says).
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    // SAFETY: the caller's pointer is readable for the family's size.
+    unsafe {
+        match (*sa).sa_family as c_int {
+            libc::AF_INET => {
+                let s = &*(sa as *const libc::sockaddr_in);
+                Some(IpAddr::from(u32::from_be(s.sin_addr.s_addr).to_be_bytes()))
+            }
+            libc::AF_INET6 => {
+                let s = &*(sa as *const libc::sockaddr_in6);
+                let v6 = std::net::Ipv6Addr::from(s.sin6_addr.s6_addr);
+                Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+            }
+            _ => None,
+        }
     }
 }
 

@@ -268,6 +268,7 @@ impl RecvComm {
             eager: self.rx.eager_limit() as u32,
             ring: io.eager.as_ref().map_or((0, 0), |e| (e.ring.addr() as u64, e.ring.rkey())),
             flags: io.link.cc.meta_flags() | if io.late_ring { FLAG_LATE_RING } else { 0 },
+            secret: 0,
         };
         if let Some(n) = &io.notices {
             n.fill_meta(&mut m);
