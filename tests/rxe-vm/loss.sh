@@ -85,11 +85,13 @@ sleep "$after"
 ip link set "$dev" down
 date +%s.%N > "$out.down"
 sleep "$down"
-ip link set "$dev" up
+# (a host re-adds an interface's connected routes as it comes up; the rig's
+# policy routes it does not: they go back in the same ip batch as the link,
+# a few ms apart, as on a host, not after a second process 0.2-0.3 s later
+# under emulation, when a comm already resolving the peer's address would
+# miss them and wait for the kernel's next ARP attempt, 1 s on)
 date +%s.%N > "$out.up"
-# (a host re-adds an interface's connected routes when it comes up; the
-# rig's policy routes it does not: put them back in one batch, at once)
-sed -n 's/^/route replace /p' <<<"$routes" | ip -force -batch - 2>/dev/null
+{ echo "link set $dev up"; sed -n 's/^/route replace /p' <<<"$routes"; } | ip -force -batch - 2>/dev/null
 date +%s.%N > "$out.routes"
 FLAP
   chmod +x $W/flap.sh
