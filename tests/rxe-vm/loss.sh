@@ -33,7 +33,8 @@
 #     them on veth0 (the fabric's own link).
 #   - loss5 (by name only): as loss1 with 5% loss.
 #   - qperr (by name only): 300 s of traffic (LOSS_QPERR_SECONDS) with a QP
-#     forced to the error state every 700th data post (RUSTNET_FAULT_QP_ERROR):
+#     forced to the error state every 500th data post (RUSTNET_FAULT_QP_ERROR;
+#     the goal is at least 20 forced errors in the 5 minutes):
 #     no error, every byte right; the statistics table counts the recoveries.
 #   - flap-connect: veth1 down for 3 s from just before the connections are
 #     set up: connect and accept wait for the port (RUSTNET_CONNECT_TIMEOUT),
@@ -220,7 +221,7 @@ FLAP
   pick flap-connect 0% 20 7 ok "" 3 connect
   # five minutes of traffic with a QP moved to the error state every 700th
   # data post of each send comm (from the 300th): about 20 recoveries
-  pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:700 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
+  pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:500 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
   echo
   echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way, or how long a flap run lasted; fail = from the loss to the first failed call; again: from link-up to the next message received)"
   printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" again "result | rxe hw_counters (rxe0+rxe1)"

@@ -244,7 +244,11 @@ mod tests {
         let m = sample();
         assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
         let b = m.encode();
-        assert_eq!((b[21], b[22], b[23]), (4, 2, FLAG_RECOVERY | FLAG_LATE_RING | FLAG_CM_SECRET), "family, RoCE version and flags at their offsets");
+        assert_eq!(
+            (b[21], b[22], b[23]),
+            (4, 2, FLAG_RECOVERY | FLAG_LATE_RING | FLAG_CM_SECRET),
+            "family, RoCE version and flags at their offsets"
+        );
         assert_eq!(b[52..56], 0x9e37_79b9u32.to_le_bytes(), "the iWARP secret in the word that was padding");
         // a build before the secret sent zeros there and no flag: read as no secret
         let mut pre = b;

@@ -184,7 +184,12 @@ impl Admit {
         if !self.from.is_empty() {
             match src.map(unmapped) {
                 Some(a) if self.from.contains(&a) => {}
-                Some(a) => return Err(format!("from {a}, not the peer ({})", self.from.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" or "))),
+                Some(a) => {
+                    return Err(format!(
+                        "from {a}, not the peer ({})",
+                        self.from.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" or ")
+                    ))
+                }
                 None => return Err("from an address rdma_cm did not give".into()),
             }
         }
