@@ -15,6 +15,11 @@
 # sometimes keeps two busy-polling processes on one vCPU, which doubles a
 # ping-pong's round trip. Bandwidth runs are left to the scheduler (pinning
 # there starves the emulated NIC's kernel work and cost ib_write_bw 40% at 1 MiB).
+# Beside each bandwidth run it reads rxe's own retransmission counters
+# (out_of_seq_request, duplicate_request, completer_retry_err: rxe0 + rxe1)
+# and prints them per tool, median [min-max] per run, in a table and the CSV
+# (test "rxe_<counter>"): a QP whose packets arrive out of order makes rxe go
+# back and resend, and a build that provokes it more than perftest shows here.
 #
 #   tests/rxe-vm/bench-verbs.sh            # builds, boots the VM, runs, prints
 #   REPS=5 tests/rxe-vm/bench-verbs.sh
@@ -59,9 +64,11 @@ perf() { # perf <tool> <size> <iters> -> prints "MB/s" (bw) or "t_typical t_avg"
 
 declare -A P R
 for r in $(seq "$REPS"); do
+  c0=$(rxe_now)
   for size in 65536 262144 1048576; do
     v=$(perf ib_write_bw $size 300); P[bw_$size]+="$v "; echo "bw,$size,ib_write_bw,$r,$v,MB/s" >> "$csv"
   done
+  rxe_add ib_write_bw "$c0" $((300 * (65536 + 262144 + 1048576)))
   read -r typ avg <<<"$(perf ib_write_lat 8 1000)"
   P[lat]+="$typ "; P[lat_avg]+="$avg "
   echo "lat_typical,8,ib_write_lat,$r,$typ,us" >> "$csv"; echo "lat_average,8,ib_write_lat,$r,$avg,us" >> "$csv"
@@ -80,10 +87,12 @@ for r in $(seq "$REPS"); do
     cenv=(); [ -n "$so_c" ] && cenv=(RUSTNET_PLUGIN="$ROOT/${so_c#"$ROOT"/}")
     env "${penv[@]}" NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib timeout 300 "${pin0[@]}" "$BIN" bench --listen "$S_IP:18600" "${args[@]:6}" > /tmp/bsrv.log 2>&1 &
     sp=$!
+    c0=$(rxe_now)
     waitport 18600 || { echo "bench server did not start"; cat /tmp/bsrv.log; exit 1; }
     env "${cenv[@]}" NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib timeout 300 "${pin1[@]}" "$BIN" bench --peer "$S_IP:18600" --no-raw \
       "${args[@]}" --reps 1 --inflight ${INFLIGHT:-8} --csv /tmp/b.csv > /tmp/bcli.log 2>&1
     wait $sp
+    [ $run = bw ] && rxe_add "rustnet${label:+-$label}" "$c0" $((3 * 96 * 1048576))
     grep -q '^oneway' /tmp/b.csv || { echo "rustnet bench failed:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }
     while IFS=, read -r t size _ med _; do
       tool=rustnet${label:+-$label}
@@ -105,6 +114,25 @@ done
 
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+RXE_KEYS="out_of_seq_request duplicate_request completer_retry_err"
+rxe_now() { # the three counters, each summed over rxe0 and rxe1
+  local k d s v
+  for k in $RXE_KEYS; do
+    s=0
+    for d in rxe0 rxe1; do read -r v < "/sys/class/infiniband/$d/ports/1/hw_counters/$k" || v=0; s=$((s + v)); done
+    printf '%s ' "$s"
+  done
+}
+declare -A X
+rxe_add() { # rxe_add TOOL BEFORE BYTES: what moved since BEFORE per GB moved, per counter, into X[TOOL.counter] and the CSV
+  local tool=$1 bytes=$3 i=0 k was now v
+  read -ra was <<<"$2"; read -ra now <<<"$(rxe_now)"
+  for k in $RXE_KEYS; do
+    v=$(awk -v n="$((now[i] - was[i]))" -v b="$bytes" 'BEGIN { printf "%.1f", n * 1e9 / b }')
+    X[$tool.$k]+="$v "; echo "rxe_$k,all,$tool,$r,$v,events/GB" >> "$csv"
+    i=$((i + 1))
+  done
+}
 echo
 echo "rxe0 -> rxe1 across the veth, $REPS runs each, median [min-max]"
 printf '%-10s %-26s %-26s %s\n' "size" "ib_write_bw MB/s" "rustnet bench MB/s" "ratio"
@@ -129,4 +157,11 @@ if [ -n "${PLUGINS:-}" ]; then
     printf '%-14s' "$name"; for plug in $PLUGINS; do printf '%-26s' "$(stats "${R[${plug%%=*}$k]}")"; done; echo
   done
 fi
+echo
+echo "rxe retransmission events per GB moved in each bandwidth run (3 sizes; rxe0 + rxe1), median [min-max]"
+tools="ib_write_bw"; for plug in ${PLUGINS:-=}; do l=${plug%%=*}; tools+=" rustnet${l:+-$l}"; done
+printf '%-22s' "counter"; for t in $tools; do printf '%-24s' "$t"; done; echo
+for k in $RXE_KEYS; do
+  printf '%-22s' "$k"; for t in $tools; do printf '%-24s' "$(stats "${X[$t.$k]:-}")"; done; echo
+done
 echo "CSV: out/bench-verbs.csv"

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::device::IbDev;
 use super::handshake::{self, choose_tc_sl, read_some, write_some, ConnCfg, Setup};
-use super::notice_path::RecvSide;
+use super::notice_path::{self, RecvSide};
 use super::p2p::{RecvComm, SendComm};
 use crate::error::{Error, Result};
 use crate::proto::handle::{Handle, HandleKind};
@@ -82,7 +82,11 @@ impl IbConnecting {
                     }
                     let ConnStage::WaitPort { sock, peer, .. } = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
                     let setup = Box::new(Setup::new(&self.dev, &self.cc, true)?);
-                    let tx = Box::new(setup.meta(self.tc, self.sl, self.cc.split).encode());
+                    let mut meta = setup.meta(self.tc, self.sl, self.cc.split);
+                    if self.dev.iwarp {
+                        notice_path::declare_source(&self.dev, &mut meta);
+                    }
+                    let tx = Box::new(meta.encode());
                     self.st = ConnStage::Meta { sock, peer, setup, tx, sent: 0 };
                 }
                 ConnStage::Meta { sock, peer, tx, sent, .. } => return write_some(sock, &tx[..], sent, peer, "connection metadata"),

@@ -313,7 +313,7 @@ impl Setup {
     }
 
     pub fn meta(&self, tc: u8, sl: u8, split: bool) -> Meta {
-        let mut m = Meta {
+        Meta {
             qpns: self.qps.iter().map(|q| q.qpn()).collect(),
             mtu: self.local.mtu,
             link: wire_link(&self.dev),
@@ -334,19 +334,7 @@ impl Setup {
             // a sender takes a ring announced later (a receiver's answer is RecvComm::local_meta)
             flags: self.flags | if self.eager > 0 && self.late_ok { FLAG_LATE_RING } else { 0 },
             secret: 0,
-        };
-        if self.dev.iwarp {
-            // iWARP: our gid names the address our rdma_cm connections will
-            // come from (the receiver accepts only those), and we echo its secret
-            if let Ok(ip) = super::notice_path::device_ip(&self.dev) {
-                (m.gid, m.family) = match ip {
-                    std::net::IpAddr::V4(v4) => (v4.to_ipv6_mapped().octets(), 4),
-                    std::net::IpAddr::V6(v6) => (v6.octets(), 6),
-                };
-                m.flags |= crate::proto::ib_meta::FLAG_CM_SECRET;
-            }
         }
-        m
     }
 }
 

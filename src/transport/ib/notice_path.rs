@@ -150,6 +150,19 @@ fn parse_private(p: &[u8], cookie: u64, secret: Option<u32>, n: usize) -> std::r
     Ok(i)
 }
 
+/// A sender's metadata on iWARP: its `gid` names the address its rdma_cm
+/// connections will come from (the receiver accepts only those), and it
+/// says it echoes the receiver's secret ([`FLAG_CM_SECRET`]).
+pub fn declare_source(dev: &IbDev, m: &mut Meta) {
+    if let Ok(ip) = device_ip(dev) {
+        (m.gid, m.family) = match ip {
+            IpAddr::V4(v4) => (v4.to_ipv6_mapped().octets(), 4),
+            IpAddr::V6(v6) => (v6.octets(), 6),
+        };
+        m.flags |= FLAG_CM_SECRET;
+    }
+}
+
 /// An IPv4-mapped IPv6 address as the IPv4 address it is.
 fn unmapped(a: IpAddr) -> IpAddr {
     match a {
