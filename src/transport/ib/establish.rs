@@ -74,6 +74,7 @@ impl IbConnecting {
                     let ConnStage::Tcp(c) = std::mem::replace(&mut self.st, ConnStage::Gone) else { unreachable!() };
                     let (mut socks, peer) = c.into_streams();
                     let sock = socks.pop().ok_or_else(|| Error::Internal("connector returned no socket".into()))?;
+                    handshake_keepalive(&sock, &self.cc);
                     self.st = ConnStage::WaitPort { sock, peer, since: std::time::Instant::now() };
                 }
                 ConnStage::WaitPort { since, .. } => {
@@ -101,6 +102,19 @@ impl IbConnecting {
             ConnStage::Meta { sock, peer, setup, .. } => Ok(SendComm::new(*setup, sock, peer, self.cc, self.tc, self.sl)),
             _ => Err(Error::Internal("into_send_comm before the connection metadata was sent".into())),
         }
+    }
+}
+
+/// The out-of-band connection of a comm that can recover outlives a link cut
+/// during the handshake too (where it shares the fabric's link, as in
+/// the VM soak, an 8 s cut while connecting ended it after
+/// RUSTNET_SOCKET_TIMEOUT): its keepalive gives up only after
+/// RUSTNET_CONNECT_TIMEOUT, which bounds the handshake anyway. A peer
+/// process that dies still closes it at once. After READY the comm sets
+/// its own (recovery window, or RUSTNET_SOCKET_TIMEOUT again).
+fn handshake_keepalive(sock: &Socket, cc: &ConnCfg) {
+    if cc.recovery_s > 0 && !cc.notices {
+        let _ = sock.keepalive_within(cc.stream.connect_timeout_s.max(cc.stream.timeout_s));
     }
 }
 
@@ -169,6 +183,7 @@ impl IbListen {
     pub fn accept(&mut self) -> Result<Option<RecvComm>> {
         while let Some((mut socks, peer)) = self.tcp.accept_streams()? {
             if let Some(sock) = socks.pop() {
+                handshake_keepalive(&sock, &self.cc);
                 self.pending.push(Accepting::ReadMeta { sock, peer, rx: Box::new([0; META_LEN]), got: 0 });
             }
         }

@@ -114,6 +114,9 @@ impl SendComm {
             // the out-of-band connection outlives a cut as long as the window
             // (a dead peer's process still closes it at once)
             let _ = io.link.oob.keepalive_within(i64::from(io.link.cc.recovery_s).max(io.link.cc.stream.timeout_s));
+        } else {
+            // (the handshake may have widened it: a comm that does not recover finds a dead peer as before)
+            let _ = io.link.oob.keepalive_within(io.link.cc.stream.timeout_s);
         }
         io.hs = Some(SendHs::WriteReady { sent: 0 });
         Ok(())
@@ -205,6 +208,9 @@ impl RecvComm {
             link.rec = Some(Box::new(RecLink::new(link.cc.recovery_s, plan, tc, remote.sl, dev.health.port_events(dev.port))));
             let _ = link.oob.set_thin_linear_timeouts();
             let _ = link.oob.keepalive_within(i64::from(link.cc.recovery_s).max(link.cc.stream.timeout_s));
+        } else {
+            // (the handshake may have widened it: a comm that does not recover finds a dead peer as before)
+            let _ = link.oob.keepalive_within(link.cc.stream.timeout_s);
         }
         // control writes all go on QP 0 (the only one that asks for inline room)
         link.max_inline = qps.first().map_or(0, |q| q.max_inline());

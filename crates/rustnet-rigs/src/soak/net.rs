@@ -79,7 +79,9 @@ impl Net {
             // route tests/rxe-vm/guest.sh added (table 101): put it back in
             // the same ip batch as the link, as a host's connected routes
             // come back with it (not one process later)
-            Net::Vm if up => sh("printf 'link set veth1 up\\nroute replace 10.199.0.1 dev veth1 src 10.199.0.2 table 101\\n' | ip -force -batch -"),
+            Net::Vm if up => {
+                sh("printf 'link set veth1 up\\nroute replace 10.199.0.1 dev veth1 src 10.199.0.2 table 101\\n' | ip -force -batch -")
+            }
             Net::Vm => sh("ip link set veth1 down"),
         }
     }
