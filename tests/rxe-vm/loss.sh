@@ -219,8 +219,8 @@ FLAP
   pick flap-20 0%   20 7 ok NCCL_SOCKET_IFNAME=lo 20
   pick flap-3-shared 0% 20 7 ok "" 3
   pick flap-connect 0% 20 7 ok "" 3 connect
-  # five minutes of traffic with a QP moved to the error state every 700th
-  # data post of each send comm (from the 300th): about 20 recoveries
+  # five minutes of traffic with a QP moved to the error state every 500th
+  # data post (from the 300th): at least 20 recoveries
   pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:500 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
   echo
   echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way, or how long a flap run lasted; fail = from the loss to the first failed call; again: from link-up to the next message received)"
