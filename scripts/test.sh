@@ -89,11 +89,12 @@ fi
 if [ -x tests/rxe-vm/verbs-suite.sh ]; then
   echo "== verbs suite in the soft-RoCE VM"
   tests/rxe-vm/verbs-suite.sh
-  # Without netem loss in CI: with 1% loss one of three VM soaks so far
-  # (issue 11) failed a clean cycle with IBV_WC_REM_INV_REQ_ERR (rxe's or
-  # ours, not settled yet); scripts/soak.sh by hand runs with 1% loss.
-  echo "== soak, ${RUSTNET_CI_SOAK_VM_SECONDS:-60} s over verbs in the soft-RoCE VM (peer kill, link cut and flap; no loss)"
-  SOAK_TCP=0 SOAK_VM_SECONDS=${RUSTNET_CI_SOAK_VM_SECONDS:-60} SOAK_VM_LOSS=0 SOAK_OUT=target/soak-ci scripts/soak.sh
+  # With 1% netem loss again: the one VM soak (of three, issue 11) that died
+  # with IBV_WC_REM_INV_REQ_ERR under loss predates recovery; since then a
+  # 30-minute lossy soak with 20 kills, 20 cuts and 20 flaps passed
+  # (docs/resilience.md), and the error was not seen again.
+  echo "== soak, ${RUSTNET_CI_SOAK_VM_SECONDS:-60} s over verbs in the soft-RoCE VM (1% loss; peer kill, link cut and flap)"
+  SOAK_TCP=0 SOAK_VM_SECONDS=${RUSTNET_CI_SOAK_VM_SECONDS:-60} SOAK_VM_LOSS=1% SOAK_OUT=target/soak-ci scripts/soak.sh
 else
   echo "!! SKIPPED: tests/rxe-vm/verbs-suite.sh not present"
 fi
