@@ -42,6 +42,25 @@ cd "$ROOT" || exit 2
 REPS=${REPS:-3}
 BIN=$ROOT/target/release/rustnet
 S_IP=$RXE_VM_IP1
+RXE_KEYS="out_of_seq_request duplicate_request completer_retry_err"
+rxe_now() { # the three counters, each summed over rxe0 and rxe1
+  local k d s v
+  for k in $RXE_KEYS; do
+    s=0
+    for d in rxe0 rxe1; do read -r v < "/sys/class/infiniband/$d/ports/1/hw_counters/$k" || v=0; s=$((s + v)); done
+    printf '%s ' "$s"
+  done
+}
+declare -A X
+rxe_add() { # rxe_add TOOL BEFORE BYTES: what moved since BEFORE per GB moved, per counter, into X[TOOL.counter] and the CSV
+  local tool=$1 bytes=$3 i=0 k was now v
+  read -ra was <<<"$2"; read -ra now <<<"$(rxe_now)"
+  for k in $RXE_KEYS; do
+    v=$(awk -v n="$((now[i] - was[i]))" -v b="$bytes" 'BEGIN { printf "%.1f", n * 1e9 / b }')
+    X[$tool.$k]+="$v "; echo "rxe_$k,all,$tool,$r,$v,events/GB" >> "$csv"
+    i=$((i + 1))
+  done
+}
 csv=$ROOT/out/bench-verbs.csv
 echo "test,size,tool,run,value,unit" > "$csv"
 waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
@@ -114,25 +133,6 @@ done
 
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
-RXE_KEYS="out_of_seq_request duplicate_request completer_retry_err"
-rxe_now() { # the three counters, each summed over rxe0 and rxe1
-  local k d s v
-  for k in $RXE_KEYS; do
-    s=0
-    for d in rxe0 rxe1; do read -r v < "/sys/class/infiniband/$d/ports/1/hw_counters/$k" || v=0; s=$((s + v)); done
-    printf '%s ' "$s"
-  done
-}
-declare -A X
-rxe_add() { # rxe_add TOOL BEFORE BYTES: what moved since BEFORE per GB moved, per counter, into X[TOOL.counter] and the CSV
-  local tool=$1 bytes=$3 i=0 k was now v
-  read -ra was <<<"$2"; read -ra now <<<"$(rxe_now)"
-  for k in $RXE_KEYS; do
-    v=$(awk -v n="$((now[i] - was[i]))" -v b="$bytes" 'BEGIN { printf "%.1f", n * 1e9 / b }')
-    X[$tool.$k]+="$v "; echo "rxe_$k,all,$tool,$r,$v,events/GB" >> "$csv"
-    i=$((i + 1))
-  done
-}
 echo
 echo "rxe0 -> rxe1 across the veth, $REPS runs each, median [min-max]"
 printf '%-10s %-26s %-26s %s\n' "size" "ib_write_bw MB/s" "rustnet bench MB/s" "ratio"
