@@ -86,13 +86,17 @@ sleep "$after"
 ip link set "$dev" down
 date +%s.%N > "$out.down"
 sleep "$down"
-# (a host re-adds an interface's connected routes as it comes up; the rig's
-# policy routes it does not: they go back in the same ip batch as the link,
-# a few ms apart, as on a host, not after a second process 0.2-0.3 s later
-# under emulation, when a comm already resolving the peer's address would
-# miss them and wait for the kernel's next ARP attempt, 1 s on)
+ip link set "$dev" up
 date +%s.%N > "$out.up"
-{ echo "link set $dev up"; sed -n 's/^/route replace /p' <<<"$routes"; } | ip -force -batch - 2>/dev/null
+# (a host re-adds an interface's connected routes as it comes up; the rig's
+# policy routes it does not: put them back in one batch, at once. Under
+# emulation that is 0.2-0.3 s after the link, and a comm that connects its
+# new QPs in that window has the kernel's address resolution inside
+# ibv_modify_qp fail once and try again a second later: "routes back" and
+# "after the routes" below say how much of "again" that is. Putting them
+# back in the link's own ip batch does not help: the link-up itself takes
+# 0.3-1 s under emulation, and the port is ACTIVE early in it.)
+sed -n 's/^/route replace /p' <<<"$routes" | ip -force -batch - 2>/dev/null
 date +%s.%N > "$out.routes"
 FLAP
   chmod +x $W/flap.sh
@@ -154,8 +158,12 @@ FLAP
         # from link-up to the first message received after it, and the longest silence
         again=$(awk -v up="$(cat "$out.up")" '$1 > up { print $1 - up; exit }' "$out.timeline")
         again=$(printf '%.2f' "${again:-999}")
-        echo "link down $(awk -v a="$(cat "$out.down")" -v b="$(cat "$out.up")" 'BEGIN { printf "%.2f", b - a }') s (routes back $(awk -v a="$(cat "$out.up")" -v b="$(cat "$out.routes" 2>/dev/null || echo 0)" 'BEGIN { printf "%.2f", b - a }') s after link-up); traffic again ${again} s after link-up; longest gap between messages $(sort -n "$out.timeline" | awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }') s"
+        local rback
+        rback=$(awk -v a="$(cat "$out.up")" -v b="$(cat "$out.routes" 2>/dev/null || echo 0)" 'BEGIN { printf "%.2f", b - a }')
+        echo "link down $(awk -v a="$(cat "$out.down")" -v b="$(cat "$out.up")" 'BEGIN { printf "%.2f", b - a }') s (routes back $rback s after link-up); traffic again ${again} s after link-up ($(awk -v a="$again" -v r="$rback" 'BEGIN { printf "%.2f", a - r }') s after the routes); longest gap between messages $(sort -n "$out.timeline" | awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }') s"
         grep -h 'recovered in' $out.err | sed 's/^/  WARN: /' | cut -c1-200
+        # (with LOSS_NCCL_DEBUG=INFO) connects that waited for the kernel's address resolution
+        grep -h 'moving the new QPs to RTS took' $out.err | sed 's/.*recovery epoch/  INFO: recovery epoch/' | cut -c1-120
       else
         echo "the flap did not finish (no link-up time)"
         again=999
