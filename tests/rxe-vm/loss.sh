@@ -184,7 +184,11 @@ FLAP
       fi
     fi
     res=PASS
-    if [ "$mode" = ok ] && ! grep -q '^LOSS ok' $out.out; then res=FAIL; fi
+    if [ "$mode" = ok ] && ! grep -q '^LOSS ok' $out.out; then
+      res=FAIL
+      # what failed the comm (the rig's files are gone with the VM)
+      grep -m3 -E 'comm failed|failed in recovery' $out.err | sed 's/^/  WARN: /' | cut -c1-600
+    fi
     if [ "$mode" = fail ]; then
       if ! grep -q '^LOSS failed' $out.out; then res=FAIL
       elif ! grep -q 'comm failed.*10\.199\.0\.' $out.err; then res="FAIL(no peer named)"

@@ -208,8 +208,9 @@ impl Link {
                     Phase::Exchange => "the peer's new QPs (is its port up?)".into(),
                     Phase::WaitGo | Phase::Running | Phase::Failed => "the peer to resume".into(),
                 };
+                let last = if r.retry_why.is_empty() { String::new() } else { format!(" (last attempt to connect new QPs: {})", r.retry_why) };
                 format!(
-                    "{}; recovery gave up after {:.1} s waiting for {waiting} (RUSTNET_RECOVERY_TIMEOUT={} s; 0 turns recovery off)",
+                    "{}; recovery gave up after {:.1} s waiting for {waiting}{last} (RUSTNET_RECOVERY_TIMEOUT={} s; 0 turns recovery off)",
                     r.cause,
                     waited.as_secs_f64(),
                     r.window_s
@@ -364,7 +365,19 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
             }
             Do::Connect { epoch } => {
                 let t = Instant::now();
-                connect(link)?;
+                if let Err(e) = connect(link)? {
+                    // try again from the stop, in the next epoch (the peer
+                    // joins it at our Halt); RUSTNET_RECOVERY_TIMEOUT bounds the tries
+                    let peer = link.peer_name();
+                    let r = link.rec.as_mut().expect("recovering");
+                    tracing::warn!(
+                        "{}: comm to {peer}: connecting the new QPs failed in recovery epoch {epoch}: {e}; trying again (the fabric may still be settling)",
+                        link.dev.name
+                    );
+                    r.retry_why = e.to_string();
+                    r.m.fault(now);
+                    continue;
+                }
                 let took = t.elapsed();
                 if took > Duration::from_millis(100) {
                     // RoCE: ibv_modify_qp to RTR resolves the peer's address
@@ -420,8 +433,13 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
     Ok(())
 }
 
-/// Bring the new QPs to RTS toward the peer's (its State), and make them the comm's.
-fn connect(link: &mut Link) -> Result<()> {
+/// Bring the new QPs to RTS toward the peer's (its State), and make them the
+/// comm's. `Err`: the comm failed (the peer broke the protocol); `Ok(Err)`:
+/// moving the QPs failed, which a fabric that is still settling explains
+/// (RoCE resolves the peer's address inside `ibv_modify_qp`, and a route or
+/// neighbour missing just after a link comes back fails it): the caller
+/// starts the next epoch instead of failing the comm.
+fn connect(link: &mut Link) -> Result<std::result::Result<(), Error>> {
     let r = link.rec.as_mut().expect("recovering");
     let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else {
         return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
@@ -450,7 +468,8 @@ fn connect(link: &mut Link) -> Result<()> {
         };
         match q.to_rtr(&p).and_then(|q| q.to_rts(&rts)) {
             Ok(q) => qps.push(q),
-            Err(e) => return Err(link.fail_with(e)),
+            // (the new QPs of this epoch are dropped: destroyed)
+            Err(e) => return Ok(Err(e)),
         }
     }
     if link.peer_gid != peer.gid || link.local_gid != local.gid {
@@ -470,7 +489,7 @@ fn connect(link: &mut Link) -> Result<()> {
     link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
     link.peer_gid = peer.gid;
     link.local_gid = local.gid;
-    Ok(())
+    Ok(Ok(()))
 }
 
 // ---------------------------------------------------------------- the two ends

@@ -72,6 +72,9 @@ pub(super) struct RecLink {
     pub(super) went_down: bool,
     /// Why the last look found the port not usable yet (logged once per change).
     pub(super) port_wait: String,
+    /// Why the last attempt to connect new QPs failed (an epoch was started
+    /// again); named when the window is spent.
+    pub(super) retry_why: String,
 }
 
 impl RecLink {
@@ -98,6 +101,7 @@ impl RecLink {
             port_up: true,
             went_down: false,
             port_wait: String::new(),
+            retry_why: String::new(),
         }
     }
 
