@@ -208,7 +208,8 @@ impl Link {
                     Phase::Exchange => "the peer's new QPs (is its port up?)".into(),
                     Phase::WaitGo | Phase::Running | Phase::Failed => "the peer to resume".into(),
                 };
-                let last = if r.retry_why.is_empty() { String::new() } else { format!(" (last attempt to connect new QPs: {})", r.retry_why) };
+                let last =
+                    if r.retry_why.is_empty() { String::new() } else { format!(" (last attempt to connect new QPs: {})", r.retry_why) };
                 format!(
                     "{}; recovery gave up after {:.1} s waiting for {waiting}{last} (RUSTNET_RECOVERY_TIMEOUT={} s; 0 turns recovery off)",
                     r.cause,
