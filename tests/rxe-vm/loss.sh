@@ -111,8 +111,10 @@ FLAP
     for d in $devs; do apply+="tc qdisc replace dev $d root netem loss $loss; "; done
     local by_time=() before=""
     if [ -n "$flap" ] && [ "$at" = connect ]; then
-      # the link goes down just before the connections are set up
-      before="setsid $W/flap.sh veth1 $flap $out 0 > /dev/null 2>&1 & sleep 0.3"
+      # the link goes down just before the connections are set up: wait
+      # until it is down (a fixed 0.3 s was sometimes too short under
+      # emulation, and the link then went down in the middle of a handshake)
+      before="setsid $W/flap.sh veth1 $flap $out 0 > /dev/null 2>&1 & for i in \$(seq 200); do [ -s $out.down ] && break; sleep 0.05; done; sleep 0.1"
       apply=""
     elif [ -n "$flap" ]; then
       apply="setsid $W/flap.sh veth1 $flap $out > /dev/null 2>&1 &"
