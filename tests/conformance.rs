@@ -1505,6 +1505,38 @@ fn link_cut_past_window_case() -> Result<String, String> {
     Ok(format!("sender failed {:.1} s after the cut: {}; receiver: {}", tb.as_secs_f64(), line(&eb), line(&ea)))
 }
 
+/// The killed-during-recovery cases' common part: kill the sender `b`
+/// (`kill_sender`) or the receiver `a`, bring the link back (`link_up`),
+/// wait for the survivor's DONE line, which must report the remote error on
+/// its side. Returns the survivor's whole stderr and how long after link-up
+/// it failed.
+fn kill_then_link_up(
+    a: &mut Proc,
+    b: &mut Proc,
+    kill_sender: bool,
+    link_up: impl FnOnce() -> Result<(), String>,
+) -> Result<(String, Duration), String> {
+    let (victim, survivor, what) = if kill_sender { (b, a, "recv_error=6") } else { (a, b, "send_error=6") };
+    let _ = victim.child.kill();
+    let _ = victim.child.wait();
+    link_up()?;
+    let up = Instant::now();
+    let r = survivor
+        .expect("DONE", Duration::from_secs(60))
+        .map_err(|e| format!("the survivor did not fail: {e}; {}", survivor.stderr.tail(20)))?;
+    let took = up.elapsed();
+    // the peer exits after DONE: its stderr (read by another thread) is then complete
+    survivor.stderr.wait_eof(Duration::from_secs(40));
+    let log = survivor.stderr.text();
+    let _ = survivor.child.kill();
+    let _ = survivor.child.wait();
+    // (the receiver also tries its send side afterwards: its line comes later)
+    if !r.contains(what) {
+        return Err(format!("expected {what}: {r}"));
+    }
+    Ok((log, took))
+}
+
 /// A peer killed while the other end recovers (the link cut, so the
 /// survivor is already waiting or reconnecting): the survivor fails soon
 /// after the link is back (its reconnection or probe is refused), naming
@@ -1526,26 +1558,9 @@ fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
     }
     // past RUSTNET_SOCKET_TIMEOUT: the ends have noticed and recover
     std::thread::sleep(Duration::from_secs(6));
-    let (victim, survivor, what) = if kill_sender { (&mut b, &mut a, "recv_error=6") } else { (&mut a, &mut b, "send_error=6") };
-    let _ = victim.child.kill();
-    let _ = victim.child.wait();
-    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
-        return Err("could not restore the link".into());
-    }
-    let up = Instant::now();
-    let r = survivor
-        .expect("DONE", Duration::from_secs(60))
-        .map_err(|e| format!("the survivor did not fail: {e}; {}", survivor.stderr.tail(20)))?;
-    let took = up.elapsed();
-    // the peer exits after DONE: its stderr (read by another thread) is then complete
-    survivor.stderr.wait_eof(Duration::from_secs(40));
-    let log = survivor.stderr.text();
-    let _ = survivor.child.kill();
-    let _ = survivor.child.wait();
-    // (the receiver also tries its send side afterwards: its line comes later)
-    if !r.contains(what) {
-        return Err(format!("expected {what}: {r}"));
-    }
+    let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || {
+        sh(&format!("ip -n {} link set rnA{id} up", ns.a)).then_some(()).ok_or_else(|| "could not restore the link".to_string())
+    })?;
     let recovering = log.contains("reconnecting to its resume port") || log.contains("waiting for the sender to reconnect");
     let gone = log.lines().find(|l| l.contains("process is gone") || l.contains("receiving process is gone")).unwrap_or("").to_string();
     if !recovering || gone.is_empty() {
@@ -1591,32 +1606,19 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
     }
     // both ends see PORT_ERR with requests outstanding and stop their QPs
     std::thread::sleep(Duration::from_secs(2));
-    let (victim, survivor, what) = if kill_sender { (&mut b, &mut a, "recv_error=6") } else { (&mut a, &mut b, "send_error=6") };
-    let _ = victim.child.kill();
-    let _ = victim.child.wait();
-    let up_ok = sh(&format!("ip link set {dev} up"));
-    for r in routes.lines() {
-        sh(&format!("ip route replace {}", r.trim()));
-    }
-    if !up_ok {
-        return Err(format!("could not bring {dev} back up"));
-    }
-    let up = Instant::now();
-    let r = survivor
-        .expect("DONE", Duration::from_secs(60))
-        .map_err(|e| format!("the survivor did not fail: {e}; {}", survivor.stderr.tail(20)))?;
-    let took = up.elapsed();
-    survivor.stderr.wait_eof(Duration::from_secs(40));
-    let log = survivor.stderr.text();
-    let _ = survivor.child.kill();
-    let _ = survivor.child.wait();
-    if !r.contains(what) {
-        return Err(format!("expected {what}: {r}"));
-    }
+    let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || {
+        let up_ok = sh(&format!("ip link set {dev} up"));
+        for r in routes.lines() {
+            sh(&format!("ip route replace {}", r.trim()));
+        }
+        up_ok.then_some(()).ok_or_else(|| format!("could not bring {dev} back up"))
+    })?;
     let recovering = log.lines().find(|l| l.contains("recovering in place")).unwrap_or("").to_string();
     let failed = log.lines().find(|l| l.contains("while recovering")).unwrap_or("").to_string();
     if recovering.is_empty() || failed.is_empty() {
-        return Err(format!("expected a recovery, then an error naming the peer that closed while recovering: {}", tail_lines(&log, 20)));
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        return Err(format!("expected a recovery, then an error naming the peer that closed while recovering: {tail}"));
     }
     if took > Duration::from_secs(20) {
         return Err(format!("the survivor took {took:?} after the link came back"));
@@ -1627,11 +1629,6 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
         took.as_secs_f64(),
         failed.trim()
     ))
-}
-
-fn tail_lines(s: &str, n: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
-    v[v.len().saturating_sub(n)..].join("\n")
 }
 
 /// Streams reset in the middle of transfers (RUSTNET_FAULT_TCP_RESET: A's

@@ -103,9 +103,7 @@ impl Link {
                 return Err(self.fail_with(Error::Remote { peer: self.peer_name(), what }));
             }
             let (wrote, left) = (r.sent - before, r.out.len() - r.sent);
-            if tracing::enabled!(tracing::Level::DEBUG) {
-                self.step_note(&format!("wrote {wrote} byte(s) of recovery messages ({left} left)"));
-            }
+            self.step_note(|| format!("wrote {wrote} byte(s) of recovery messages ({left} left)"));
         }
         loop {
             let r = self.rec.as_mut().expect("checked above");
@@ -136,17 +134,15 @@ impl Link {
                 Err(e) => return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() })),
             };
             r.inbuf.drain(..used);
-            let kind = if !tracing::enabled!(tracing::Level::DEBUG) {
-                String::new()
-            } else {
-                match &m {
-                    RcMsg::Halt { epoch } => format!("Halt({epoch})"),
-                    RcMsg::State { epoch, .. } => format!("State({epoch})"),
-                    RcMsg::Go { epoch } => format!("Go({epoch})"),
-                    RcMsg::GiveUp { epoch } => format!("GiveUp({epoch})"),
-                }
-            };
-            self.step_note(&format!("the peer's {kind} read"));
+            self.step_note(|| {
+                let kind = match &m {
+                    RcMsg::Halt { .. } => "Halt",
+                    RcMsg::State { .. } => "State",
+                    RcMsg::Go { .. } => "Go",
+                    RcMsg::GiveUp { .. } => "GiveUp",
+                };
+                format!("the peer's {kind}({}) read", m.epoch())
+            });
             let r = self.rec.as_mut().expect("checked above");
             let was = r.m.active();
             if let Err(e) = r.m.on_msg(Instant::now(), m) {
@@ -176,15 +172,17 @@ impl Link {
         }
     }
 
-    /// [`Self::step_done`] at DEBUG (NCCL's TRACE): the recovery messages.
-    fn step_note(&self, what: &str) {
+    /// [`Self::step_done`] at NCCL's TRACE (`NCCL_DEBUG=TRACE`): the recovery messages
+    /// (`what` is only formatted when that level is on).
+    fn step_note(&self, what: impl FnOnce() -> String) {
         if let Some(r) = &self.rec {
-            if tracing::enabled!(tracing::Level::DEBUG) {
+            if crate::log::trace_enabled() || tracing::enabled!(tracing::Level::DEBUG) {
                 tracing::debug!(
-                    "{}: comm to {}: recovery epoch {}: {what} at +{:.1} ms",
+                    "{}: comm to {}: recovery epoch {}: {} at +{:.1} ms",
                     self.dev.name,
                     self.peer_name(),
                     r.m.epoch(),
+                    what(),
                     r.halted_at.elapsed().as_secs_f64() * 1e3
                 );
             }
