@@ -55,7 +55,7 @@ pub mod profiler {
 /// The statistics file (`RUSTNET_STATS_DIR`): its format, read back by
 /// `rustnet stats` and `tests/stats.rs`.
 pub mod stats {
-    pub use crate::stats::{hostname, prom, WRITER_NAME};
+    pub use crate::stats::{hostname, prom, WORK_OPS, WRITER_NAME};
 }
 
 /// Transport-neutral types and the shared socket code.

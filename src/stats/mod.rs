@@ -86,6 +86,109 @@ pub struct QpCounter {
     pub bytes: Counter,
 }
 
+/// What a verbs comm asked of its NIC, counted where the calls are made
+/// (the comm's own calls, under its lock: single-writer adds): the
+/// per-message cost in terms that carry from soft-RoCE to real HCAs.
+/// `rustnet stats` divides them by the messages.
+#[derive(Debug, Default)]
+pub struct Work {
+    /// `ibv_post_send` calls (each one doorbell on a real HCA).
+    pub doorbells: Counter,
+    /// Send WRs in them (data writes, immediates, CTS and credit writes, eager, flush reads).
+    pub wrs: Counter,
+    /// Of those, the signaled ones (each one CQE to reap).
+    pub signaled: Counter,
+    /// Receive WRs posted on the data path (`ibv_post_recv` calls, one WR
+    /// each: a consumed receive put back; the fill at connect is not counted).
+    pub recv_posts: Counter,
+    /// `ibv_poll_cq` calls.
+    pub polls: Counter,
+    /// Of those, the ones that found nothing.
+    pub empty_polls: Counter,
+    /// Completions reaped.
+    pub cqes: Counter,
+    /// CTS writes (a receiver's; each WR of a CTS chain, the credit word included).
+    pub cts: Counter,
+}
+
+/// A [`Work`] read at one moment (also what closed comms add up to).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WorkSnap {
+    /// See [`Work`].
+    pub doorbells: u64,
+    /// See [`Work`].
+    pub wrs: u64,
+    /// See [`Work`].
+    pub signaled: u64,
+    /// See [`Work`].
+    pub recv_posts: u64,
+    /// See [`Work`].
+    pub polls: u64,
+    /// See [`Work`].
+    pub empty_polls: u64,
+    /// See [`Work`].
+    pub cqes: u64,
+    /// See [`Work`].
+    pub cts: u64,
+}
+
+impl Work {
+    /// One `ibv_post_send` of `wrs` WRs, `signaled` of them signaled.
+    #[inline]
+    pub fn post(&self, wrs: usize, signaled: usize) {
+        self.doorbells.add_single_writer(1);
+        self.wrs.add_single_writer(wrs as u64);
+        self.signaled.add_single_writer(signaled as u64);
+    }
+
+    /// One `ibv_poll_cq` that returned `n` completions.
+    #[inline]
+    pub fn poll(&self, n: usize) {
+        self.polls.add_single_writer(1);
+        if n == 0 {
+            self.empty_polls.add_single_writer(1);
+        }
+        self.cqes.add_single_writer(n as u64);
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> WorkSnap {
+        WorkSnap {
+            doorbells: self.doorbells.get(),
+            wrs: self.wrs.get(),
+            signaled: self.signaled.get(),
+            recv_posts: self.recv_posts.get(),
+            polls: self.polls.get(),
+            empty_polls: self.empty_polls.get(),
+            cqes: self.cqes.get(),
+            cts: self.cts.get(),
+        }
+    }
+}
+
+/// The `op` labels of `rustnet_device_verbs_work_total`, in [`WorkSnap::ops`]' order.
+pub const WORK_OPS: [&str; 8] = ["doorbell", "send_wr", "signaled_wr", "recv_wr", "poll", "empty_poll", "cqe", "cts_write"];
+
+impl WorkSnap {
+    /// The `op` label of each counter in the statistics file ([`WORK_OPS`]), with its value.
+    pub fn ops(&self) -> [(&'static str, u64); 8] {
+        let v = [self.doorbells, self.wrs, self.signaled, self.recv_posts, self.polls, self.empty_polls, self.cqes, self.cts];
+        std::array::from_fn(|i| (WORK_OPS[i], v[i]))
+    }
+
+    /// Add `o`'s counts.
+    pub fn add(&mut self, o: &WorkSnap) {
+        self.doorbells += o.doorbells;
+        self.wrs += o.wrs;
+        self.signaled += o.signaled;
+        self.recv_posts += o.recv_posts;
+        self.polls += o.polls;
+        self.empty_polls += o.empty_polls;
+        self.cqes += o.cqes;
+        self.cts += o.cts;
+    }
+}
+
 /// The QP counters of one verbs comm, shared with the writer. Set once the
 /// QPs exist (a sender learns them at the end of its handshake). Also what
 /// the comm's recoveries did (a recovery replaces the QPs; their counters
@@ -99,6 +202,8 @@ pub struct QpTable {
     pub replayed_bytes: Counter,
     /// The last recovery's length, microseconds (0: none yet).
     pub last_recovery_us: AtomicU64,
+    /// What the comm asked of the NIC (its recoveries' QPs included).
+    pub work: Work,
 }
 
 impl QpTable {
@@ -223,6 +328,8 @@ struct Totals {
     comms: u64,
     recoveries: u64,
     replayed: u64,
+    /// Verbs work of the comms' QP sets.
+    work: WorkSnap,
 }
 
 impl Totals {
@@ -236,6 +343,9 @@ impl Totals {
         let (n, b) = c.recovered();
         self.recoveries += n;
         self.replayed += b;
+        for (_, t) in &c.qps {
+            self.work.add(&t.work.snapshot());
+        }
     }
 }
 
@@ -526,6 +636,18 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         }
         f.finish(&mut out);
     }
+    let mut f = Family::counter(
+        "rustnet_device_verbs_work_total",
+        "What verbs comms asked of the NIC, per device, direction and op (doorbell: ibv_post_send calls; send_wr, signaled_wr, \
+         recv_wr: WRs posted; poll, empty_poll: ibv_poll_cq calls, all and empty; cqe: completions reaped; cts_write: CTS writes); \
+         divided by rustnet_device_messages_total it is the cost per message.",
+    );
+    for ((d, tr, w), t) in dev.iter().filter(|(k, _)| k.1 == "ib") {
+        for (op, v) in t.work.ops() {
+            f.sample(&join(&base, &[("device", d), ("transport", tr), ("dir", w.as_str()), ("op", op)]), v as f64);
+        }
+    }
+    f.finish(&mut out);
     let mut f = Family::gauge("rustnet_device_comms_open", "Comms open now, per device and direction.");
     for (d, tr, w) in dev.keys() {
         let n = open.get(&(d.clone(), *tr, *w)).copied().unwrap_or(0);
@@ -633,6 +755,12 @@ mod tests {
         qt.recoveries.add(1);
         qt.replayed_bytes.add(4096);
         qt.last_recovery_us.store(250_000, Ordering::Relaxed);
+        qt.work.post(2, 1);
+        qt.work.post(1, 0);
+        qt.work.poll(0);
+        qt.work.poll(3);
+        qt.work.recv_posts.add_single_writer(3);
+        qt.work.cts.add_single_writer(1);
         let c = Arc::new(CommStats {
             id: 4,
             way: Way::Send,
@@ -653,7 +781,16 @@ mod tests {
         let mut retired = BTreeMap::new();
         retired.insert(
             ("mlx5_0".to_string(), "ib", Way::Send),
-            Totals { msgs: 1, completions: 1, bytes: 1000, errors: 1, comms: 1, recoveries: 2, replayed: 10 },
+            Totals {
+                msgs: 1,
+                completions: 1,
+                bytes: 1000,
+                errors: 1,
+                comms: 1,
+                recoveries: 2,
+                replayed: 10,
+                work: WorkSnap { doorbells: 5, ..WorkSnap::default() },
+            },
         );
         let r = Registry { setup: None, live: vec![c], retired, next_id: 5, start: Some(UNIX_EPOCH + Duration::from_secs(100)) };
         let text = render(&r, &s, UNIX_EPOCH + Duration::from_secs(110));
@@ -675,6 +812,10 @@ mod tests {
         assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(0.25));
         assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "mlx5_0")]), 3.0, "closed and open comms");
         assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4106.0);
+        let op = |o: &str| e.sum("rustnet_device_verbs_work_total", &[("device", "mlx5_0"), ("dir", "send"), ("op", o)]);
+        assert_eq!(op("doorbell"), 7.0, "open and closed comms");
+        assert_eq!((op("send_wr"), op("signaled_wr"), op("recv_wr")), (3.0, 1.0, 3.0));
+        assert_eq!((op("poll"), op("empty_poll"), op("cqe"), op("cts_write")), (2.0, 1.0, 3.0, 1.0));
         assert_eq!(e.first("rustnet_write_time_seconds"), Some(110.0));
         assert_eq!(e.first("rustnet_start_time_seconds"), Some(100.0));
     }

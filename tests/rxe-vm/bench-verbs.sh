@@ -20,6 +20,15 @@
 # and prints them per tool, median [min-max] per run, in a table and the CSV
 # (test "rxe_<counter>"): a QP whose packets arrive out of order makes rxe go
 # back and resend, and a build that provokes it more than perftest shows here.
+# Last, what each message costs in NIC calls (WORK=0 skips it; WORK_ONLY=1
+# runs only it): for 64 KiB, 512 KiB and 4 MiB, 8 in flight, one way, with
+# NCCL_IB_QPS_PER_CONNECTION 1 and 4, both ends write a statistics file
+# (RUSTNET_STATS_DIR) and `rustnet stats` divides the sender's and the
+# receiver's verbs work by their messages: doorbells (ibv_post_send calls),
+# send WRs, signaled WRs, receive WRs posted, ibv_poll_cq calls (and the
+# empty ones: those depend on how fast the harness calls test()), CQEs and
+# CTS writes. What NCCL's net_ib posts per message, read from its source,
+# is in docs/performance.md beside it.
 #
 #   tests/rxe-vm/bench-verbs.sh            # builds, boots the VM, runs, prints
 #   REPS=5 tests/rxe-vm/bench-verbs.sh
@@ -35,7 +44,7 @@ if [ "${1:-}" != --in-vm ]; then
   cd "$ROOT" || exit 2
   cargo build --release --quiet || exit $?
   mkdir -p out
-  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT PLUGINS" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
+  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT PLUGINS WORK WORK_ONLY" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
@@ -82,6 +91,7 @@ perf() { # perf <tool> <size> <iters> -> prints "MB/s" (bw) or "t_typical t_avg"
 }
 
 declare -A P R
+[ "${WORK_ONLY:-0}" = 1 ] && REPS=0
 for r in $(seq "$REPS"); do
   c0=$(rxe_now)
   for size in 65536 262144 1048576; do
@@ -133,6 +143,37 @@ done
 
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+work_run() { # work_run SIZE QPS: one one-way run with statistics files; prints the sender's and the receiver's rows
+  local size=$1 qps=$2 d=/tmp/work.$1.$2 sp
+  rm -rf "$d"; mkdir -p "$d"
+  env RUSTNET_STATS_DIR="$d" NCCL_IB_QPS_PER_CONNECTION="$qps" NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib \
+    timeout 300 "$BIN" bench --listen "$S_IP:18600" > /tmp/wsrv.log 2>&1 &
+  sp=$!
+  waitport 18600 || { echo "bench server did not start"; cat /tmp/wsrv.log; exit 1; }
+  env RUSTNET_STATS_DIR="$d" NCCL_IB_QPS_PER_CONNECTION="$qps" NCCL_IB_HCA="=rxe0" NCCL_SOCKET_IFNAME=veth0 RUSTNET_TRANSPORT=ib \
+    timeout 300 "$BIN" bench --peer "$S_IP:18600" --no-raw --one-way --sizes "$size" --bytes "$3" --lat-iters 0 --reps 1 \
+    --inflight "${INFLIGHT:-8}" --idle-nap-us 50 > /tmp/wcli.log 2>&1 || { echo "rustnet bench failed:"; cat /tmp/wcli.log /tmp/wsrv.log; exit 1; }
+  wait $sp
+  # the data went rxe0 -> rxe1 (the other rows are the one-byte acks)
+  "$BIN" stats "$d" | awk '/^verbs work per message/ {f = 1; next} f && NF == 12 && (($2 == "rxe0" && $3 == "send") || ($2 == "rxe1" && $3 == "recv"))'
+}
+if [ "${WORK:-1}" = 1 ]; then
+  echo
+  echo "verbs work per message, one way rxe0 -> rxe1, ${INFLIGHT:-8} in flight (rustnet stats over both ends' RUSTNET_STATS_DIR files)"
+  printf '%-6s %-4s %-4s %9s %9s %8s %8s %8s %8s %8s %8s %8s\n' size qps dir msgs doorbell send_wr signaled recv_wr poll empty cqe cts
+  for size in 64K 512K 4M; do
+    case $size in 64K) bytes=128M ;; 512K) bytes=256M ;; *) bytes=512M ;; esac
+    for qps in 1 4; do
+      while read -ra v; do # host device dir msgs, then the 8 per-message values
+        printf '%-6s %-4s %-4s %9s %9s %8s %8s %8s %8s %8s %8s %8s\n' "$size" "$qps" "${v[@]:2}"
+        i=4
+        for op in doorbell send_wr signaled recv_wr poll empty cqe cts; do echo "work_$op,$size,rustnet-${v[2]}-${qps}qp,1,${v[i]},per_msg" >> "$csv"; i=$((i + 1)); done
+      done < <(work_run "$size" "$qps" "$bytes")
+    done
+  done
+fi
+[ "$REPS" -gt 0 ] || { echo "CSV: out/bench-verbs.csv"; exit 0; }
+
 echo
 echo "rxe0 -> rxe1 across the veth, $REPS runs each, median [min-max]"
 printf '%-10s %-26s %-26s %s\n' "size" "ib_write_bw MB/s" "rustnet bench MB/s" "ratio"

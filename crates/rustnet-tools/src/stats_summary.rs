@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use rustnet::for_tools::stats::prom;
+use rustnet::for_tools::stats::{prom, WORK_OPS};
 
 /// One device of one process.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -27,6 +27,18 @@ pub struct Dev {
     pub recoveries: u64,
     /// Bytes those recoveries sent again, both directions.
     pub replayed: u64,
+    /// Messages posted per direction (send, receive).
+    pub msgs_dir: [u64; 2],
+    /// Verbs: what the comms asked of the NIC per direction (send,
+    /// receive), by op in [`WORK_OPS`] order (`rustnet_device_verbs_work_total`).
+    pub work: [[u64; 8]; 2],
+}
+
+impl Dev {
+    /// Did its comms count any verbs work?
+    pub fn has_work(&self) -> bool {
+        self.work.iter().flatten().any(|&v| v > 0)
+    }
 }
 
 /// One process (one file).
@@ -115,15 +127,29 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
             let t = s.label("transport").unwrap_or("?").to_string();
             let row = devs.entry((d.clone(), t.clone())).or_insert_with(|| Dev { device: d, transport: t, ..Dev::default() });
             let v = s.value as u64;
+            let di = usize::from(s.label("dir") != Some("send"));
             match (what, s.label("dir")) {
                 (0, Some("send")) => row.sent += v,
                 (0, _) => row.recv += v,
-                (1, _) => row.msgs += v,
+                (1, _) => {
+                    row.msgs += v;
+                    row.msgs_dir[di] += v;
+                }
                 (2, _) => row.errors += v,
                 (3, _) => row.recoveries += v,
                 _ => row.replayed += v,
             }
         }
+    }
+    for s in e.get("rustnet_device_verbs_work_total") {
+        let Some(k) = WORK_OPS.iter().position(|o| s.label("op") == Some(o)) else { continue };
+        if !s.value.is_finite() || s.value < 0.0 {
+            return Err(format!("rustnet_device_verbs_work_total is {} (a counter cannot be)", s.value));
+        }
+        let d = s.label("device").unwrap_or("?").to_string();
+        let t = s.label("transport").unwrap_or("?").to_string();
+        let row = devs.entry((d.clone(), t.clone())).or_insert_with(|| Dev { device: d, transport: t, ..Dev::default() });
+        row.work[usize::from(s.label("dir") != Some("send"))][k] += s.value as u64;
     }
     Ok(Proc {
         file: file.to_string(),
@@ -320,6 +346,46 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                         if p.last_recovery_s > 0.0 { format!("{:.2}", p.last_recovery_s) } else { "-".into() }
                     );
                 }
+            }
+        }
+        // verbs: what each message cost in NIC calls, per device and direction
+        let mut work: BTreeMap<(String, String, usize), ([u64; 8], u64)> = BTreeMap::new();
+        for p in &procs {
+            for d in p.devs.iter().filter(|d| d.has_work()) {
+                for di in 0..2 {
+                    let e = work.entry((p.host.clone(), d.device.clone(), di)).or_insert(([0; 8], 0));
+                    for k in 0..8 {
+                        e.0[k] += d.work[di][k];
+                    }
+                    e.1 += d.msgs_dir[di];
+                }
+            }
+        }
+        if !work.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nverbs work per message (per device and direction; doorbells = ibv_post_send calls, polls = ibv_poll_cq calls)"
+            );
+            let _ = writeln!(
+                o,
+                "{:<16} {:<12} {:<4} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                "host", "device", "dir", "msgs", "doorbell", "send_wr", "signaled", "recv_wr", "poll", "empty", "cqe", "cts"
+            );
+            for ((host, dev, di), (w, msgs)) in work.into_iter().filter(|(_, (_, m))| *m > 0) {
+                let per = |k: usize| format!("{:.2}", w[k] as f64 / msgs as f64);
+                let _ = writeln!(
+                    o,
+                    "{host:<16} {dev:<12} {:<4} {msgs:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                    ["send", "recv"][di],
+                    per(0),
+                    per(1),
+                    per(2),
+                    per(3),
+                    per(4),
+                    per(5),
+                    per(6),
+                    per(7)
+                );
             }
         }
         let norank = procs.iter().filter(|p| p.rank.is_none()).count();

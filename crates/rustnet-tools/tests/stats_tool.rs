@@ -102,3 +102,35 @@ fn recoveries_are_listed_per_rank_and_device() {
     assert_eq!(lines.iter().filter(|l| l.contains(" eth0 ")).count(), 1, "a rank without recoveries is not listed:\n{out}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn verbs_work_is_shown_per_message_and_direction() {
+    let d = tmpdir("work");
+    let mut text = String::from(
+        "rustnet_info{host=\"n1\",pid=\"7\",transport=\"ib\",version=\"0\"} 1\n\
+         rustnet_start_time_seconds{host=\"n1\",pid=\"7\"} 100\n\
+         rustnet_write_time_seconds{host=\"n1\",pid=\"7\"} 110\n\
+         rustnet_device_messages_total{host=\"n1\",pid=\"7\",device=\"rxe0\",transport=\"ib\",dir=\"send\"} 100\n\
+         rustnet_device_messages_total{host=\"n1\",pid=\"7\",device=\"rxe0\",transport=\"ib\",dir=\"recv\"} 50\n\
+         rustnet_device_comms_open{host=\"n1\",pid=\"7\",device=\"rxe0\",transport=\"ib\",dir=\"send\"} 0\n",
+    );
+    // send: 1 doorbell, 2 WRs, 1 signaled, 0 receives, 4 polls (3 empty), 1 CQE per message
+    // recv: 1 receive, 0.5 CTS writes, 2 CQEs per message
+    for (dir, vals) in [("send", [100, 200, 100, 0, 400, 300, 100, 0]), ("recv", [25, 25, 25, 50, 200, 100, 100, 25])] {
+        for (op, v) in rustnet::for_tools::stats::WORK_OPS.iter().zip(vals) {
+            text += &format!(
+                "rustnet_device_verbs_work_total{{host=\"n1\",pid=\"7\",device=\"rxe0\",transport=\"ib\",dir=\"{dir}\",op=\"{op}\"}} {v}\n"
+            );
+        }
+    }
+    text += "# EOF\n";
+    std::fs::write(d.join("n1-7.prom"), text).unwrap();
+    let (out, err, code) = run(&d);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("verbs work per message")).collect();
+    assert!(lines.len() >= 4, "no verbs work section:\n{out}");
+    let row = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
+    assert_eq!(row(2), ["n1", "rxe0", "send", "100", "1.00", "2.00", "1.00", "0.00", "4.00", "3.00", "1.00", "0.00"], "{out}");
+    assert_eq!(row(3), ["n1", "rxe0", "recv", "50", "0.50", "0.50", "0.50", "1.00", "4.00", "2.00", "2.00", "0.50"], "{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -54,6 +54,12 @@ pub fn format_stats(stats: &[QpStat]) -> String {
     v.join("; ")
 }
 
+/// `verbs work: 10 doorbells, 12 send WRs (...)`: what the comm asked of the NIC.
+pub fn format_work(w: &crate::stats::WorkSnap) -> String {
+    let v: Vec<String> = w.ops().iter().map(|(op, n)| format!("{n} {op}")).collect();
+    format!("verbs work: {}", v.join(", "))
+}
+
 /// What both comm kinds share: the QPs, the CQ, the peer, the failure state.
 pub(super) struct Link {
     // Declared first: QPs are destroyed before anything they point into.
@@ -179,13 +185,14 @@ impl Link {
             return;
         }
         let line = format!(
-            "{}: {kind} comm to {}: {}; eager: {} msgs, {} bytes; control writes: {}",
+            "{}: {kind} comm to {}: {}; eager: {} msgs, {} bytes; control writes: {}; {}",
             self.dev.name,
             self.peer_name(),
             format_stats(&self.stats.snapshot()),
             self.eager_stats.0,
             self.eager_stats.1,
-            self.ctl_posts
+            self.ctl_posts,
+            format_work(&self.stats.work.snapshot())
         );
         if dump {
             tracing::info!("stats: {line}");
@@ -375,6 +382,7 @@ impl Link {
             Ok(w) => w,
             Err(e) => return Err(self.fail_with(e)),
         };
+        self.stats.work.poll(wcs.len());
         let mut n = 0;
         if let Some(r) = &mut self.rec {
             r.quiet = wcs.is_empty();

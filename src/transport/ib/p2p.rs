@@ -152,6 +152,7 @@ impl SendNic for SendIo {
         };
         let qp = &self.link.qps[l.qp];
         self.link.stats.bump(l.qp, lane_bytes);
+        self.link.stats.work.post(k, wrs[..k].iter().filter(|w| w.signaled).count());
         // SAFETY: data sources lie in NCCL buffers whose registrations were
         // checked in isend and which NCCL keeps valid and registered until
         // the request completes, i.e. until this lane's signaled last WR
@@ -199,7 +200,9 @@ impl SendNic for SendIo {
         // comm after the QPs (field order) and is rewritten only for message
         // idx + RING_SLOTS, which needs the receiver's credit for idx, i.e.
         // after this write landed.
-        unsafe { self.link.qps[0].post_writes(&[wr]) }
+        unsafe { self.link.qps[0].post_writes(&[wr])? };
+        self.link.stats.work.post(1, wr.signaled as usize);
+        Ok(())
     }
 
     fn post_mailbox(&mut self, m: &MailboxWr) -> Result<()> {
@@ -209,6 +212,7 @@ impl SendNic for SendIo {
         // the QPs); rewriting it while this write is in flight only lets the
         // receiver see a newer head, which is as true.
         unsafe { self.link.qps[0].post_writes(&[wr])? };
+        self.link.stats.work.post(1, 1);
         self.link.ctl_posts += 1;
         Ok(())
     }
@@ -230,7 +234,9 @@ impl SendNic for SendIo {
             },
         };
         // SAFETY: an empty write: no local memory is read.
-        unsafe { self.link.qps[0].post_writes(&[wr]) }
+        unsafe { self.link.qps[0].post_writes(&[wr])? };
+        self.link.stats.work.post(1, 1);
+        Ok(())
     }
 
     fn post_ring_request(&mut self, r: &RingRequestWr) -> Result<()> {
@@ -248,6 +254,7 @@ impl SendNic for SendIo {
         // SAFETY: the source is the request word in our sizes staging, which
         // lives in this comm after the QPs (field order) and is written once.
         unsafe { self.link.qps[0].post_writes(&[wr])? };
+        self.link.stats.work.post(1, 1);
         self.link.ctl_posts += 1;
         Ok(())
     }
@@ -322,7 +329,9 @@ impl RecvIo {
         // in this comm after the flush QP (field order); the source is one
         // byte of NCCL's receive buffer under the rkey of its registration,
         // which NCCL keeps until this flush request completes.
-        unsafe { f.qp.post_read(WrId::Flush(id).encode(), (f.scratch.addr() as u64, 1, f.scratch.lkey()), (addr, rkey)) }
+        unsafe { f.qp.post_read(WrId::Flush(id).encode(), (f.scratch.addr() as u64, 1, f.scratch.lkey()), (addr, rkey))? };
+        self.link.stats.work.post(1, 1);
+        Ok(())
     }
 
     fn reap(&mut self, out: &mut [Cqe; POLL_BATCH]) -> Result<usize> {
@@ -346,6 +355,7 @@ fn recv_word(link: &Link, notices: Option<&mut RecvSide>, wc: &ibv_wc, qi: Optio
     // keep the receive queue full (receive WRs are not tied to a receive)
     if let Some(q) = qi.map(|i| &link.qps[i]) {
         q.post_recv_empty(WrId::Recv(0).encode())?;
+        link.stats.work.recv_posts.add_single_writer(1);
     }
     if wc.opcode != ffi::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM == 0 {
         return Err(Error::Protocol {
@@ -407,6 +417,9 @@ impl RecvNic for RecvIo {
         // (CtsQueue::can_post); the credit word may be rewritten in flight,
         // which only shows the sender a larger, equally true count.
         unsafe { self.link.qps[qp].post_writes(&wrs[..chain.n])? };
+        let w = &self.link.stats.work;
+        w.post(chain.n, chain.wrs().iter().filter(|c| c.signal.is_some()).count());
+        w.cts.add_single_writer(chain.n as u64);
         self.link.ctl_posts += 1;
         if crate::fault::qp_error_due(crate::fault::QpSide::Recv) {
             let _ = self.link.qps[qp].set_error();

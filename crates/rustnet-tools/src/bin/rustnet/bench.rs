@@ -41,6 +41,10 @@ options:
   --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
   --abi N           vtable version to drive: 6..12 (default 8)
   --no-raw          skip the raw TCP baseline
+  --one-way         bandwidth one way only (no bidirectional runs): with
+                    RUSTNET_STATS_DIR on both ends, `rustnet stats DIR` then
+                    shows what each message cost the sender and the receiver
+                    (verbs: doorbells, WRs, CQEs, polls, CTS writes)
   --idle-nap-us N   bandwidth runs: after 8 passes that moved nothing, sleep N us
                     (doubling up to 8N while nothing moves) instead of yielding (default 0). For soft-RoCE, whose NIC is
                     kernel work on the same CPUs: a harness that spins takes them
@@ -78,6 +82,7 @@ pub(crate) struct Opts {
     plugin: PathBuf,
     abi: u32,
     raw: bool,
+    one_way: bool,
     nap_us: u64,
     dev: i32,
     pub(crate) baseline: Baseline,
@@ -96,6 +101,7 @@ pub(crate) fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
         plugin: driver::default_plugin_path(),
         abi: 8,
         raw: true,
+        one_way: false,
         nap_us: 0,
         dev: 0,
         baseline: Baseline::Classic,
@@ -124,6 +130,7 @@ pub(crate) fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
             "--abi" => o.abi = val("--abi")?.parse().map_err(|_| "bad --abi")?,
             "--dev" => o.dev = val("--dev")?.parse().map_err(|_| "bad --dev")?,
             "--no-raw" => o.raw = false,
+            "--one-way" => o.one_way = true,
             "--idle-nap-us" => o.nap_us = val("--idle-nap-us")?.parse().map_err(|_| "bad --idle-nap-us")?,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
@@ -725,13 +732,15 @@ pub(crate) fn measure(o: &Opts) -> Result<Measured, String> {
             wait_ok(&mut ctl)?;
             ow.0.push((size * count) as f64 / dt / 1e9);
             // plugin bidirectional: both send and receive at once
-            let t = Instant::now();
-            run_cmd(&mut ctl, &format!("BI {size} {count} {}", o.inflight))?;
-            pump(&net, count, count, size, o.inflight, o.nap_us)?;
-            pump(&net, 1, 1, 1, 1, 0)?;
-            let dt = t.elapsed().as_secs_f64();
-            wait_ok(&mut ctl)?;
-            bi.0.push((2 * size * count) as f64 / dt / 1e9);
+            if !o.one_way {
+                let t = Instant::now();
+                run_cmd(&mut ctl, &format!("BI {size} {count} {}", o.inflight))?;
+                pump(&net, count, count, size, o.inflight, o.nap_us)?;
+                pump(&net, 1, 1, 1, 1, 0)?;
+                let dt = t.elapsed().as_secs_f64();
+                wait_ok(&mut ctl)?;
+                bi.0.push((2 * size * count) as f64 / dt / 1e9);
+            }
             if let Some(s) = &raw {
                 let t = Instant::now();
                 run_cmd(&mut ctl, &format!("RAWOW {size} {count} {} {chunk}", o.inflight))?;
