@@ -159,6 +159,44 @@ impl KnobValue for String {
     }
 }
 
+/// A testing-only fault knob's value, kept as given once the fault
+/// module's own parser accepts it (so a typo is a knob error, which the
+/// doctor reports, not a surprise at init).
+macro_rules! fault_knob {
+    ($(#[doc = $doc:literal])+ $name:ident, $ok:expr) => {
+        $(#[doc = $doc])+
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct $name(pub String);
+        impl KnobValue for $name {
+            fn parse_knob(s: &str) -> Option<Self> {
+                let ok: fn(&str) -> bool = $ok;
+                ok(s).then(|| $name(s.to_string()))
+            }
+        }
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+fault_knob!(
+    /// `RUSTNET_FAULT_PANIC`.
+    FaultPanic,
+    crate::fault::panic_spec_ok
+);
+fault_knob!(
+    /// `RUSTNET_FAULT_QP_ERROR`.
+    FaultQp,
+    crate::fault::qp_spec_ok
+);
+fault_knob!(
+    /// `RUSTNET_FAULT_TCP_RESET`.
+    FaultTcpReset,
+    |s| crate::fault::parse_tcp_reset(s).is_ok()
+);
+
 /// NCCL's interface/HCA list syntax: `[^][=]name[:port][,name[:port]...]`.
 /// `^` excludes the listed names, `=` asks for exact names (else each entry is
 /// a prefix: `mlx5_1` also matches `mlx5_10`), a port of `:N` restricts an
@@ -425,13 +463,13 @@ knobs! {
     /// Seconds between two rewrites of the RUSTNET_STATS_DIR file.
     stats_interval: Int<1, 3600> = "RUSTNET_STATS_INTERVAL", default "5", accepts "seconds, 1..3600";
     /// Testing only: panic on entry to the named vtable slot (e.g. `isend`), or inside isend/test after the transport changed its state (`isend:queued`, `test:progressed`), to prove the boundary catches it and fails that comm (see src/fault.rs).
-    fault_panic: String = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name, isend:queued or test:progressed";
+    fault_panic: FaultPanic = "RUSTNET_FAULT_PANIC", default "", accepts "a vtable slot name, isend:queued or test:progressed";
     /// Testing only: move one of a comm's verbs QPs to the error state at a chosen point, so any device (soft-RoCE included) can be driven through recovery: `send:N` / `recv:N` after the N-th data post of each send / receive comm of the process, `send:N:K` and `recv:N:K` every K posts after that, `random:P` on each post with probability P per mille (seeded by RUSTNET_FAULT_SEED). Empty: off.
-    fault_qp_error: String = "RUSTNET_FAULT_QP_ERROR", default "", accepts "send:N[:K], recv:N[:K] or random:P";
+    fault_qp_error: FaultQp = "RUSTNET_FAULT_QP_ERROR", default "", accepts "send:N[:K], recv:N[:K] or random:P";
     /// Testing only: seed of RUSTNET_FAULT_QP_ERROR=random:P (0: from the clock, logged).
     fault_seed: Int<0, 4294967295> = "RUSTNET_FAULT_SEED", default "0", accepts "an integer 0..4294967295";
     /// Testing only: reset one TCP stream of each comm (as a middlebox's reset or `ss -K` would: the peer gets a reset, the local end an error) after the N-th data write of each send comm (`send:N`) or the N-th data read of each receive comm (`recv:N`), then every K after that (`send:N:K`, `recv:N:K`), so the recovery (RUSTNET_RECOVERY_TIMEOUT) can be driven on any host. A send comm resets the stream it just wrote, a receive comm stream (count modulo its streams). Empty: off.
-    fault_tcp_reset: String = "RUSTNET_FAULT_TCP_RESET", default "", accepts "send:N[:K] or recv:N[:K]";
+    fault_tcp_reset: FaultTcpReset = "RUSTNET_FAULT_TCP_RESET", default "", accepts "send:N[:K] or recv:N[:K]";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.
     nccl_debug: LogLevel = "NCCL_DEBUG", default "WARN", accepts "WARN, INFO or TRACE";
 }

@@ -54,6 +54,11 @@ const SLOTS: &[&str] = &[
     "makeVDevice",
 ];
 
+/// Is `v` a value `RUSTNET_FAULT_PANIC` accepts (the knob table's check; nothing is armed)?
+pub fn panic_spec_ok(v: &str) -> bool {
+    matches!(v.trim(), "" | "isend:queued" | "test:progressed") || SLOTS.contains(&v.trim())
+}
+
 /// Parse `RUSTNET_FAULT_PANIC` (empty: nothing armed).
 pub fn arm(v: &str) -> Result<()> {
     let v = v.trim();
@@ -121,16 +126,14 @@ static QP_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 static QP_POSTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static QP_RNG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// Parse `RUSTNET_FAULT_QP_ERROR` (`send:N[:K]`, `recv:N[:K]`,
-/// `random:P`; empty: off) and `RUSTNET_FAULT_SEED`.
-pub fn arm_qp(v: &str, seed: u64) -> Result<()> {
+/// `RUSTNET_FAULT_QP_ERROR` as (mode, N or P, K); nothing is armed.
+fn parse_qp(v: &str) -> Result<(u8, u64, u64)> {
     let bad = || Error::Config {
         name: "RUSTNET_FAULT_QP_ERROR",
         value: v.into(),
         accepts: "send:N[:K], recv:N[:K] (the N-th post, then every K-th) or random:P (per mille per post)".into(),
     };
-    let v = v.trim();
-    let parts: Vec<&str> = v.split(':').collect();
+    let parts: Vec<&str> = v.trim().split(':').collect();
     let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
     let (mode, at, every) = match parts.as_slice() {
         [""] => (QP_OFF, 0, 0),
@@ -144,6 +147,44 @@ pub fn arm_qp(v: &str, seed: u64) -> Result<()> {
     if mode != QP_OFF && mode != QP_RANDOM && at == 0 {
         return Err(bad());
     }
+    Ok((mode, at, every))
+}
+
+/// Is `v` a value `RUSTNET_FAULT_QP_ERROR` accepts (the knob table's check; nothing is armed)?
+pub fn qp_spec_ok(v: &str) -> bool {
+    parse_qp(v).is_ok()
+}
+
+/// `RUSTNET_FAULT_TCP_RESET` (`send:N[:K]`, `recv:N[:K]`, N >= 1; empty:
+/// none) as (send comms?, N, K).
+pub fn parse_tcp_reset(v: &str) -> Result<Option<(bool, u64, u64)>> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let bad = || Error::Config { name: "RUSTNET_FAULT_TCP_RESET", value: v.into(), accepts: "send:N[:K] or recv:N[:K] (N >= 1)".into() };
+    let mut parts = v.split(':');
+    let send = match parts.next() {
+        Some("send") => true,
+        Some("recv") => false,
+        _ => return Err(bad()),
+    };
+    let first: u64 = parts.next().and_then(|n| n.parse().ok()).filter(|&n| n >= 1).ok_or_else(bad)?;
+    let every: u64 = match parts.next() {
+        None => 0,
+        Some(k) => k.parse().map_err(|_| bad())?,
+    };
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok(Some((send, first, every)))
+}
+
+/// Parse `RUSTNET_FAULT_QP_ERROR` (`send:N[:K]`, `recv:N[:K]`,
+/// `random:P`; empty: off) and `RUSTNET_FAULT_SEED`.
+pub fn arm_qp(v: &str, seed: u64) -> Result<()> {
+    let (mode, at, every) = parse_qp(v)?;
+    let v = v.trim();
     let seed = if seed == 0 && mode == QP_RANDOM {
         let s = crate::random::random_u64() | 1;
         tracing::warn!("RUSTNET_FAULT_QP_ERROR={v}: seed {s} (set RUSTNET_FAULT_SEED={s} to repeat)");
@@ -223,5 +264,24 @@ mod tests {
         assert!(!qp_error_due(QpSide::Send));
         arm_qp("", 0).unwrap();
         assert!(!qp_error_due(QpSide::Send));
+    }
+
+    #[test]
+    fn the_knob_checks_agree_with_what_arming_accepts() {
+        for (v, ok) in
+            [("", true), ("isend", true), ("isend:queued", true), ("test:progressed", true), ("isend:later", false), ("x", false)]
+        {
+            assert_eq!(panic_spec_ok(v), ok, "{v:?}");
+        }
+        for (v, ok) in [("", true), ("send:3", true), ("recv:1:5", true), ("random:1000", true), ("send:0", false), ("random:1001", false)]
+        {
+            assert_eq!(qp_spec_ok(v), ok, "{v:?}");
+        }
+        assert_eq!(parse_tcp_reset("send:2:3").unwrap(), Some((true, 2, 3)));
+        assert_eq!(parse_tcp_reset(" ").unwrap(), None);
+        for bad in ["send", "recv:0", "send:1:x", "both:1", "send:1:2:3"] {
+            let e = parse_tcp_reset(bad).unwrap_err().to_string();
+            assert!(e.contains("RUSTNET_FAULT_TCP_RESET") && e.contains("send:N[:K]"), "{bad}: {e}");
+        }
     }
 }

@@ -305,6 +305,27 @@ pub fn run(o: &Opts) -> Report {
             "export NCCL_NET_PLUGIN=rustnet (and put the lib dir on LD_LIBRARY_PATH)",
         ),
     }
+    // testing-only knobs left set: the job would break itself on purpose
+    let armed: Vec<String> = [
+        ("RUSTNET_FAULT_PANIC", &*cfg.fault_panic, "panics in that vtable slot, failing the comm"),
+        ("RUSTNET_FAULT_QP_ERROR", &*cfg.fault_qp_error, "moves QPs to the error state, forcing recoveries"),
+        ("RUSTNET_FAULT_TCP_RESET", &*cfg.fault_tcp_reset, "resets TCP streams, forcing reconnections"),
+    ]
+    .into_iter()
+    .filter(|(_, v, _)| !v.trim().is_empty())
+    .map(|(k, v, what)| format!("{k}={v} {what}"))
+    .collect();
+    if armed.is_empty() {
+        r.add("env", "fault injection", Status::Pass, "off (no RUSTNET_FAULT_* set)", "");
+    } else {
+        r.add(
+            "env",
+            "fault injection",
+            Status::Warn,
+            format!("armed, testing only: {}", armed.join("; ")),
+            "unset every RUSTNET_FAULT_* variable for a real job",
+        );
+    }
     if o.env.get("NCCL_IB_DISABLE").map(String::as_str) == Some("1") {
         r.add(
             "env",

@@ -157,6 +157,31 @@ fn every_bad_knob_in_one_run() {
     }
 }
 
+/// The testing-only fault knobs: a malformed value is a knob error naming
+/// what is accepted (init would refuse it), a valid one a warning that the
+/// job would break itself on purpose.
+#[test]
+fn fault_knobs_are_checked_and_armed_ones_warned_about() {
+    let t = fixture("faults");
+    let (out, _) = doctor(&t.0, &[], &[]);
+    assert!(out.contains("[PASS] fault injection: off"), "{out}");
+    let bad = [("RUSTNET_FAULT_QP_ERROR", "send:0"), ("RUSTNET_FAULT_TCP_RESET", "both:1"), ("RUSTNET_FAULT_PANIC", "isend:later")];
+    let (out, code) = doctor(&t.0, &[], &bad);
+    assert_eq!(code, 2, "{out}");
+    for (name, value) in bad {
+        assert!(out.contains(&format!("[FAIL] {name}: \"{value}\" is not accepted")), "{name}:\n{out}");
+    }
+    let (out, code) = doctor(&t.0, &[], &[("RUSTNET_FAULT_QP_ERROR", "random:5"), ("RUSTNET_FAULT_TCP_RESET", "send:100:50")]);
+    assert!(code >= 1, "{out}");
+    let line = out.lines().find(|l| l.contains("fault injection")).unwrap_or_default();
+    assert!(
+        line.contains("[WARN]") && line.contains("RUSTNET_FAULT_QP_ERROR=random:5") && line.contains("RUSTNET_FAULT_TCP_RESET=send:100:50"),
+        "{out}"
+    );
+    assert!(!line.contains("RUSTNET_FAULT_PANIC"), "{line}");
+    assert!(out.contains("unset every RUSTNET_FAULT_* variable"), "{out}");
+}
+
 #[test]
 fn no_rdma_host_says_so_and_reports_tcp() {
     let root = std::env::temp_dir().join(format!("rustnet-doctor-empty-{}", std::process::id()));

@@ -63,27 +63,7 @@ pub struct ResetPlan {
 impl ResetPlan {
     /// Parse the knob's value (empty: none).
     pub fn parse(v: &str) -> Result<Option<ResetPlan>> {
-        let v = v.trim();
-        if v.is_empty() {
-            return Ok(None);
-        }
-        let bad =
-            || Error::Config { name: "RUSTNET_FAULT_TCP_RESET", value: v.into(), accepts: "send:N[:K] or recv:N[:K] (N >= 1)".into() };
-        let mut parts = v.split(':');
-        let send = match parts.next() {
-            Some("send") => true,
-            Some("recv") => false,
-            _ => return Err(bad()),
-        };
-        let first: u64 = parts.next().and_then(|n| n.parse().ok()).filter(|&n| n >= 1).ok_or_else(bad)?;
-        let every: u64 = match parts.next() {
-            None => 0,
-            Some(k) => k.parse().map_err(|_| bad())?,
-        };
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(Some(ResetPlan { send, first, every }))
+        Ok(crate::fault::parse_tcp_reset(v)?.map(|(send, first, every)| ResetPlan { send, first, every }))
     }
 
     /// Reset after the `n`-th (from 1) write or read?

@@ -37,6 +37,8 @@ options:
   --inflight N      requests in flight per direction (default 4)
   --bytes N         bytes moved per bandwidth point (default 256M)
   --lat-iters N     ping-pong round trips per latency repeat (default 2000; 0 skips latency)
+  --lat-size N      ping-pong message size (default 8; e.g. 64K for a message above
+                    the eager limit: CTS, then the RDMA write)
   --csv FILE        also write every point as CSV
   --plugin PATH     the plugin .so (default: librustnet.so beside this binary)
   --abi N           vtable version to drive: 6..12 (default 8)
@@ -78,6 +80,7 @@ pub(crate) struct Opts {
     inflight: usize,
     bytes: usize,
     pub(crate) lat_iters: usize,
+    pub(crate) lat_size: usize,
     csv: Option<PathBuf>,
     plugin: PathBuf,
     abi: u32,
@@ -97,6 +100,7 @@ pub(crate) fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
         inflight: 4,
         bytes: 256 << 20,
         lat_iters: 2000,
+        lat_size: 8,
         csv: None,
         plugin: driver::default_plugin_path(),
         abi: 8,
@@ -125,6 +129,7 @@ pub(crate) fn parse(args: Vec<String>) -> Result<(Opts, bool), String> {
             "--inflight" => o.inflight = val("--inflight")?.parse().map_err(|_| "bad --inflight")?,
             "--bytes" => o.bytes = parse_size(&val("--bytes")?).ok_or("bad --bytes")?,
             "--lat-iters" => o.lat_iters = val("--lat-iters")?.parse().map_err(|_| "bad --lat-iters")?,
+            "--lat-size" => o.lat_size = parse_size(&val("--lat-size")?).filter(|&n| n > 0).ok_or("bad --lat-size")?,
             "--csv" => o.csv = Some(val("--csv")?.into()),
             "--plugin" => o.plugin = val("--plugin")?.into(),
             "--abi" => o.abi = val("--abi")?.parse().map_err(|_| "bad --abi")?,
@@ -775,24 +780,25 @@ pub(crate) fn measure(o: &Opts) -> Result<Measured, String> {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
+    let ls = o.lat_size;
     if o.lat_iters > 0 {
-        run_cmd(&mut ctl, "PREP 8 2")?;
-        net.prepare(8, 2)?;
+        run_cmd(&mut ctl, &format!("PREP {ls} 2"))?;
+        net.prepare(ls, 2)?;
         wait_ok(&mut ctl)?;
     }
     for _ in 0..if o.lat_iters > 0 { o.reps } else { 0 } {
-        run_cmd(&mut ctl, &format!("PP 8 {}", o.lat_iters))?;
-        let dt = pingpong(&net, 8, o.lat_iters, true, &mut rtts)?;
+        run_cmd(&mut ctl, &format!("PP {ls} {}", o.lat_iters))?;
+        let dt = pingpong(&net, ls, o.lat_iters, true, &mut rtts)?;
         wait_ok(&mut ctl)?;
         lat.0.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
         lat_typ.0.push(median(&mut rtts) / 2.0);
         if let Some(s) = &raw {
             let dt = if o.baseline == Baseline::Competitor {
-                run_cmd(&mut ctl, &format!("RAWPOLL 8 {}", o.lat_iters))?;
-                raw_poll_pingpong(s, 8, o.lat_iters, true, &mut rtts)?
+                run_cmd(&mut ctl, &format!("RAWPOLL {ls} {}", o.lat_iters))?;
+                raw_poll_pingpong(s, ls, o.lat_iters, true, &mut rtts)?
             } else {
-                run_cmd(&mut ctl, &format!("RAWPP 8 {}", o.lat_iters))?;
-                raw_pingpong(s, 8, o.lat_iters, true, &mut rtts)?
+                run_cmd(&mut ctl, &format!("RAWPP {ls} {}", o.lat_iters))?;
+                raw_pingpong(s, ls, o.lat_iters, true, &mut rtts)?
             };
             wait_ok(&mut ctl)?;
             rlat.0.push(dt / (2.0 * o.lat_iters as f64) * 1e6);
@@ -831,7 +837,7 @@ fn print_classic(o: &Opts, m: &Measured) -> Result<(), String> {
             ratio(bi, rbi)
         );
     }
-    println!("\n8-byte half round trip, us: median [min-max] over {} x {} round trips", o.reps, o.lat_iters);
+    println!("\n{}-byte half round trip, us: median [min-max] over {} x {} round trips", o.lat_size, o.reps, o.lat_iters);
     println!("  (average = run time / round trips / 2; typical = median round trip / 2, as perftest's t_typical)");
     for (what, a, b) in [("average", lat, rlat), ("typical", lat_typ, rlat_typ)] {
         println!(
@@ -857,7 +863,7 @@ fn print_classic(o: &Opts, m: &Measured) -> Result<(), String> {
             ("latency_typical", "rawtcp", rlat_typ),
         ] {
             if !s.0.is_empty() {
-                w += &format!("{t},8,{tr},{:.3},{:.3},{:.3},us\n", s.med(), s.min(), s.max());
+                w += &format!("{t},{},{tr},{:.3},{:.3},{:.3},us\n", o.lat_size, s.med(), s.min(), s.max());
             }
         }
         std::fs::write(path, w).map_err(|e| format!("write {}: {e}", path.display()))?;
