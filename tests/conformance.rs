@@ -894,8 +894,13 @@ fn peer_connect_churn(peer: &mut Peer, _e: &PeerEnv) {
         t0.elapsed().as_secs_f64(),
         (rss1 as f64 - rss0 as f64) * 100.0 / rss0 as f64
     );
-    if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * 1.01 {
-        peer.say(&format!("FAIL growth: {line}"));
+    // RSS: 1% or 128 KiB, whichever is more. A leak grows with the cycles
+    // (44 bytes a cycle over 3000 cycles already passes 128 KiB); one step of
+    // the allocator's heap top (glibc pads it by 128 KiB) does not, and on a
+    // ~6 MiB process 1% is less than one such step.
+    let slack = (rss0 / 100).max(128);
+    if fd1 > fd0 || th1 > th0 || rss1 > rss0 + slack {
+        peer.say(&format!("FAIL growth: {line} (allowed: +{slack} KiB)"));
         std::process::exit(1);
     }
     peer.say(&format!("DONE {line}"));
