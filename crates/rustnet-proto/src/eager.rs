@@ -518,6 +518,7 @@ impl CtsQueue {
     }
 
     /// The range `[from, to)` to write now, if any.
+    #[inline]
     pub fn due(&self) -> Option<(u64, u64)> {
         let want = if self.next - self.written >= CTS_BATCH as u64 { self.next } else { self.must.max(self.written) };
         let to = want.min(self.head + FIFO_DEPTH as u64);

@@ -230,6 +230,9 @@ pub struct Receiver {
     /// Credit counter to send with the next control writes.
     credit: Option<u64>,
     eager_stats: (u64, u64),
+    /// Where the CQ is read into (kept, so a poll that finds nothing does
+    /// not first fill a fresh array).
+    cqes: [crate::nic::Cqe; crate::nic::POLL_BATCH],
 }
 
 impl Receiver {
@@ -260,6 +263,7 @@ impl Receiver {
             batch: None,
             credit: None,
             eager_stats: (0, 0),
+            cqes: [crate::nic::Cqe::default(); crate::nic::POLL_BATCH],
         }
     }
 

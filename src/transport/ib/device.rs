@@ -47,6 +47,12 @@ impl Health {
         (now != snap.0).then_some("the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)")
     }
 
+    /// Fatal events seen so far (what [`Health::changed_since`] compares).
+    #[inline]
+    pub fn fatal_count(&self) -> u32 {
+        self.fatal.load(Ordering::Relaxed)
+    }
+
     /// PORT_ERR events seen on `port` so far.
     pub fn port_errors(&self, port: u8) -> u32 {
         self.port_err[port as usize & 7].load(Ordering::Relaxed)

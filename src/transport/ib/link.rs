@@ -244,8 +244,20 @@ impl Link {
         }
     }
 
-    /// Fail now if an earlier failure or an async event says so.
+    /// Fail now if an earlier failure or an async event says so. Called a
+    /// few times per `test`: the common answer (no failure, no fatal event)
+    /// is inlined, the rest is [`Link::check_slow`].
+    #[inline]
     pub(super) fn check(&mut self) -> Result<()> {
+        if self.failed.is_none() && self.dev.health.fatal_count() == self.health.0 {
+            return Ok(());
+        }
+        self.check_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_slow(&mut self) -> Result<()> {
         if self.failed.is_none() {
             if let Some(why) = self.dev.health.changed_since(self.dev.port, self.health) {
                 let e = Error::Remote { peer: self.peer_name(), what: format!("{}: {why}", self.dev.describe()) };
@@ -295,6 +307,7 @@ impl Link {
 
     /// Called when a call made no progress: every so often, ask the
     /// out-of-band socket whether the peer is still there.
+    #[inline]
     pub(super) fn idle_tick(&mut self, pending: usize) {
         self.idle = self.idle.wrapping_add(1);
         // During the handshake its own reads see a peer that went away; a
@@ -303,6 +316,13 @@ impl Link {
         if !self.idle.is_multiple_of(LIVENESS_EVERY) || self.failed.is_some() || self.handshake {
             return;
         }
+        self.liveness(pending);
+    }
+
+    /// Every [`LIVENESS_EVERY`] idle calls: the clock, and at most every
+    /// [`LIVENESS_INTERVAL`] the out-of-band socket.
+    #[inline(never)]
+    fn liveness(&mut self, pending: usize) {
         let now = std::time::Instant::now();
         if now.duration_since(self.last_check) < LIVENESS_INTERVAL {
             return;

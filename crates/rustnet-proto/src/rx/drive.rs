@@ -4,7 +4,7 @@
 //! accessors); the rules they apply are the machine's methods in [`super`].
 use super::{CtlChain, Finished, Receiver, Taken};
 use crate::fifo::{self, Cts};
-use crate::nic::{Cqe, Ev, EvOp, Fail, RecvNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
+use crate::nic::{Ev, EvOp, Fail, RecvNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
 use crate::pool::ReqId;
 use crate::recover::TxPoint;
 use crate::MAX_RECVS;
@@ -168,13 +168,16 @@ impl Receiver {
 
     /// [`Self::poll`]; `eager: false` skips the ring (the caller just looked).
     fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool) {
-        let mut buf = [Cqe::default(); POLL_BATCH];
         loop {
-            let n = match nic.poll_cq(&mut buf) {
+            let n = match nic.poll_cq(&mut self.cqes) {
                 Ok(n) => n,
                 Err(_) => return, // (recorded: the comm failed)
             };
-            for c in buf[..n].iter().filter(|c| c.ok) {
+            for k in 0..n {
+                let c = self.cqes[k];
+                if !c.ok {
+                    continue;
+                }
                 match (c.wr, c.word) {
                     // (control writes all go on QP 0, the one the budget counts)
                     (WrId::Ctl { count, .. }, _) => self.on_ctl_done(count),
@@ -263,10 +266,16 @@ impl Receiver {
 
     /// Post the control writes planned now (CTS slots in order, the credit
     /// word), each chain one post.
+    #[inline]
     fn flush_ctl<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         if !self.has_ctl() {
             return Ok(()); // (the polling loop's common case: nothing to build)
         }
+        self.post_ctl_chains(nic)
+    }
+
+    #[inline(never)]
+    fn post_ctl_chains<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         let mut chain = CtlChain::default();
         while self.poll_ctl(nic.stage(), &mut chain) {
             nic.post_ctl(&chain).map_err(Fail::Nic)?;

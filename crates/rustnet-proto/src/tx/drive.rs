@@ -8,7 +8,7 @@ use super::{EagerPlan, EagerWr, Head, Replayed, Sender, Sent};
 use crate::eager::{self, RING_SLOTS};
 use crate::fifo::{self, FailCode, Group, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
 use crate::mem::MemMut;
-use crate::nic::{Cqe, Ev, EvOp, Fail, Lane, SendNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
+use crate::nic::{Ev, EvOp, Fail, Lane, SendNic, WrId, MAX_EVENTS_PER_PARENT, POLL_BATCH};
 use crate::pool::ReqId;
 use crate::recover::RxPoint;
 use crate::ProtoError;
@@ -97,13 +97,13 @@ impl Sender {
 
     /// Reap every completion the CQ holds.
     pub fn poll<N: SendNic>(&mut self, nic: &mut N) {
-        let mut buf = [Cqe::default(); POLL_BATCH];
         loop {
-            let n = match nic.poll_cq(&mut buf) {
+            let n = match nic.poll_cq(&mut self.cqes) {
                 Ok(n) => n,
                 Err(_) => return, // (recorded: the comm failed)
             };
-            for c in &buf[..n] {
+            for k in 0..n {
+                let c = self.cqes[k];
                 match c.wr {
                     // freed whether or not it succeeded
                     WrId::Eager(count) => self.on_eager_done(count),
