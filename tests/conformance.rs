@@ -221,10 +221,13 @@ fn reload_many(version: u32) {
             Some(k) => format!("kept mapped by {k} plugin thread(s) (verbs async events) and reused by the next dlopen"),
         }
     );
-    // RUSTNET_CONF_RSS_PCT: the RSS growth allowed after warm-up (1%)
+    // RUSTNET_CONF_RSS_PCT: the RSS growth allowed after warm-up (1%), and
+    // never less than 128 KiB: one step of glibc's heap top (or of a new
+    // arena) is not per-cycle growth, and on a 4 MiB process 1% is less
     let rss_pct = std::env::var("RUSTNET_CONF_RSS_PCT").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(1.0);
-    if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 * (1.0 + rss_pct / 100.0) {
-        say(format!("FAIL growth: {line}"));
+    let slack = (rss0 as f64 * rss_pct / 100.0).max(128.0);
+    if fd1 > fd0 || th1 > th0 || rss1 as f64 > rss0 as f64 + slack {
+        say(format!("FAIL growth: {line} (allowed: +{slack:.0} KiB)"));
         std::process::exit(1);
     }
     say(format!("DONE {line}"));
@@ -1980,8 +1983,9 @@ fn reload_tcp_helper_case() -> Result<String, String> {
     // resume port's threads, and a new thread that finds the arenas busy
     // (a loaded host) gets a new one from glibc, which keeps it: up to
     // 8 per CPU, a few pages each, read once as +1.2% over 180 cycles.
-    // Bounded, and glibc's; what this case looks for is per-cycle growth.
-    let a = spawn("A", 8, &RELOAD_MANY, &[("RUSTNET_CONF_RELOADS", "200"), ("RUSTNET_SOCKET_HELPER", "1"), ("MALLOC_ARENA_MAX", "1")]);
+    // Bounded, and glibc's; what this case looks for is per-cycle growth
+    // (600 cycles: with the 128 KiB floor a leak of 220 bytes a cycle fails).
+    let a = spawn("A", 8, &RELOAD_MANY, &[("RUSTNET_CONF_RELOADS", "600"), ("RUSTNET_SOCKET_HELPER", "1"), ("MALLOC_ARENA_MAX", "1")]);
     let line = finish_within(a, Duration::from_secs(300))?;
     if !line.contains("unmapped after every dlclose") {
         return Err(format!("with the TCP helper thread the library stayed mapped: {line}"));
