@@ -77,9 +77,12 @@ fn run(slot: &'static str, owner: VoidPtr, f: impl FnOnce() -> Result<()>) -> nc
 
 /// Borrow a non-null out-pointer.
 pub(crate) unsafe fn out<'a, T>(p: *mut T, slot: &'static str, arg: &'static str) -> Result<&'a mut T> {
+    // (a match, not ok_or: an error built eagerly is made and dropped on every call)
     // SAFETY: NCCL passes valid out-pointers; NULL is rejected.
-    // (ok_or_else: an eagerly built error would be made and dropped on every call)
-    unsafe { p.as_mut() }.ok_or_else(|| Error::NullArg { slot, arg })
+    match unsafe { p.as_mut() } {
+        Some(r) => Ok(r),
+        None => Err(Error::NullArg { slot, arg }),
+    }
 }
 
 /// Require a non-null pointer.

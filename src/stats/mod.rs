@@ -166,7 +166,7 @@ impl Work {
     }
 }
 
-/// The `op` labels of `rustnet_device_verbs_work_total`, in [`WorkSnap::ops`]' order.
+/// The `op` labels of `rustnet_device_verbs_work_total`, in the order of `WorkSnap::ops`.
 pub const WORK_OPS: [&str; 8] = ["doorbell", "send_wr", "signaled_wr", "recv_wr", "poll", "empty_poll", "cqe", "cts_write"];
 
 impl WorkSnap {

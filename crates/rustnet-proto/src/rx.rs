@@ -232,7 +232,7 @@ pub struct Receiver {
     eager_stats: (u64, u64),
     /// Where the CQ is read into (kept, so a poll that finds nothing does
     /// not first fill a fresh array).
-    cqes: [crate::nic::Cqe; crate::nic::POLL_BATCH],
+    cqes: drive::CqBuf,
 }
 
 impl Receiver {
@@ -263,7 +263,7 @@ impl Receiver {
             batch: None,
             credit: None,
             eager_stats: (0, 0),
-            cqes: [crate::nic::Cqe::default(); crate::nic::POLL_BATCH],
+            cqes: drive::cq_buf(),
         }
     }
 

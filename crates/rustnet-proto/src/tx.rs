@@ -244,7 +244,7 @@ pub struct Sender {
     eager_stats: (u64, u64),
     /// Where the CQ is read into (kept, so a poll that finds nothing does
     /// not first fill a fresh array).
-    cqes: [crate::nic::Cqe; crate::nic::POLL_BATCH],
+    cqes: drive::CqBuf,
 }
 
 impl Default for Sender {
@@ -265,7 +265,7 @@ impl Sender {
             inflight: Box::new(std::array::from_fn(|_| Inflight { g: Group::default(), nlanes: 0, done: 0, active: false })),
             eager: None,
             eager_stats: (0, 0),
-            cqes: [crate::nic::Cqe::default(); crate::nic::POLL_BATCH],
+            cqes: drive::cq_buf(),
         }
     }
 

@@ -15,6 +15,14 @@ use crate::ProtoError;
 
 type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
 
+/// What the machine reads the CQ into (a field, kept between polls).
+pub(super) type CqBuf = [crate::nic::Cqe; POLL_BATCH];
+
+/// A fresh [`CqBuf`].
+pub(super) fn cq_buf() -> CqBuf {
+    [crate::nic::Cqe::default(); POLL_BATCH]
+}
+
 impl Sender {
     /// NCCL's `isend` of `size` bytes at `src` (local key `lkey`) with
     /// `tag`, once the connection is up: `Ok(None)` until the receiver
