@@ -54,30 +54,36 @@ const SLOTS: &[&str] = &[
     "makeVDevice",
 ];
 
+/// The sites a `RUSTNET_FAULT_PANIC` value arms (0: none), `None` when it
+/// names no site.
+fn panic_sites(v: &str) -> Option<u32> {
+    match v.trim() {
+        "" => Some(0),
+        "isend:queued" => Some(Site::IsendQueued as u32),
+        "test:progressed" => Some(Site::TestProgressed as u32),
+        s if SLOTS.contains(&s) => Some(Site::SlotEntry as u32),
+        _ => None,
+    }
+}
+
 /// Is `v` a value `RUSTNET_FAULT_PANIC` accepts (the knob table's check; nothing is armed)?
 pub fn panic_spec_ok(v: &str) -> bool {
-    matches!(v.trim(), "" | "isend:queued" | "test:progressed") || SLOTS.contains(&v.trim())
+    panic_sites(v).is_some()
 }
 
 /// Parse `RUSTNET_FAULT_PANIC` (empty: nothing armed).
 pub fn arm(v: &str) -> Result<()> {
     let v = v.trim();
-    let bits = match v {
-        "" => 0,
-        "isend:queued" => Site::IsendQueued as u32,
-        "test:progressed" => Site::TestProgressed as u32,
-        s if SLOTS.contains(&s) => {
-            SLOT.get_or_init(|| s.to_string());
-            Site::SlotEntry as u32
-        }
-        _ => {
-            return Err(Error::Config {
-                name: "RUSTNET_FAULT_PANIC",
-                value: v.into(),
-                accepts: format!("a vtable slot name ({}), isend:queued or test:progressed", SLOTS.join(", ")),
-            })
-        }
+    let Some(bits) = panic_sites(v) else {
+        return Err(Error::Config {
+            name: "RUSTNET_FAULT_PANIC",
+            value: v.into(),
+            accepts: format!("a vtable slot name ({}), isend:queued or test:progressed", SLOTS.join(", ")),
+        });
     };
+    if bits == Site::SlotEntry as u32 {
+        SLOT.get_or_init(|| v.to_string());
+    }
     ARMED.store(bits, Ordering::Relaxed);
     Ok(())
 }

@@ -32,7 +32,8 @@ S_IP=${RXE_VM_SIW_IP1:?boot with RXE_VM_SIW=1}
 csv=$ROOT/out/bench-iwarp.csv
 SIZES=(65536 262144 1048576)
 echo "test,size,tool,run,value,unit" > "$csv"
-waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
+# shellcheck source=tests/rxe-vm/bench-lib.sh
+. "$HERE/bench-lib.sh"
 
 perf() { # perf <size> <iters> -> MiB/s (BW average)
   local size=$1 n=$2 out sp
@@ -68,8 +69,6 @@ for r in $(seq "$REPS"); do
   done
 done
 
-stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
-med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 echo
 echo "siw0 -> siw1 (soft-iWARP, MTU 1024), $REPS interleaved runs each, ${MIB} MiB per point, median [min-max], MiB/s"
 printf '%-8s %-24s %-24s %s\n' "size" "ib_write_bw -R" "rustnet bench (plugin)" "ratio"

@@ -47,16 +47,8 @@ BYTES=$((128 << 20))
 csv=$ROOT/out/bench-netib.csv
 echo "test,size,plugin,run,value,unit" > "$csv"
 declare -A V
-RXE_KEYS="out_of_seq_request duplicate_request completer_retry_err"
-rxe_now() {
-  local k d s v
-  for k in $RXE_KEYS; do
-    s=0
-    for d in rxe0 rxe1; do read -r v < "/sys/class/infiniband/$d/ports/1/hw_counters/$k" || v=0; s=$((s + v)); done
-    printf '%s ' "$s"
-  done
-}
-waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
+# shellcheck source=tests/rxe-vm/bench-lib.sh
+. "$HERE/bench-lib.sh"
 put() { V[$1.$2]+="$3 "; echo "$2,$1,$4,$3,$5" >> "$csv"; } # put PLUGIN KEY VALUE RUN UNIT
 
 run_bench() { # run_bench PLUGIN SO RUN bw|lat8|lat64k
@@ -90,8 +82,8 @@ run_bench() { # run_bench PLUGIN SO RUN bw|lat8|lat64k
     # GB moved: each size one way, then both ways
     u=$(cat /tmp/srv.cpu /tmp/cli.cpu | awk -v b="$BYTES" '{u += $1} END {printf "%.2f", u / (4 * 3 * b / 1e9)}')
     put "$p" cpu_user "$u" "$r" s/GB
-    read -ra c0 <<<"$c0"; read -ra k <<<"$(rxe_now)"; i=0
-    for v in $RXE_KEYS; do put "$p" "rxe_$v" "$(awk -v n="$((k[i] - c0[i]))" -v b="$BYTES" 'BEGIN{printf "%.1f", n * 1e9 / (4 * 3 * b)}')" "$r" events/GB; i=$((i + 1)); done
+    read -ra k <<<"$(rxe_per_gb "$c0" $((4 * 3 * BYTES)))"; i=0
+    for v in $RXE_KEYS; do put "$p" "rxe_$v" "${k[i]}" "$r" events/GB; i=$((i + 1)); done
   fi
 }
 
@@ -107,7 +99,6 @@ for r in $(seq "$REPS"); do
   echo "repeat $r of $REPS done" >&2
 done
 
-st() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 ratio() { # per-repeat ratios ours/netib, median [min-max]
   paste -d' ' <(tr ' ' '\n' <<<"$1" | grep -v '^$') <(tr ' ' '\n' <<<"$2" | grep -v '^$') |
     awk '$2 > 0 {print $1 / $2}' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.2f [%.2f-%.2f]", a[int((NR+1)/2)], a[1], a[NR]}'
@@ -115,7 +106,7 @@ ratio() { # per-repeat ratios ours/netib, median [min-max]
 echo
 echo "librustnet beside the net_ib-design plugin ($(basename "$COMPETITOR")), rxe0 -> rxe1, 8 in flight, $REPS repeats, interleaved"
 printf '%-26s %-24s %-24s %s\n' point librustnet net_ib-design "ratio (per repeat)"
-row() { printf '%-26s %-24s %-24s %s\n' "$1" "$(st "${V[ours.$2]:-}")" "$(st "${V[netib.$2]:-}")" "$(ratio "${V[ours.$2]:-}" "${V[netib.$2]:-}")"; }
+row() { printf '%-26s %-24s %-24s %s\n' "$1" "$(stats "${V[ours.$2]:-}")" "$(stats "${V[netib.$2]:-}")" "$(ratio "${V[ours.$2]:-}" "${V[netib.$2]:-}")"; }
 for s in $SIZES; do row "$((s / 1024))K one way MB/s" "ow_$s"; done
 for s in $SIZES; do row "$((s / 1024))K both ways MB/s/dir" "bi_$s"; done
 row "8 B half round trip us" lat8

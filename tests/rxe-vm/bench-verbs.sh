@@ -51,28 +51,19 @@ cd "$ROOT" || exit 2
 REPS=${REPS:-3}
 BIN=$ROOT/target/release/rustnet
 S_IP=$RXE_VM_IP1
-RXE_KEYS="out_of_seq_request duplicate_request completer_retry_err"
-rxe_now() { # the three counters, each summed over rxe0 and rxe1
-  local k d s v
-  for k in $RXE_KEYS; do
-    s=0
-    for d in rxe0 rxe1; do read -r v < "/sys/class/infiniband/$d/ports/1/hw_counters/$k" || v=0; s=$((s + v)); done
-    printf '%s ' "$s"
-  done
-}
+# shellcheck source=tests/rxe-vm/bench-lib.sh
+. "$HERE/bench-lib.sh"
 declare -A X
 rxe_add() { # rxe_add TOOL BEFORE BYTES: what moved since BEFORE per GB moved, per counter, into X[TOOL.counter] and the CSV
-  local tool=$1 bytes=$3 i=0 k was now v
-  read -ra was <<<"$2"; read -ra now <<<"$(rxe_now)"
+  local tool=$1 i=0 k pg
+  read -ra pg <<<"$(rxe_per_gb "$2" "$3")"
   for k in $RXE_KEYS; do
-    v=$(awk -v n="$((now[i] - was[i]))" -v b="$bytes" 'BEGIN { printf "%.1f", n * 1e9 / b }')
-    X[$tool.$k]+="$v "; echo "rxe_$k,all,$tool,$r,$v,events/GB" >> "$csv"
+    X[$tool.$k]+="${pg[i]} "; echo "rxe_$k,all,$tool,$r,${pg[i]},events/GB" >> "$csv"
     i=$((i + 1))
   done
 }
 csv=$ROOT/out/bench-verbs.csv
 echo "test,size,tool,run,value,unit" > "$csv"
-waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
 
 perf() { # perf <tool> <size> <iters> -> prints "MB/s" (bw) or "t_typical t_avg" (lat, usec)
   local tool=$1 size=$2 n=$3 out pin0=() pin1=()
@@ -141,8 +132,6 @@ for r in $(seq "$REPS"); do
   [ -n "${R[lat]:-}" ] || { echo "rustnet bench reported no latency:"; cat /tmp/bcli.log /tmp/bsrv.log; exit 1; }
 done
 
-stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
-med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 work_run() { # work_run SIZE QPS: one one-way run with statistics files; prints the sender's and the receiver's rows
   local size=$1 qps=$2 d=/tmp/work.$1.$2 sp
   rm -rf "$d"; mkdir -p "$d"

@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use rustnet_proto::fifo::{Cts, MAX_LANE_WRS};
+use rustnet_proto::fifo::Cts;
 use rustnet_proto::nic::{Cqe, Ev, Fail, Link, RecvNic, POLL_BATCH};
 use rustnet_proto::pool::ReqId;
 use rustnet_proto::rx::{self, CtlChain, Deliver, Receiver};
@@ -81,7 +81,6 @@ impl RecvNic for Idle {
 }
 
 fn main() {
-    let _ = MAX_LANE_WRS;
     println!("receive machine, one test() of a receive not arrived yet (empty CQ), ns per call, median of 7 x 2,000,000");
     for (what, eager) in [("eager ring on (8 KiB)", 8192usize), ("eager ring off", 0)] {
         let mut nic = Idle { ring: vec![0; rustnet_proto::eager::ring_bytes(eager.max(1))], stage: vec![0; 1 << 20], posts: 0 };

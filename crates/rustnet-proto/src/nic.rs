@@ -123,11 +123,23 @@ pub struct Cqe {
     pub word: Option<u32>,
 }
 
+impl Cqe {
+    /// An empty slot.
+    pub const EMPTY: Cqe = Cqe { wr: WrId::Recv(0), qp: None, ok: false, word: None };
+}
+
 impl Default for Cqe {
     fn default() -> Cqe {
-        Cqe { wr: WrId::Recv(0), qp: None, ok: false, word: None }
+        Cqe::EMPTY
     }
 }
+
+/// What a machine reads its CQ into (a field of each machine, kept between
+/// polls, so a poll that finds nothing does not first fill a fresh array).
+pub type CqBuf = [Cqe; POLL_BATCH];
+
+/// A [`CqBuf`] of empty slots.
+pub const NO_CQES: CqBuf = [Cqe::EMPTY; POLL_BATCH];
 
 /// The kind of work a profiler event waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

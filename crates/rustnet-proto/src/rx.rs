@@ -230,8 +230,7 @@ pub struct Receiver {
     /// Credit counter to send with the next control writes.
     credit: Option<u64>,
     eager_stats: (u64, u64),
-    /// Where the CQ is read into (kept, so a poll that finds nothing does
-    /// not first fill a fresh array).
+    /// Where the CQ is read into ([`crate::nic::CqBuf`]).
     cqes: drive::CqBuf,
 }
 
@@ -263,7 +262,7 @@ impl Receiver {
             batch: None,
             credit: None,
             eager_stats: (0, 0),
-            cqes: drive::cq_buf(),
+            cqes: drive::NO_CQES,
         }
     }
 

@@ -242,8 +242,7 @@ pub struct Sender {
     inflight: Box<[Inflight; FIFO_DEPTH]>,
     eager: Option<EagerState>,
     eager_stats: (u64, u64),
-    /// Where the CQ is read into (kept, so a poll that finds nothing does
-    /// not first fill a fresh array).
+    /// Where the CQ is read into ([`crate::nic::CqBuf`]).
     cqes: drive::CqBuf,
 }
 
@@ -265,7 +264,7 @@ impl Sender {
             inflight: Box::new(std::array::from_fn(|_| Inflight { g: Group::default(), nlanes: 0, done: 0, active: false })),
             eager: None,
             eager_stats: (0, 0),
-            cqes: drive::cq_buf(),
+            cqes: drive::NO_CQES,
         }
     }
 

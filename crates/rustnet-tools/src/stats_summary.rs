@@ -89,6 +89,11 @@ impl Proc {
     }
 }
 
+/// 0 for a send series, 1 for a receive one (the index of [`Dev::msgs_dir`] and [`Dev::work`]).
+fn dir_index(s: &prom::Sample) -> usize {
+    usize::from(s.label("dir") != Some("send"))
+}
+
 /// Read one file's text. `mtime`: the file's modification time, used when
 /// the file lacks its own write timestamp.
 pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, String> {
@@ -127,7 +132,7 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
             let t = s.label("transport").unwrap_or("?").to_string();
             let row = devs.entry((d.clone(), t.clone())).or_insert_with(|| Dev { device: d, transport: t, ..Dev::default() });
             let v = s.value as u64;
-            let di = usize::from(s.label("dir") != Some("send"));
+            let di = dir_index(s);
             match (what, s.label("dir")) {
                 (0, Some("send")) => row.sent += v,
                 (0, _) => row.recv += v,
@@ -149,7 +154,7 @@ pub fn from_text(file: &str, text: &str, mtime: Option<f64>) -> Result<Proc, Str
         let d = s.label("device").unwrap_or("?").to_string();
         let t = s.label("transport").unwrap_or("?").to_string();
         let row = devs.entry((d.clone(), t.clone())).or_insert_with(|| Dev { device: d, transport: t, ..Dev::default() });
-        row.work[usize::from(s.label("dir") != Some("send"))][k] += s.value as u64;
+        row.work[dir_index(s)][k] += s.value as u64;
     }
     Ok(Proc {
         file: file.to_string(),
@@ -366,26 +371,12 @@ pub fn render(dir: &Path, r: &Report) -> (String, i32) {
                 o,
                 "\nverbs work per message (per device and direction; doorbells = ibv_post_send calls, polls = ibv_poll_cq calls)"
             );
-            let _ = writeln!(
-                o,
-                "{:<16} {:<12} {:<4} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                "host", "device", "dir", "msgs", "doorbell", "send_wr", "signaled", "recv_wr", "poll", "empty", "cqe", "cts"
-            );
+            let cols: String =
+                ["doorbell", "send_wr", "signaled", "recv_wr", "poll", "empty", "cqe", "cts"].iter().map(|c| format!(" {c:>9}")).collect();
+            let _ = writeln!(o, "{:<16} {:<12} {:<4} {:>9}{cols}", "host", "device", "dir", "msgs");
             for ((host, dev, di), (w, msgs)) in work.into_iter().filter(|(_, (_, m))| *m > 0) {
-                let per = |k: usize| format!("{:.2}", w[k] as f64 / msgs as f64);
-                let _ = writeln!(
-                    o,
-                    "{host:<16} {dev:<12} {:<4} {msgs:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                    ["send", "recv"][di],
-                    per(0),
-                    per(1),
-                    per(2),
-                    per(3),
-                    per(4),
-                    per(5),
-                    per(6),
-                    per(7)
-                );
+                let per: String = w.iter().map(|&v| format!(" {:>9.2}", v as f64 / msgs as f64)).collect();
+                let _ = writeln!(o, "{host:<16} {dev:<12} {:<4} {msgs:>9}{per}", ["send", "recv"][di]);
             }
         }
         let norank = procs.iter().filter(|p| p.rank.is_none()).count();

@@ -42,15 +42,10 @@ impl Health {
     /// are gone). A port going down (PORT_ERR) is not: as NCCL's net_ib
     /// does, the comms keep their QPs and the HCA retransmits; a comm fails
     /// only when a work request then fails, or its peer is gone.
+    #[inline]
     pub fn changed_since(&self, _port: u8, snap: (u32, u32)) -> Option<&'static str> {
         let now = self.fatal.load(Ordering::Relaxed);
         (now != snap.0).then_some("the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)")
-    }
-
-    /// Fatal events seen so far (what [`Health::changed_since`] compares).
-    #[inline]
-    pub fn fatal_count(&self) -> u32 {
-        self.fatal.load(Ordering::Relaxed)
     }
 
     /// PORT_ERR events seen on `port` so far.

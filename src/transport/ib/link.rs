@@ -249,7 +249,7 @@ impl Link {
     /// is inlined, the rest is [`Link::check_slow`].
     #[inline]
     pub(super) fn check(&mut self) -> Result<()> {
-        if self.failed.is_none() && self.dev.health.fatal_count() == self.health.0 {
+        if self.failed.is_none() && self.dev.health.changed_since(self.dev.port, self.health).is_none() {
             return Ok(());
         }
         self.check_slow()

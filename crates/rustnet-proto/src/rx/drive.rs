@@ -11,13 +11,8 @@ use crate::MAX_RECVS;
 
 type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
 
-/// What the machine reads the CQ into (a field, kept between polls).
-pub(super) type CqBuf = [crate::nic::Cqe; POLL_BATCH];
-
-/// A fresh [`CqBuf`].
-pub(super) fn cq_buf() -> CqBuf {
-    [crate::nic::Cqe::default(); POLL_BATCH]
-}
+// (for the machine's field: its own module does not import `nic`, which imports it)
+pub(super) use crate::nic::{CqBuf, NO_CQES};
 
 impl Receiver {
     /// The sender said READY: control writes may go from now on, and the

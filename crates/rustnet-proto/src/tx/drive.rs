@@ -15,13 +15,8 @@ use crate::ProtoError;
 
 type R<T, N> = Result<T, Fail<<N as crate::nic::Link>::Error>>;
 
-/// What the machine reads the CQ into (a field, kept between polls).
-pub(super) type CqBuf = [crate::nic::Cqe; POLL_BATCH];
-
-/// A fresh [`CqBuf`].
-pub(super) fn cq_buf() -> CqBuf {
-    [crate::nic::Cqe::default(); POLL_BATCH]
-}
+// (for the machine's field: its own module does not import `nic`, which imports it)
+pub(super) use crate::nic::{CqBuf, NO_CQES};
 
 impl Sender {
     /// NCCL's `isend` of `size` bytes at `src` (local key `lkey`) with
