@@ -219,7 +219,7 @@ fn reload_many(version: u32) {
         }
     }
     let (fd0, th0, rss0) = base.unwrap();
-    let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+    let (fd1, th1, rss1) = (fd_count(), thread_count_settled(th0), rss_kib());
     let line = format!(
         "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%, {:+.0} B/cycle) after {warm} warm-up cycles, {}",
         t0.elapsed().as_secs_f64(),
@@ -528,7 +528,7 @@ fn peer_traffic(peer: &mut Peer, e: &PeerEnv) {
         }
     }
     let (fd0, th0, rss0) = base.unwrap();
-    let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+    let (fd1, th1, rss1) = (fd_count(), thread_count_settled(th0), rss_kib());
     if fd1 > fd0 || th1 > th0 || rss1 > rss0 + 64 * 1024 {
         peer.say(&format!("FAIL growth after {cycles} cycles: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB"));
         std::process::exit(1);
@@ -898,7 +898,7 @@ fn peer_connect_churn(peer: &mut Peer, _e: &PeerEnv) {
         }
     }
     let (fd0, th0, rss0) = base.unwrap();
-    let (fd1, th1, rss1) = (fd_count(), thread_count(), rss_kib());
+    let (fd1, th1, rss1) = (fd_count(), thread_count_settled(th0), rss_kib());
     let line = format!(
         "{n} cycles in {:.1}s: fds {fd0}->{fd1}, threads {th0}->{th1}, rss {rss0}->{rss1} KiB ({:+.2}%) after {warm} warm-up cycles",
         t0.elapsed().as_secs_f64(),
@@ -1889,7 +1889,7 @@ fn reload_case() -> Result<String, String> {
         p.close_recv(r).map_err(|e| e.to_string())?;
         p.close_listen(l).map_err(|e| e.to_string())?;
         drop(p);
-        let now = (fd_count(), thread_count());
+        let now = (fd_count(), base.map_or_else(thread_count, |b: (usize, usize)| thread_count_settled(b.1)));
         if cycle == 0 {
             base = Some(now);
         } else if now.0 > base.unwrap().0 || now.1 > base.unwrap().1 {

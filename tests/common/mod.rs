@@ -119,6 +119,22 @@ pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
 }
 
+/// The thread count once it is at most `limit`, or what it still is after a
+/// second. A joined thread can stay listed in `/proc/self/task` for a moment
+/// after `pthread_join` returns (the kernel wakes the joiner when the thread
+/// lets go of its memory, and unlists it later, on its way out): a thread
+/// the plugin leaks is there for good, one that is on its way out is not.
+pub fn thread_count_settled(limit: usize) -> usize {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        let n = thread_count();
+        if n <= limit || std::time::Instant::now() >= until {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Resident set size in KiB.
 pub fn rss_kib() -> usize {
     std::fs::read_to_string("/proc/self/status")

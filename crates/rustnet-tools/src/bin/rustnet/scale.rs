@@ -191,6 +191,21 @@ fn snap() -> Snap {
     Snap { rss_kib: rss_pages * page / 1024.0, fds, threads, cpu_s, switches }
 }
 
+/// A snapshot after every comm closed: the threads the plugin joined may
+/// stay listed for a moment after their join returns (the kernel unlists an
+/// exiting thread after it wakes the joiner), so this waits up to a second
+/// for the count to come down to the calling thread alone.
+fn snap_closed() -> Snap {
+    let until = Instant::now() + Duration::from_secs(1);
+    loop {
+        let s = snap();
+        if s.threads <= 1 || Instant::now() >= until {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// One process's figures for one N.
 #[derive(Clone, Default, Debug)]
 struct Side {
@@ -481,7 +496,7 @@ fn server(o: &Opts) -> Result<(), String> {
                 }
                 close_idle(&p, &mut c);
                 drop(net);
-                let closed = snap();
+                let closed = snap_closed();
                 side.rss_closed_mb = (closed.rss_kib - start.rss_kib) / 1024.0;
                 side.threads_closed = closed.threads;
                 ctl.send(&format!("SIDE {}", side.line())).map_err(|e| e.to_string())?;
@@ -585,7 +600,7 @@ fn client(o: &Opts) -> Result<(), String> {
         ctl.send("CLOSE").map_err(|e| e.to_string())?;
         close_idle(&p, &mut c);
         drop(net);
-        let closed = snap();
+        let closed = snap_closed();
         me.rss_closed_mb = (closed.rss_kib - start.rss_kib) / 1024.0;
         me.threads_closed = closed.threads;
         let peer_side = Side::from_line(&ctl.expect("SIDE")?)?;
