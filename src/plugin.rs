@@ -662,6 +662,7 @@ impl Comm {
     }
 
     /// Drive and check one request.
+    #[inline]
     pub fn test(&self, id: ReqId) -> Result<Option<Completion>> {
         let r = self.test_inner(id);
         if let Some(st) = &self.stats {
@@ -681,6 +682,7 @@ impl Comm {
         r
     }
 
+    #[inline]
     fn test_inner(&self, id: ReqId) -> Result<Option<Completion>> {
         match &self.body {
             CommBody::Send(s) => match &mut *s.lock() {

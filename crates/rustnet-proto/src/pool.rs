@@ -76,36 +76,50 @@ impl<T> Pool<T> {
         Some(ReqId { slot, gen: s.gen })
     }
 
-    fn check(&self, id: ReqId) -> Result<(), Stale> {
-        let s = self.slots.get(id.slot as usize).ok_or(Stale::OutOfRange)?;
-        if s.gen != id.gen {
-            return Err(Stale::Reused);
+    /// Why `id` names no live request (the caller found it does not).
+    #[cold]
+    #[inline(never)]
+    fn stale(&self, id: ReqId) -> Stale {
+        match self.slots.get(id.slot as usize) {
+            None => Stale::OutOfRange,
+            Some(s) if s.gen != id.gen => Stale::Reused,
+            Some(_) => Stale::Freed,
         }
-        if s.val.is_none() {
-            return Err(Stale::Freed);
-        }
-        Ok(())
     }
 
-    /// The request behind `id`.
+    /// The request behind `id`. (Every `test` asks: one bounds check, one
+    /// compare, the reasons built out of line.)
+    #[inline]
     pub fn get(&self, id: ReqId) -> Result<&T, Stale> {
-        self.check(id)?;
-        Ok(self.slots[id.slot as usize].val.as_ref().unwrap())
+        match self.slots.get(id.slot as usize) {
+            Some(Slot { gen, val: Some(v) }) if *gen == id.gen => Ok(v),
+            _ => Err(self.stale(id)),
+        }
     }
 
     /// The request behind `id`, mutably.
+    #[inline]
     pub fn get_mut(&mut self, id: ReqId) -> Result<&mut T, Stale> {
-        self.check(id)?;
-        Ok(self.slots[id.slot as usize].val.as_mut().unwrap())
+        if !matches!(self.slots.get(id.slot as usize), Some(Slot { gen, val: Some(_) }) if *gen == id.gen) {
+            return Err(self.stale(id));
+        }
+        match &mut self.slots[id.slot as usize].val {
+            Some(v) => Ok(v),
+            None => Err(Stale::Freed), // (checked just above)
+        }
     }
 
     /// Free `id` and return its value; the slot's generation moves on.
     pub fn release(&mut self, id: ReqId) -> Result<T, Stale> {
-        self.check(id)?;
-        let s = &mut self.slots[id.slot as usize];
+        let slot = id.slot as usize;
+        if !matches!(self.slots.get(slot), Some(Slot { gen, val: Some(_) }) if *gen == id.gen) {
+            return Err(self.stale(id));
+        }
+        let s = &mut self.slots[slot];
+        let Some(v) = s.val.take() else { return Err(Stale::Freed) }; // (checked just above)
         s.gen = s.gen.wrapping_add(1);
         self.free.push(id.slot);
-        Ok(s.val.take().unwrap())
+        Ok(v)
     }
 
     /// Every live request.

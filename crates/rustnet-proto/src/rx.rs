@@ -714,7 +714,7 @@ impl Receiver {
     }
 
     /// Is request `id` done?
-    #[inline]
+    #[inline(always)]
     pub fn is_done(&self, id: ReqId) -> Result<bool, Stale> {
         self.reqs.get(id).map(|r| r.done)
     }

@@ -697,7 +697,7 @@ impl Sender {
     }
 
     /// Is send `id` done?
-    #[inline]
+    #[inline(always)]
     pub fn is_done(&self, id: ReqId) -> Result<bool, Stale> {
         self.reqs.get(id).map(|r| r.done)
     }

@@ -88,6 +88,7 @@ impl SendComm {
     }
 
     /// `Ok(Some(size))` once the send is done.
+    #[inline(always)]
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         if self.recovering()? && !self.tx.is_done(id).map_err(|s| self.io.link.fail_by(Fail::Stale(s), "send"))? {
             return Ok(None);
@@ -207,6 +208,7 @@ impl RecvComm {
     }
 
     /// `Ok(Some(sizes))` once every buffer of the receive is filled.
+    #[inline(always)]
     pub fn test(&mut self, id: ReqId) -> Result<Option<Completion>> {
         if self.io.ready.is_some() {
             if let Err(e) = self.progress_ready() {
@@ -217,7 +219,8 @@ impl RecvComm {
             return Ok(None);
         }
         match self.rx.test(&mut self.io, id) {
-            Ok(f) => Ok(f.map(|f| Completion { n: f.n, sizes: f.sizes })),
+            Ok(None) => Ok(None),
+            Ok(Some(f)) => Ok(Some(Completion { n: f.n, sizes: f.sizes })),
             Err(f) => Err(self.io.link.fail_by(f, "receive")),
         }
     }

@@ -247,7 +247,7 @@ impl Link {
     /// Fail now if an earlier failure or an async event says so. Called a
     /// few times per `test`: the common answer (no failure, no fatal event)
     /// is inlined, the rest is [`Link::check_slow`].
-    #[inline]
+    #[inline(always)]
     pub(super) fn check(&mut self) -> Result<()> {
         if self.failed.is_none() && self.dev.health.changed_since(self.dev.port, self.health).is_none() {
             return Ok(());
@@ -307,7 +307,7 @@ impl Link {
 
     /// Called when a call made no progress: every so often, ask the
     /// out-of-band socket whether the peer is still there.
-    #[inline]
+    #[inline(always)]
     pub(super) fn idle_tick(&mut self, pending: usize) {
         self.idle = self.idle.wrapping_add(1);
         // During the handshake its own reads see a peer that went away; a
@@ -354,6 +354,7 @@ impl Link {
         }
     }
 
+    #[inline(always)]
     pub(super) fn progressed(&mut self) {
         self.idle = 0;
     }
@@ -391,11 +392,14 @@ impl Link {
     /// A failed one fails the comm here, with its status named (`what`
     /// says what the WR was); a receive's is turned into its completion
     /// word by `on_recv` (which reposts it), whose error fails the comm too.
+    /// (Inlined: an empty poll, the polling loop's common case, returns
+    /// here; what came is read out of line.)
+    #[inline(always)]
     pub(super) fn reap(
         &mut self,
         out: &mut [Cqe; POLL_BATCH],
         what: impl Fn(WrId) -> String,
-        mut on_recv: impl FnMut(&mut Link, &ibv_wc, Option<usize>) -> Result<u32>,
+        on_recv: impl FnMut(&mut Link, &ibv_wc, Option<usize>) -> Result<u32>,
     ) -> Result<usize> {
         let mut buf = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; POLL_BATCH];
         let wcs = match self.cq.poll_some(&mut buf) {
@@ -403,10 +407,25 @@ impl Link {
             Err(e) => return Err(self.fail_with(e)),
         };
         self.stats.work.poll(wcs.len());
-        let mut n = 0;
         if let Some(r) = &mut self.rec {
             r.quiet = wcs.is_empty();
         }
+        if wcs.is_empty() {
+            return Ok(0);
+        }
+        Ok(self.take_wcs(wcs, out, what, on_recv))
+    }
+
+    /// The completions a poll returned, as the machines see them ([`Link::reap`]).
+    #[inline(never)]
+    fn take_wcs(
+        &mut self,
+        wcs: &[ibv_wc],
+        out: &mut [Cqe; POLL_BATCH],
+        what: impl Fn(WrId) -> String,
+        mut on_recv: impl FnMut(&mut Link, &ibv_wc, Option<usize>) -> Result<u32>,
+    ) -> usize {
+        let mut n = 0;
         for wc in wcs {
             let qp = self.qp_index(wc.qp_num);
             if qp.is_none() && self.rec.is_some() && Some(wc.qp_num) != self.flush_qpn {
@@ -445,7 +464,7 @@ impl Link {
             out[n] = c;
             n += 1;
         }
-        Ok(n)
+        n
     }
 
     /// The comm's error for a machine's [`Fail`], the comm failed by it
@@ -506,15 +525,15 @@ macro_rules! via_link {
             fn poll_cq(&mut self, out: &mut [crate::proto::nic::Cqe; crate::proto::nic::POLL_BATCH]) -> crate::error::Result<usize> {
                 self.reap(out)
             }
-            #[inline]
+            #[inline(always)]
             fn check(&mut self) -> crate::error::Result<()> {
                 self.link.check()
             }
-            #[inline]
+            #[inline(always)]
             fn tick(&mut self, live: usize) {
                 self.link.idle_tick(live)
             }
-            #[inline]
+            #[inline(always)]
             fn progressed(&mut self) {
                 self.link.progressed()
             }

@@ -82,6 +82,7 @@ pub(super) struct EagerSend {
 via_link!(SendIo);
 
 impl SendIo {
+    #[inline(always)]
     fn reap(&mut self, out: &mut [Cqe; POLL_BATCH]) -> Result<usize> {
         let what = |w: WrId| match w {
             WrId::Eager(_) => "eager write".to_string(),
@@ -334,6 +335,7 @@ impl RecvIo {
         Ok(())
     }
 
+    #[inline(always)]
     fn reap(&mut self, out: &mut [Cqe; POLL_BATCH]) -> Result<usize> {
         let what = |w: WrId| match w {
             WrId::Ctl { .. } => "CTS write".to_string(),

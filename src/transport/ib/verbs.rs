@@ -848,19 +848,28 @@ impl Cq {
     /// Poll up to `wcs.len()` completions; returns how many were written.
     /// Poll into `buf` (left uninitialized by the caller: no zeroing on
     /// the data path) and return the completions the provider wrote.
+    /// (Inlined into the comms' polling loop: an empty poll is the common
+    /// case, the errors are built out of line.)
+    #[inline(always)]
     pub fn poll_some<'a>(&self, buf: &'a mut [std::mem::MaybeUninit<ibv_wc>]) -> Result<&'a [ibv_wc]> {
         // SAFETY: live CQ; ops.poll_cq is what the ibv_poll_cq inline calls.
         let f = unsafe { (*(*self.0.ptr).context).ops.poll_cq };
-        let Some(f) = f else { return Err(Error::Internal("provider has no poll_cq".into())) };
+        let Some(f) = f else { return Err(no_poll_cq()) };
         // SAFETY: live CQ; buf has room for buf.len() entries, which the
         // provider writes (it never reads them).
         let n = unsafe { f(self.0.ptr, buf.len() as c_int, buf.as_mut_ptr() as *mut ibv_wc) };
         if n < 0 {
-            return Err(Error::sys(format!("ibv_poll_cq on {}", self.0.ctx.name()), Errno(libc::EIO)));
+            return Err(self.poll_failed());
         }
         let n = (n as usize).min(buf.len());
         // SAFETY: the provider initialized the first n entries.
         Ok(unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const ibv_wc, n) })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&self) -> Error {
+        Error::sys(format!("ibv_poll_cq on {}", self.0.ctx.name()), Errno(libc::EIO))
     }
 
     /// Poll into `wcs`; returns how many entries it filled.
@@ -1327,4 +1336,10 @@ impl crate::proto::mem::MemMut for HostRegion {
     fn write(&mut self, off: usize, data: &[u8]) {
         HostRegion::write(self, off, data)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn no_poll_cq() -> Error {
+    Error::Internal("provider has no poll_cq".into())
 }

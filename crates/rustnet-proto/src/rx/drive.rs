@@ -84,28 +84,35 @@ impl Receiver {
     /// NCCL's `test` of receive (or flush) `id`: `Ok(Some(sizes))` once
     /// every buffer is filled (the request is freed then); an error frees
     /// it too.
+    #[inline(always)]
     pub fn test<N: RecvNic>(&mut self, nic: &mut N, id: ReqId) -> R<Option<Finished>, N> {
-        let mut done = self.is_done(id).map_err(Fail::Stale)?;
-        // the eager ring first, the CQ only if still not done (and only
-        // while the send queue has room: the full poll retires it)
-        let fast = !done && self.eager.is_some() && self.ready && self.ctl_room() >= self.sq_depth / 2 && nic.check().is_ok();
-        if fast {
-            if let Err(e) = self.poll_eager(nic) {
+        // (a failed link has no news worth reading: its error is below)
+        if !self.is_done(id).map_err(Fail::Stale)? && nic.check().is_ok() {
+            // the eager ring first, the CQ only if still not done (and only
+            // while the send queue has room: the full poll retires it);
+            // the control writes due go once, after both
+            let fast = self.eager.is_some() && self.ready && self.ctl_room() >= self.sq_depth / 2;
+            let mut done = false;
+            if fast {
+                match self.look_eager(nic) {
+                    // (only a message taken can have finished it)
+                    Ok(took) => done = took && self.is_done(id).unwrap_or(false),
+                    Err(e) => nic.fail(e),
+                }
+            }
+            if !done {
+                self.poll_with(nic, !fast);
+            } else if let Err(e) = self.flush_ctl(nic) {
                 nic.fail(e);
             }
-            done = self.is_done(id).unwrap_or(false);
-        }
-        if !done {
-            self.poll_with(nic, !fast);
         }
         if let Ok(Some(f)) = self.finish(id) {
             // buffers filled by eager messages had no completion of their own
             nic.ev_stop_req(id);
             return Ok(Some(f));
         }
-        if nic.check().is_ok() {
-            nic.tick(self.live());
-        }
+        // (the tick does nothing on a failed link; one that fails it shows below)
+        nic.tick(self.live());
         if let Err(e) = nic.check() {
             nic.ev_stop_req(id);
             self.abandon(id);
@@ -170,6 +177,7 @@ impl Receiver {
     }
 
     /// [`Self::poll`]; `eager: false` skips the ring (the caller just looked).
+    #[inline(always)]
     fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool) {
         loop {
             let n = match nic.poll_cq(&mut self.cqes) {
@@ -203,7 +211,9 @@ impl Receiver {
         if nic.check().is_err() {
             return;
         }
-        let r = if eager { self.poll_eager(nic) } else { Ok(()) }.and_then(|()| self.flush_ctl(nic));
+        // credits due go now, deferred CTS with them (the same post); and a
+        // mailbox that said the sender waits makes its CTS due now too
+        let r = if eager { self.look_eager(nic).map(|_| ()) } else { Ok(()) }.and_then(|()| self.flush_ctl(nic));
         if let Err(e) = r {
             nic.fail(e);
         }
@@ -233,34 +243,38 @@ impl Receiver {
         Ok(())
     }
 
-    /// Look at the eager ring and the mailbox; post the credit write (and
-    /// deferred CTS) when due.
-    fn poll_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
+    /// Look at the eager ring and the mailbox (the caller posts the
+    /// control writes that makes due): `Ok(true)` when messages were taken.
+    #[inline(always)]
+    fn look_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<bool, N> {
         if self.ring_missing() {
-            self.late_ring(nic)?;
-            return self.flush_ctl(nic);
+            return self.late_ring(nic).map(|()| false);
         }
         let got = {
             let nic_ref = &*nic;
-            let Some(ring) = nic_ref.ring() else { return Ok(()) };
+            let Some(ring) = nic_ref.ring() else { return Ok(false) };
             self.poll_ring(ring, &mut |d| nic_ref.deliver(d)).map_err(Fail::Proto)?
         };
         if got > 0 {
             nic.progressed();
         }
-        // credits due go now, deferred CTS with them (the same post); and a
-        // mailbox that said the sender waits makes its CTS due now too
-        self.flush_ctl(nic)
+        Ok(got > 0)
     }
 
     /// A late eager ring is made when the sender asks for it (its first
     /// small send found no CTS) or when one of our receives only eager
     /// messages could fill was posted, once READY came; its address goes
     /// out with the next control writes (the caller flushes them).
+    #[inline(always)]
     fn late_ring<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         if !self.ready || !self.ring_missing() || !(self.ring_wanted() || nic.ring_requested()) {
-            return Ok(());
+            return Ok(()); // (the polling loop's common case)
         }
+        self.make_late_ring(nic)
+    }
+
+    #[inline(never)]
+    fn make_late_ring<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         let (addr, rkey) = nic.make_ring(self.eager_limit()).map_err(Fail::Nic)?;
         self.ring_made(nic.stage(), addr, rkey);
         nic.progressed();
@@ -269,7 +283,7 @@ impl Receiver {
 
     /// Post the control writes planned now (CTS slots in order, the credit
     /// word), each chain one post.
-    #[inline]
+    #[inline(always)]
     fn flush_ctl<N: RecvNic>(&mut self, nic: &mut N) -> R<(), N> {
         if !self.has_ctl() {
             return Ok(()); // (the polling loop's common case: nothing to build)
