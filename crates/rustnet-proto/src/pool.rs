@@ -87,8 +87,14 @@ impl<T> Pool<T> {
         }
     }
 
-    /// The request behind `id`. (Every `test` asks: one bounds check, one
-    /// compare, the reasons built out of line.)
+    /// Does `id` name a live request? (Every `test` asks: one bounds check,
+    /// one compare; the reasons it does not are built out of line.)
+    #[inline]
+    fn live(&self, id: ReqId) -> bool {
+        matches!(self.slots.get(id.slot as usize), Some(Slot { gen, val: Some(_) }) if *gen == id.gen)
+    }
+
+    /// The request behind `id`.
     #[inline]
     pub fn get(&self, id: ReqId) -> Result<&T, Stale> {
         match self.slots.get(id.slot as usize) {
@@ -100,7 +106,7 @@ impl<T> Pool<T> {
     /// The request behind `id`, mutably.
     #[inline]
     pub fn get_mut(&mut self, id: ReqId) -> Result<&mut T, Stale> {
-        if !matches!(self.slots.get(id.slot as usize), Some(Slot { gen, val: Some(_) }) if *gen == id.gen) {
+        if !self.live(id) {
             return Err(self.stale(id));
         }
         match &mut self.slots[id.slot as usize].val {
@@ -111,11 +117,10 @@ impl<T> Pool<T> {
 
     /// Free `id` and return its value; the slot's generation moves on.
     pub fn release(&mut self, id: ReqId) -> Result<T, Stale> {
-        let slot = id.slot as usize;
-        if !matches!(self.slots.get(slot), Some(Slot { gen, val: Some(_) }) if *gen == id.gen) {
+        if !self.live(id) {
             return Err(self.stale(id));
         }
-        let s = &mut self.slots[slot];
+        let s = &mut self.slots[id.slot as usize];
         let Some(v) = s.val.take() else { return Err(Stale::Freed) }; // (checked just above)
         s.gen = s.gen.wrapping_add(1);
         self.free.push(id.slot);

@@ -106,6 +106,7 @@ impl Link {
             self.step_note(|| format!("wrote {wrote} byte(s) of recovery messages ({left} left)"));
         }
         loop {
+            // (a field borrow: the oob socket is read while it is held)
             let Some(r) = self.rec.as_mut() else { return Err(self.fail_with(no_rec())) };
             let mut b = [0u8; 2048];
             let room = (RC_HDR + RC_MAX_PAYLOAD + 2048 - r.inbuf.len()).min(b.len());
@@ -127,7 +128,7 @@ impl Link {
             }
         }
         loop {
-            let Some(r) = self.rec.as_mut() else { return Err(self.fail_with(no_rec())) };
+            let r = self.rec_mut()?;
             let (m, used) = match crate::proto::recover::RcMsg::decode(&r.inbuf) {
                 Ok(Some(x)) => x,
                 Ok(None) => return Ok(()),
@@ -143,7 +144,7 @@ impl Link {
                 };
                 format!("the peer's {kind}({}) read", m.epoch())
             });
-            let Some(r) = self.rec.as_mut() else { return Err(self.fail_with(no_rec())) };
+            let r = self.rec_mut()?;
             let was = r.m.active();
             if let Err(e) = r.m.on_msg(Instant::now(), m) {
                 return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() }));
@@ -259,6 +260,17 @@ fn no_rec() -> Error {
     Error::Internal("a comm's recovery state is missing in the middle of a recovery".into())
 }
 
+impl Link {
+    /// The recovery state, in the middle of a recovery step; its absence
+    /// (a bug) fails the comm.
+    fn rec_mut(&mut self) -> Result<&mut super::recover::RecLink> {
+        if self.rec.is_none() {
+            return Err(self.fail_with(no_rec()));
+        }
+        self.rec.as_deref_mut().ok_or_else(no_rec)
+    }
+}
+
 /// [`Side::recovering`] of a halted comm.
 #[inline(never)]
 fn still_recovering<S: Side>(s: &mut S) -> Result<bool> {
@@ -288,7 +300,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.send(&msg);
                 link.stop_qps();
                 let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
-                let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+                let r = link.rec_mut()?;
                 r.port_up = up;
                 link.step_done(if up { "QPs stopped, port ACTIVE" } else { "QPs stopped, port down" });
                 s.halt_extra();
@@ -298,7 +310,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 let receiver = s.receiver();
                 let link = s.link();
                 let nq = link.qps.len();
-                let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+                let r = link.rec_mut()?;
                 let since = now.saturating_duration_since(r.halted_at);
                 let done = if receiver { r.rq_flushed & lanes_mask(nq) == lanes_mask(nq) } else { r.quiet && since >= DRAIN_MIN };
                 if done || since >= DRAIN_MAX {
@@ -309,7 +321,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                             link.peer_name()
                         );
                     }
-                    let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+                    let r = link.rec_mut()?;
                     r.m.drained();
                     link.step_done("drained");
                 } else {
@@ -324,7 +336,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 match handshake::local_addr(&link.dev, &link.cc) {
                     Ok(l) => {
                         let seen = link.dev.health.port_events(link.dev.port);
-                        let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+                        let r = link.rec_mut()?;
                         r.local = Some(l);
                         r.port_up = true;
                         // the flap this recovery rides out is handled: no second one for its PORT_ACTIVE
@@ -347,7 +359,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
             Do::Rebuild { epoch } => {
                 let point = s.point();
                 let link = s.link();
-                let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+                let r = link.rec_mut()?;
                 let Some(local) = r.local else { return Err(link.fail_with(Error::Internal("rebuild before the port came back".into()))) };
                 let plan = r.plan;
                 let cq = match Cq::new(&link.dev.ctx, plan.cqe() as i32) {
@@ -372,7 +384,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 for (a, q) in addr.qpns.iter_mut().zip(&qps) {
                     *a = q.qpn();
                 }
-                let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+                let r = link.rec_mut()?;
                 r.new_qps = qps;
                 r.new_cq = Some(cq);
                 r.send(&RcMsg::State { epoch, addr: Box::new(addr), point: Box::new(point) });
@@ -384,7 +396,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 if let Err(e) = connect(link)? {
                     // try again from the stop, in the next epoch (the peer
                     // joins it at our Halt); RUSTNET_RECOVERY_TIMEOUT bounds the tries
-                    let peer = link.peer_name();
+                    let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) }; // (a field borrow: link.dev is read while it is held)
                     let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
                     tracing::warn!(
                         "{}: comm to {peer}: connecting the new QPs failed in recovery epoch {epoch}: {e}; trying again (the fabric may still be settling)",
@@ -407,7 +419,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 if let Err(e) = s.connected() {
                     return Err(s.link().fail_with(e));
                 }
-                let Some(r) = s.link().rec.as_mut() else { return Err(s.link().fail_with(no_rec())) };
+                let r = s.link().rec_mut()?;
                 r.send(&RcMsg::Go { epoch });
                 r.m.connected();
                 s.link().step_done("connected to the peer's new QPs, Go sent");
@@ -456,7 +468,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
 /// neighbour missing just after a link comes back fails it): the caller
 /// starts the next epoch instead of failing the comm.
 fn connect(link: &mut Link) -> Result<std::result::Result<(), Error>> {
-    let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
+    let r = link.rec_mut()?;
     let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else {
         return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
     };
