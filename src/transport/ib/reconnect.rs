@@ -396,7 +396,8 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 if let Err(e) = connect(link)? {
                     // try again from the stop, in the next epoch (the peer
                     // joins it at our Halt); RUSTNET_RECOVERY_TIMEOUT bounds the tries
-                    let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) }; // (a field borrow: link.dev is read while it is held)
+                    let peer = link.peer_name();
+                    // (a field borrow: link.dev is read while it is held)
                     let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
                     tracing::warn!(
                         "{}: comm to {peer}: connecting the new QPs failed in recovery epoch {epoch}: {e}; trying again (the fabric may still be settling)",
