@@ -665,6 +665,9 @@ impl Comm {
     #[inline]
     pub fn test(&self, id: ReqId) -> Result<Option<Completion>> {
         let r = self.test_inner(id);
+        if let Ok(None) = r {
+            return r; // (the polling loop's common case: nothing to count)
+        }
         if let Some(st) = &self.stats {
             match &r {
                 Ok(Some(c)) => {

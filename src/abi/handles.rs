@@ -380,8 +380,11 @@ pub(crate) fn req_decode<'a>(r: *mut c_void) -> Result<(&'a Comm, ReqId)> {
     let i = (v >> 4) & ((1 << SLOT_BITS) - 1);
     let sl = slot(i).ok_or_else(bad)?;
     let st = sl.state.load(Ordering::Acquire);
-    let kind = st & 0xff;
-    if (kind != Kind::Send as u64 && kind != Kind::Recv as u64) || (st >> 8) & REQ_GEN_MASK != (v >> 24) & REQ_GEN_MASK {
+    // one compare: the kind is Send or Recv (they differ in bit 0 only) and
+    // the generation is the request's
+    const _: () = assert!(Kind::Send as u64 | 1 == Kind::Recv as u64 && Kind::Send as u64 & 1 == 0);
+    let want = ((v >> 24) & REQ_GEN_MASK) << 8 | Kind::Send as u64;
+    if (st ^ want) & (REQ_GEN_MASK << 8 | 0xfe) != 0 {
         return Err(Error::InvalidArg(format!("test: request {r:p} belongs to a comm that was closed")));
     }
     let id = ReqId { slot: (v >> 40) as u8, gen: (v >> 48) as u8 };

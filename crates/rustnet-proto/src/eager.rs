@@ -520,6 +520,9 @@ impl CtsQueue {
     /// The range `[from, to)` to write now, if any.
     #[inline]
     pub fn due(&self) -> Option<(u64, u64)> {
+        if self.written >= self.next {
+            return None; // (the polling loop's common case: every receive's CTS is out)
+        }
         let want = if self.next - self.written >= CTS_BATCH as u64 { self.next } else { self.must.max(self.written) };
         let to = want.min(self.head + FIFO_DEPTH as u64);
         (to > self.written).then_some((self.written, to))

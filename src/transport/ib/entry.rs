@@ -94,7 +94,9 @@ impl SendComm {
             return Ok(None);
         }
         match self.tx.test(&mut self.io, id) {
-            Ok(done) => Ok(done.map(Completion::one)),
+            // (split: the common answer builds no Completion)
+            Ok(None) => Ok(None),
+            Ok(Some(n)) => Ok(Some(Completion::one(n))),
             Err(f) => Err(self.io.link.fail_by(f, "send")),
         }
     }

@@ -87,7 +87,11 @@ impl Receiver {
     #[inline(always)]
     pub fn test<N: RecvNic>(&mut self, nic: &mut N, id: ReqId) -> R<Option<Finished>, N> {
         // (a failed link has no news worth reading: its error is below)
-        if !self.is_done(id).map_err(Fail::Stale)? && nic.check().is_ok() {
+        let was_done = self.is_done(id).map_err(Fail::Stale)?;
+        // did anything happen that can finish a request (a completion, an
+        // eager message)? If not, one not done before is not done now
+        let mut news = was_done;
+        if !was_done && nic.check().is_ok() {
             // the eager ring first, the CQ only if still not done (and only
             // while the send queue has room: the full poll retires it);
             // the control writes due go once, after both
@@ -96,20 +100,25 @@ impl Receiver {
             if fast {
                 match self.look_eager(nic) {
                     // (only a message taken can have finished it)
-                    Ok(took) => done = took && self.is_done(id).unwrap_or(false),
+                    Ok(took) => {
+                        news = took;
+                        done = took && self.is_done(id).unwrap_or(false);
+                    }
                     Err(e) => nic.fail(e),
                 }
             }
             if !done {
-                self.poll_with(nic, !fast);
+                news |= self.poll_with(nic, !fast, true);
             } else if let Err(e) = self.flush_ctl(nic) {
                 nic.fail(e);
             }
         }
-        if let Ok(Some(f)) = self.finish(id) {
-            // buffers filled by eager messages had no completion of their own
-            nic.ev_stop_req(id);
-            return Ok(Some(f));
+        if news {
+            if let Ok(Some(f)) = self.finish(id) {
+                // buffers filled by eager messages had no completion of their own
+                nic.ev_stop_req(id);
+                return Ok(Some(f));
+            }
         }
         // (the tick does nothing on a failed link; one that fails it shows below)
         nic.tick(self.live());
@@ -173,17 +182,22 @@ impl Receiver {
 
     /// Reap the CQ, look at the eager ring, write what is due.
     pub fn poll<N: RecvNic>(&mut self, nic: &mut N) {
-        self.poll_with(nic, true);
+        self.poll_with(nic, true, false);
     }
 
-    /// [`Self::poll`]; `eager: false` skips the ring (the caller just looked).
+    /// [`Self::poll`]; `eager: false` skips the ring (the caller just
+    /// looked); `checked`: the caller has just seen the link healthy (an
+    /// empty poll changes nothing, so it is not checked again). Returns
+    /// whether a completion was reaped or an eager message taken.
     #[inline(always)]
-    fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool) {
+    fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool, checked: bool) -> bool {
+        let mut reaped = false;
         loop {
             let n = match nic.poll_cq(&mut self.cqes) {
                 Ok(n) => n,
-                Err(_) => return, // (recorded: the comm failed)
+                Err(_) => return reaped, // (recorded: the comm failed)
             };
+            reaped |= n > 0;
             for k in 0..n {
                 let c = self.cqes[k];
                 if !c.ok {
@@ -208,15 +222,17 @@ impl Receiver {
                 break;
             }
         }
-        if nic.check().is_err() {
-            return;
+        if (reaped || !checked) && nic.check().is_err() {
+            return reaped;
         }
         // credits due go now, deferred CTS with them (the same post); and a
         // mailbox that said the sender waits makes its CTS due now too
-        let r = if eager { self.look_eager(nic).map(|_| ()) } else { Ok(()) }.and_then(|()| self.flush_ctl(nic));
+        let mut took = false;
+        let r = if eager { self.look_eager(nic).map(|t| took = t) } else { Ok(()) }.and_then(|()| self.flush_ctl(nic));
         if let Err(e) = r {
             nic.fail(e);
         }
+        reaped || took
     }
 
     /// A completion word (an immediate, or an iWARP notice's) on our QP

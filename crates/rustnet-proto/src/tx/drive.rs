@@ -80,10 +80,9 @@ impl Sender {
     /// request is freed then); an error frees it too.
     #[inline(always)]
     pub fn test<N: SendNic>(&mut self, nic: &mut N, id: ReqId) -> R<Option<usize>, N> {
-        if !self.is_done(id).map_err(Fail::Stale)? {
-            self.poll(nic);
-        }
-        if self.is_done(id) == Ok(true) {
+        // a send not done before is done now only if the poll reaped something
+        let news = self.is_done(id).map_err(Fail::Stale)? || self.poll(nic);
+        if news && self.is_done(id) == Ok(true) {
             nic.ev_stop_req(id);
             return Ok(Some(self.release(id).unwrap_or(0)));
         }
@@ -97,14 +96,16 @@ impl Sender {
         Ok(None)
     }
 
-    /// Reap every completion the CQ holds.
+    /// Reap every completion the CQ holds; whether there was any.
     #[inline(always)]
-    pub fn poll<N: SendNic>(&mut self, nic: &mut N) {
+    pub fn poll<N: SendNic>(&mut self, nic: &mut N) -> bool {
+        let mut reaped = false;
         loop {
             let n = match nic.poll_cq(&mut self.cqes) {
                 Ok(n) => n,
-                Err(_) => return, // (recorded: the comm failed)
+                Err(_) => return reaped, // (recorded: the comm failed)
             };
+            reaped |= n > 0;
             for k in 0..n {
                 let c = self.cqes[k];
                 match c.wr {
@@ -130,7 +131,7 @@ impl Sender {
                 nic.progressed();
             }
             if n < POLL_BATCH {
-                return;
+                return reaped;
             }
         }
     }
