@@ -99,6 +99,11 @@ pub struct IbDev {
     pub ctl: Arc<CtlSlab>,
     /// Async-event counters of the device context.
     pub health: Arc<Health>,
+    /// A recovery asks the routing table before it connects new QPs
+    /// ([`super::route`]); cleared for good once the answer proved wrong
+    /// here (it said "no route" for the whole wait, and the connect then
+    /// resolved the peer at once: a routing setup the question misreads).
+    pub route_check: std::sync::atomic::AtomicBool,
     /// GPUDirect decision of the device (ptrSupport, flush, reason).
     pub gdr: super::gdr::Gdr,
 }
@@ -341,6 +346,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             pci_report: cand.pci.as_deref().map(|p| super::topo::nccl_pci_path(p, cfg.ib_merge_vfs.get() == 1)),
             mrs: shared.1,
             health: shared.2,
+            route_check: std::sync::atomic::AtomicBool::new(true),
             gdr: shared.3,
             ctl: shared.4,
         }));

@@ -75,6 +75,14 @@ pub(super) struct RecLink {
     /// Why the last attempt to connect new QPs failed (an epoch was started
     /// again); named when the window is spent.
     pub(super) retry_why: String,
+    /// RoCE: since when this epoch waits for the route to the peer's
+    /// address ([`super::route`]), when to ask again, and what the kernel
+    /// last answered (logged once per change).
+    pub(super) route_since: Option<Instant>,
+    pub(super) route_next: Instant,
+    pub(super) route_wait: String,
+    /// This epoch connects after a wait that found no route to the end.
+    pub(super) route_gave_up: bool,
 }
 
 impl RecLink {
@@ -102,6 +110,10 @@ impl RecLink {
             went_down: false,
             port_wait: String::new(),
             retry_why: String::new(),
+            route_since: None,
+            route_next: now,
+            route_wait: String::new(),
+            route_gave_up: false,
         }
     }
 
