@@ -43,7 +43,6 @@ pub mod ready;
 pub mod reconnect;
 pub mod recover;
 pub mod reg;
-pub mod route;
 pub mod slab;
 pub mod topo;
 pub mod vdev;

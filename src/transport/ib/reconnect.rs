@@ -297,7 +297,6 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.new_qps.clear();
                 r.new_cq = None;
                 r.port_wait.clear();
-                r.route_since = None;
                 r.send(&msg);
                 link.stop_qps();
                 let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
@@ -393,9 +392,6 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 link.step_done("new QPs made, State sent");
             }
             Do::Connect { epoch } => {
-                if !route_ready(link, now)? {
-                    return Ok(());
-                }
                 let t = Instant::now();
                 if let Err(e) = connect(link)? {
                     // try again from the stop, in the next epoch (the peer
@@ -412,17 +408,6 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                     continue;
                 }
                 let took = t.elapsed();
-                if link.rec.as_ref().is_some_and(|r| r.route_gave_up) && took < Duration::from_millis(100) {
-                    // the routing table said "no route" for the whole wait, and
-                    // the kernel resolved the peer at once: a setup the question
-                    // misreads (a VRF, say); stop asking on this device
-                    link.dev.route_check.store(false, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(
-                        "{}: the route check before reconnecting misjudged this host's routing (no route for {ROUTE_WAIT:?},                          then the peer resolved in {:.0} ms); recoveries on this device no longer wait for it",
-                        link.dev.name,
-                        took.as_secs_f64() * 1e3
-                    );
-                }
                 if took > Duration::from_millis(100) {
                     // RoCE: ibv_modify_qp to RTR resolves the peer's address
                     // (ARP/ND) in the kernel and blocks until it has it; after
@@ -475,71 +460,6 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Most a recovery waits for the route to the peer's address before it
-/// connects anyway (the kernel's own resolution then tries and retries).
-const ROUTE_WAIT: Duration = Duration::from_secs(2);
-/// How often it asks.
-const ROUTE_POLL: Duration = Duration::from_millis(10);
-
-/// RoCE: may the new QPs be connected now? `ibv_modify_qp` to RTR resolves
-/// the peer's address in the kernel, and a resolution that finds no route
-/// out of our GID's netdev (a host's policy routes not put back yet after
-/// the link came up) waits a whole second before it tries again. So wait,
-/// up to [`ROUTE_WAIT`], until the kernel's routing table answers with a
-/// unicast route through that netdev ([`super::route`]). InfiniBand, a
-/// link-local GID (the MAC is in the GID) or a netdev this namespace does
-/// not see: no question to ask.
-fn route_ready(link: &mut Link, now: Instant) -> Result<bool> {
-    let eth = link.dev.link_layer == LINK_ETH && link.dev.route_check.load(std::sync::atomic::Ordering::Relaxed);
-    let r = link.rec_mut()?;
-    r.route_gave_up = false;
-    let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else { return Ok(true) };
-    if !eth || local.ifindex == 0 || super::gid::is_link_local(&peer.gid) || super::gid::is_link_local(&local.gid) {
-        return Ok(true);
-    }
-    let (src, dst) = (super::gid::ip_of(&local.gid), super::gid::ip_of(&peer.gid));
-    if now < r.route_next {
-        return Ok(false);
-    }
-    let since = *r.route_since.get_or_insert(now);
-    let waited = now.saturating_duration_since(since);
-    let answer = super::route::lookup(src, dst, local.ifindex);
-    let r = link.rec_mut()?;
-    let go = match &answer {
-        super::route::Route::Ready => true,
-        super::route::Route::Unknown(_) => true,
-        super::route::Route::NotYet(_) => waited >= ROUTE_WAIT,
-    };
-    if go {
-        r.route_since = None;
-        r.route_wait.clear();
-        r.route_gave_up = matches!(answer, super::route::Route::NotYet(_));
-        match answer {
-            super::route::Route::Ready if waited > Duration::ZERO => {
-                link.step_done(&format!("the route to {dst} is back after {:.0} ms", waited.as_secs_f64() * 1e3))
-            }
-            super::route::Route::NotYet(why) => link.step_done(&format!(
-                "no usable route from {src} to {dst} after {:.0} ms ({why}); connecting anyway",
-                waited.as_secs_f64() * 1e3
-            )),
-            super::route::Route::Unknown(why) => tracing::trace!("{}: route to {dst} not checked: {why}", link.dev.name),
-            super::route::Route::Ready => {}
-        }
-        return Ok(true);
-    }
-    r.route_next = now + ROUTE_POLL;
-    if let super::route::Route::NotYet(why) = answer {
-        if r.route_wait != why {
-            r.route_wait = why;
-            link.step_done(&format!(
-                "waiting for the route from {src} to {dst} (the kernel answers: {}) before moving the new QPs to RTR",
-                link.rec.as_ref().map_or("", |r| r.route_wait.as_str())
-            ));
-        }
-    }
-    Ok(false)
 }
 
 /// Bring the new QPs to RTS toward the peer's (its State), and make them the
