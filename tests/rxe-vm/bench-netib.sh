@@ -45,7 +45,7 @@ S_IP=$RXE_VM_IP1
 SIZES="65536 524288 1048576 4194304"
 BYTES=$((128 << 20))
 csv=$ROOT/out/bench-netib.csv
-echo "test,size,plugin,run,value,unit" > "$csv"
+echo "point,plugin,run,value,unit" > "$csv"  # point: ow_SIZE, bi_SIZE, lat8, cpu_user, rxe_COUNTER
 declare -A V
 # shellcheck source=tests/rxe-vm/bench-lib.sh
 . "$HERE/bench-lib.sh"

@@ -60,6 +60,10 @@ impl Health {
     }
 }
 
+/// The vendor id soft-RoCE (rdma_rxe) reports (`RXE_VENDOR_ID` in the
+/// kernel's rxe_param.h).
+pub const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
 /// One usable port.
 pub struct IbDev {
     /// Index in our device list.
@@ -79,6 +83,10 @@ pub struct IbDev {
     /// An iWARP device ([`super::iwarp::Kind::Iwarp`]): QPs connect through
     /// rdma_cm and completions travel as notices ([`super::notice_path`]).
     pub iwarp: bool,
+    /// Soft-RoCE (rdma_rxe, vendor id [`RXE_VENDOR_ID`]): its responder
+    /// sometimes answers a correct write with "invalid request" when the
+    /// QP's packets arrive out of order ([`super::recover::recoverable_on`]).
+    pub soft_roce: bool,
     /// System image GUID (what NCCL reports: one per adapter).
     pub guid: u64,
     /// Mbps.
@@ -99,11 +107,6 @@ pub struct IbDev {
     pub ctl: Arc<CtlSlab>,
     /// Async-event counters of the device context.
     pub health: Arc<Health>,
-    /// A recovery asks the routing table before it connects new QPs
-    /// ([`super::route`]); cleared for good once the answer proved wrong
-    /// here (it said "no route" for the whole wait, and the connect then
-    /// resolved the peer at once: a routing setup the question misreads).
-    pub route_check: std::sync::atomic::AtomicBool,
     /// GPUDirect decision of the device (ptrSupport, flush, reason).
     pub gdr: super::gdr::Gdr,
 }
@@ -337,6 +340,7 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             pd: shared.0,
             link_layer: if pa.link_layer == 0 { LINK_IB } else { pa.link_layer },
             iwarp: ctx.transport_type() == super::ffi::IBV_TRANSPORT_IWARP,
+            soft_roce: attr.vendor_id == RXE_VENDOR_ID,
             guid: attr.sys_image_guid,
             speed_mbps: speed_mbps(pa.active_speed, pa.active_width),
             max_qp: attr.max_qp,
@@ -346,7 +350,6 @@ pub fn discover(lib: &'static Lib, cfg: &Config, sysfs: &Path) -> Result<Vec<Arc
             pci_report: cand.pci.as_deref().map(|p| super::topo::nccl_pci_path(p, cfg.ib_merge_vfs.get() == 1)),
             mrs: shared.1,
             health: shared.2,
-            route_check: std::sync::atomic::AtomicBool::new(true),
             gdr: shared.3,
             ctl: shared.4,
         }));

@@ -446,7 +446,7 @@ impl Link {
                     }
                 } else {
                     let e = self.wc_error(wc, what(wr));
-                    if super::recover::recoverable(wc.status) {
+                    if self.recoverable(wc.status) {
                         self.fault(e.to_string(), e);
                     } else {
                         self.fail(e);
@@ -465,6 +465,30 @@ impl Link {
             n += 1;
         }
         n
+    }
+
+    /// May completion status `status` start a recovery on this comm
+    /// ([`super::recover::recoverable_on`])? Soft-RoCE's "invalid request"
+    /// is noted (the next one within the spacing fails the comm) and logged.
+    fn recoverable(&mut self, status: u32) -> bool {
+        if super::recover::recoverable(status) {
+            return true;
+        }
+        let soft = self.dev.soft_roce;
+        let Some(r) = self.rec.as_mut() else { return false };
+        let now = std::time::Instant::now();
+        let since = r.inv_req_at.map(|t| now.saturating_duration_since(t));
+        if !super::recover::recoverable_on(status, soft, since) {
+            return false;
+        }
+        r.inv_req_at = Some(now);
+        tracing::warn!(
+            "{}: comm to {}: soft-RoCE answered \"invalid request\" (it does so now and then to a correct write whose              packets it received out of order); recovering in place, the write is sent again whole; another one within              {:?} fails the comm",
+            self.dev.name,
+            self.peer_name(),
+            super::recover::INV_REQ_SPACING
+        );
+        true
     }
 
     /// The comm's error for a machine's [`Fail`], the comm failed by it
