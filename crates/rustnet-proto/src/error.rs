@@ -79,9 +79,7 @@ pub enum ProtoError {
         sent: u64,
     },
     /// A resume offset outside what was acknowledged and what was written.
-    #[error(
-        "resume from byte {offset} of stream {stream}, outside the {acked} bytes it acknowledged before          and the {sent} written"
-    )]
+    #[error("resume from byte {offset} of stream {stream}, outside the {acked} bytes it acknowledged before and the {sent} written")]
     ResumeOffset {
         /// The stream.
         stream: usize,

@@ -483,7 +483,11 @@ impl Link {
         }
         r.inv_req_at = Some(now);
         tracing::warn!(
-            "{}: comm to {}: soft-RoCE answered \"invalid request\" (it does so now and then to a correct write whose              packets it received out of order); recovering in place, the write is sent again whole; another one within              {:?} fails the comm",
+            concat!(
+                "{}: comm to {}: soft-RoCE answered \"invalid request\" (it does so now and then to a correct write ",
+                "whose packets it received out of order); recovering in place, the write is sent again whole; ",
+                "another one within {:?} fails the comm"
+            ),
             self.dev.name,
             self.peer_name(),
             super::recover::INV_REQ_SPACING
