@@ -45,7 +45,7 @@ pub(super) const INV_REQ_SPACING: Duration = Duration::from_secs(5);
 /// [`INV_REQ_SPACING`] ago (`since_last`). rxe's responder says "invalid
 /// request" to a correct write now and then when the QP's packets arrive
 /// out of order (rxe sends a QP's packets from whichever CPU kicks it; seen
-/// once in about 15 bandwidth runs of 6,000 messages in the VM, no loss
+/// twice in about 18 bandwidth runs of 6,000 messages in the VM, no loss
 /// configured); nothing of the write is reported (no completion word), so
 /// the restart points resend it whole. A write that is wrong itself fails
 /// again as soon as it is resent, within the spacing: the comm then fails,
