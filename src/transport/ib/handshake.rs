@@ -150,6 +150,9 @@ pub struct LocalAddr {
     pub family: u8,
     /// RoCE version of the GID (1, 2; 0 when unknown or InfiniBand).
     pub roce_version: u8,
+    /// RoCE: the interface index of the GID's netdev in this network
+    /// namespace (0: InfiniBand, iWARP, or not visible here).
+    pub ifindex: u32,
 }
 
 /// The GID selection preferences of `cc`.
@@ -182,12 +185,12 @@ pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
     if dev.iwarp {
         // addressed through rdma_cm, not by GID: its one GID is for messages only
         let g = dev.ctx.query_gid(dev.port, 0).unwrap_or([0; 16]);
-        return Ok(LocalAddr { mtu, lid: 0, gid: g, gid_index: 0, family: 0, roce_version: 0 });
+        return Ok(LocalAddr { mtu, lid: 0, gid: g, gid_index: 0, family: 0, roce_version: 0, ifindex: 0 });
     }
     if dev.link_layer != LINK_ETH {
         // InfiniBand: GID 0 (LID routing inside the subnet)
         let g = dev.ctx.query_gid(dev.port, 0)?;
-        return Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: 0, family: 0, roce_version: 0 });
+        return Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: 0, family: 0, roce_version: 0, ifindex: 0 });
     }
     // The verbs stack's own view of the entry: sysfs and it agree unless the
     // table changed in between; then choose again, once.
@@ -209,7 +212,16 @@ pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
         }
         again = false;
     };
-    Ok(LocalAddr { mtu, lid: pa.lid, gid: g, gid_index: c.index as u8, family: c.family_code(), roce_version: c.version.unwrap_or(0) })
+    let ifindex = c.ndev.as_deref().map_or(0, super::neigh::ifindex);
+    Ok(LocalAddr {
+        mtu,
+        lid: pa.lid,
+        gid: g,
+        gid_index: c.index as u8,
+        family: c.family_code(),
+        roce_version: c.version.unwrap_or(0),
+        ifindex,
+    })
 }
 
 fn family_text(code: u8) -> &'static str {

@@ -35,6 +35,7 @@ pub mod gid;
 pub mod handshake;
 pub mod iwarp;
 pub mod link;
+pub mod neigh;
 pub mod notice_path;
 pub mod p2p;
 pub mod port;

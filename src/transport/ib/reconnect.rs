@@ -297,6 +297,8 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.new_qps.clear();
                 r.new_cq = None;
                 r.port_wait.clear();
+                r.neigh_since = None;
+                r.neigh_kicked = None;
                 r.send(&msg);
                 link.stop_qps();
                 let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
@@ -392,6 +394,9 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 link.step_done("new QPs made, State sent");
             }
             Do::Connect { epoch } => {
+                if !neigh_ready(link, now)? {
+                    return Ok(());
+                }
                 let t = Instant::now();
                 if let Err(e) = connect(link)? {
                     // try again from the stop, in the next epoch (the peer
@@ -460,6 +465,84 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Most a recovery waits for the peer's neighbour entry before it connects
+/// anyway (the kernel's own resolution inside `ibv_modify_qp` then runs).
+const NEIGH_WAIT: Duration = Duration::from_millis(500);
+/// How often it asks.
+const NEIGH_POLL: Duration = Duration::from_millis(1);
+/// How often it makes the kernel resolve an entry that is missing or failed.
+const NEIGH_KICK: Duration = Duration::from_millis(100);
+
+/// RoCE: may the new QPs be connected now? `ibv_modify_qp` to RTR resolves
+/// the peer's MAC in the kernel, and when the neighbour entry is not valid
+/// (a flap flushes it) and the answer comes back before the kernel has put
+/// its request on its wait list, that request sleeps a whole second
+/// ([`super::neigh`]). So when the entry is not valid, make the kernel
+/// resolve it (one empty datagram out of the GID's netdev) and wait, up to
+/// [`NEIGH_WAIT`], until it is. InfiniBand, a link-local GID (the MAC is in
+/// the GID), a netdev this namespace does not see or a kernel that cannot
+/// answer: nothing to wait for.
+fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
+    let eth = link.dev.link_layer == LINK_ETH;
+    let r = link.rec_mut()?;
+    let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else { return Ok(true) };
+    if !eth || local.ifindex == 0 || super::gid::is_link_local(&peer.gid) || super::gid::is_link_local(&local.gid) {
+        return Ok(true);
+    }
+    if now < r.neigh_next {
+        return Ok(false);
+    }
+    let (src, dst) = (super::gid::ip_of(&local.gid), super::gid::ip_of(&peer.gid));
+    let since = *r.neigh_since.get_or_insert(now);
+    let waited = now.saturating_duration_since(since);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    match super::neigh::lookup(dst, local.ifindex) {
+        super::neigh::Neigh::Valid => {
+            r.neigh_since = None;
+            if r.neigh_kicked.take().is_some() {
+                link.step_done(&format!("the kernel resolved {dst} after {:.1} ms", ms(waited)));
+            }
+            Ok(true)
+        }
+        super::neigh::Neigh::Unknown(why) => {
+            r.neigh_since = None;
+            tracing::debug!("{}: neighbour entry of {dst} not checked: {why}", link.dev.name);
+            Ok(true)
+        }
+        super::neigh::Neigh::NotYet(state) => {
+            if waited >= NEIGH_WAIT {
+                r.neigh_since = None;
+                r.neigh_kicked = None;
+                link.step_done(&format!(
+                    "{dst} still not resolved after {:.0} ms (neighbour entry {state}); connecting anyway",
+                    ms(waited)
+                ));
+                return Ok(true);
+            }
+            // an entry being resolved needs no second datagram; a missing
+            // or failed one does (again after NEIGH_KICK)
+            let due = r.neigh_kicked.is_none_or(|k| state != "incomplete" && now.saturating_duration_since(k) >= NEIGH_KICK);
+            if due {
+                r.neigh_kicked = Some(now);
+                if let Err(e) = super::neigh::kick(src, dst, local.ifindex) {
+                    // (advice only: the kernel's own resolution still runs)
+                    tracing::debug!("{}: could not make the kernel resolve {dst}: {e}", link.dev.name);
+                }
+                let first = waited == Duration::ZERO;
+                if first {
+                    link.step_done(&format!(
+                        "the peer's neighbour entry ({dst}) is {state}: resolving it before moving the new QPs to RTR"
+                    ));
+                }
+            }
+            if let Some(r) = link.rec.as_mut() {
+                r.neigh_next = now + NEIGH_POLL;
+            }
+            Ok(false)
+        }
+    }
 }
 
 /// Bring the new QPs to RTS toward the peer's (its State), and make them the

@@ -96,6 +96,12 @@ pub(super) struct RecLink {
     pub(super) retry_why: String,
     /// Soft-RoCE: when the last "invalid request" started a recovery.
     pub(super) inv_req_at: Option<Instant>,
+    /// RoCE: since when the connect waits for the peer's neighbour entry
+    /// ([`super::neigh`]), when it asks again, and when it last made the
+    /// kernel resolve it.
+    pub(super) neigh_since: Option<Instant>,
+    pub(super) neigh_next: Instant,
+    pub(super) neigh_kicked: Option<Instant>,
 }
 
 impl RecLink {
@@ -124,6 +130,9 @@ impl RecLink {
             port_wait: String::new(),
             retry_why: String::new(),
             inv_req_at: None,
+            neigh_since: None,
+            neigh_next: now,
+            neigh_kicked: None,
         }
     }
 
