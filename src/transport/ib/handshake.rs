@@ -368,6 +368,7 @@ pub(super) fn connect_qps(
         )));
     }
     check_peer_gid(dev, local, remote)?;
+    settle_neighbour(dev, local, remote);
     let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
     let mut out = Vec::with_capacity(qps.len());
     for (i, q) in qps.into_iter().enumerate() {
@@ -375,6 +376,35 @@ pub(super) fn connect_qps(
         out.push(r.to_rts(&rts)?);
     }
     Ok(out)
+}
+
+/// Most a first connect waits for the peer's neighbour entry.
+const NEIGH_CONNECT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// RoCE: make sure the kernel has the peer's MAC before `ibv_modify_qp` to
+/// RTR asks for it: when the entry is missing (a peer never talked to over
+/// IP, or one whose entry expired), the resolution inside that call can
+/// miss its own answer and sleep a whole second ([`super::neigh`]). A
+/// valid entry costs one netlink question; InfiniBand, link-local GIDs and
+/// netdevs this namespace does not see, none.
+fn settle_neighbour(dev: &IbDev, local: &LocalAddr, remote: &Meta) {
+    if dev.link_layer != LINK_ETH || local.ifindex == 0 || gid::is_link_local(&local.gid) || gid::is_link_local(&remote.gid) {
+        return;
+    }
+    let (src, dst) = (gid::ip_of(&local.gid), gid::ip_of(&remote.gid));
+    match super::neigh::settle(src, dst, local.ifindex, NEIGH_CONNECT_WAIT) {
+        super::neigh::Settled::Already => {}
+        super::neigh::Settled::Resolved(was, took) => tracing::info!(
+            "{}: the neighbour entry of {dst} was {was}: resolved in {:.1} ms before connecting the QPs",
+            dev.name,
+            took.as_secs_f64() * 1e3
+        ),
+        super::neigh::Settled::NotYet(was, now) => tracing::info!(
+            "{}: the neighbour entry of {dst} was {was} and is {now} after {} ms: connecting anyway (the kernel resolves it inside ibv_modify_qp)",
+            dev.name,
+            NEIGH_CONNECT_WAIT.as_millis()
+        ),
+    }
 }
 
 /// A sender waiting for the receiver's metadata (the receiver's acceptance)

@@ -239,6 +239,49 @@ fn send_with<T>(
     Ok(())
 }
 
+/// What [`settle`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// Valid when first asked, or the question could not be asked: nothing done.
+    Already,
+    /// Not valid at first (the state's name); valid after the time given.
+    Resolved(&'static str, std::time::Duration),
+    /// Still not valid after the wait (the first and the last state's name).
+    NotYet(&'static str, &'static str),
+}
+
+/// Make sure `dst`'s entry on `ifindex` is valid before a QP goes to RTR:
+/// ask; when it is not, [`kick`] and ask every millisecond, up to `max`
+/// (blocking: for a first connect, which `ibv_modify_qp` would block for
+/// anyway; a recovery asks without blocking, in `reconnect`).
+pub(super) fn settle(src: IpAddr, dst: IpAddr, ifindex: u32, max: std::time::Duration) -> Settled {
+    let t = std::time::Instant::now();
+    let first = match lookup(dst, ifindex) {
+        Neigh::Valid | Neigh::Unknown(_) => return Settled::Already,
+        Neigh::NotYet(s) => s,
+    };
+    let mut kicked = t;
+    if let Err(e) = kick(src, dst, ifindex) {
+        tracing::debug!("could not make the kernel resolve {dst}: {e}");
+    }
+    let mut last = first;
+    while t.elapsed() < max {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        match lookup(dst, ifindex) {
+            Neigh::Valid => return Settled::Resolved(first, t.elapsed()),
+            Neigh::Unknown(_) => return Settled::Already,
+            Neigh::NotYet(s) => last = s,
+        }
+        // a missing or failed entry again (the datagram lost as the link
+        // comes up): once more, at most every 100 ms
+        if last != "incomplete" && kicked.elapsed() >= std::time::Duration::from_millis(100) {
+            kicked = std::time::Instant::now();
+            let _ = kick(src, dst, ifindex);
+        }
+    }
+    Settled::NotYet(first, last)
+}
+
 /// A network interface's index (0 when there is none of that name).
 pub(super) fn ifindex(name: &str) -> u32 {
     let Ok(c) = std::ffi::CString::new(name) else { return 0 };
@@ -324,6 +367,16 @@ mod tests {
             Neigh::Unknown(w) => eprintln!("!! netlink neighbour get not usable here: {w}"),
             Neigh::Valid => {}
         }
+    }
+
+    #[test]
+    fn settling_loopback_asks_and_returns_at_once() {
+        // lo is NOARP: no entry ever appears, or netlink is not usable here;
+        // either way settle returns (within its bound), never hangs
+        let t = std::time::Instant::now();
+        let r = settle("127.0.0.1".parse().unwrap(), "127.0.0.1".parse().unwrap(), ifindex("lo"), std::time::Duration::from_millis(30));
+        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{r:?}");
+        assert!(matches!(r, Settled::Already | Settled::NotYet("none", _)), "{r:?}");
     }
 
     #[test]
