@@ -89,13 +89,11 @@ sleep "$down"
 ip link set "$dev" up
 date +%s.%N > "$out.up"
 # (a host re-adds an interface's connected routes as it comes up; the rig's
-# policy routes it does not: put them back in one batch, at once. Under
-# emulation that is 0.2-0.3 s after the link, and a comm that connects its
-# new QPs in that window has the kernel's address resolution inside
-# ibv_modify_qp fail once and try again a second later: "routes back" and
-# "after the routes" below say how much of "again" that is. Putting them
-# back in the link's own ip batch does not help: the link-up itself takes
-# 0.3-1 s under emulation, and the port is ACTIVE early in it.)
+# policy routes it does not: put them back in one batch, at once. The
+# recovery does not wait for them: the kernel's RoCE resolution is bound to
+# the GID's netdev. What used to cost a second after link-up was the
+# kernel's resolution race, which the plugin now avoids by resolving the
+# neighbour first: see docs/resilience.md.)
 sed -n 's/^/route replace /p' <<<"$routes" | ip -force -batch - 2>/dev/null
 date +%s.%N > "$out.routes"
 FLAP
