@@ -18,10 +18,9 @@
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
-  cd "$ROOT" || exit 2
-  cargo build --release --quiet || exit $?
-  mkdir -p out
-  RXE_VM_SIW=1 RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT MIB QPS NAP" exec "$HERE/run.sh" "bash $HERE/bench-iwarp.sh --in-vm"
+  # shellcheck source=tests/rxe-vm/bench-lib.sh
+  . "$HERE/bench-lib.sh"
+  RXE_VM_SIW=1 vm_bench "$HERE/bench-iwarp.sh" "REPS INFLIGHT MIB QPS NAP"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2

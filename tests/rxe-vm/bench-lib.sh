@@ -1,8 +1,33 @@
 #!/bin/bash
 # tests/rxe-vm/bench-lib.sh -- what the VM benchmarks share (bench-verbs.sh,
-# bench-netib.sh, bench-iwarp.sh source it inside the guest): waiting for a
-# server's port, median [min-max] of a list of samples, and rxe's
-# retransmission counters.
+# bench-netib.sh, bench-iwarp.sh, callgrind-test.sh source it): on the host,
+# the build and the VM launch; inside the guest, waiting for a server's port,
+# median [min-max] of a list of samples, and rxe's retransmission counters.
+
+# ---- on the host -------------------------------------------------------------
+# vm_bench SCRIPT "VARS" [FILE ...]: build the release tree, refuse FILEs
+# the guest cannot see (the host's /tmp is not the guest's), share a checkout
+# that lives under /tmp read-only, and re-run SCRIPT --in-vm in the VM with
+# out/ writable and the environment variables VARS passed in. Needs ROOT and
+# HERE set; does not return.
+vm_bench() {
+  local script=$1 vars=$2 f
+  shift 2
+  cd "$ROOT" || exit 2
+  cargo build --release --quiet || exit $?
+  case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
+  for f in "$@"; do
+    [ -f "$f" ] || { echo "${script##*/}: no such file: $f"; exit 2; }
+    case $(readlink -f "$f") in
+      "$ROOT"/*) ;; # (shared with the checkout)
+      /tmp/*|/run/*|/var/tmp/*) echo "${script##*/}: the VM does not see the host's $f; put it elsewhere"; exit 2 ;;
+    esac
+  done
+  mkdir -p out
+  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="$vars" exec "$HERE/run.sh" "bash $script --in-vm"
+}
+
+# ---- in the guest --------------------------------------------------------------
 
 # waitport PORT: until something listens on PORT (10 s at most)
 waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }

@@ -27,15 +27,12 @@
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
-  [ -n "${COMPETITOR:-}" ] && [ -f "$COMPETITOR" ] || {
-    echo "bench-netib.sh: set COMPETITOR to the competitor plugin's .so (built outside this repository)"; exit 2; }
+  [ -n "${COMPETITOR:-}" ] || { echo "bench-netib.sh: set COMPETITOR to the competitor plugin's .so (built outside this repository)"; exit 2; }
   COMPETITOR=$(readlink -f "$COMPETITOR")
-  case $COMPETITOR in /tmp/*) echo "bench-netib.sh: the VM does not see the host's /tmp; put $COMPETITOR elsewhere"; exit 2 ;; esac
-  cd "$ROOT" || exit 2
-  cargo build --release --quiet || exit $?
-  mkdir -p out
   export COMPETITOR
-  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS COMPETITOR" exec "$HERE/run.sh" "bash $HERE/bench-netib.sh --in-vm"
+  # shellcheck source=tests/rxe-vm/bench-lib.sh
+  . "$HERE/bench-lib.sh"
+  vm_bench "$HERE/bench-netib.sh" "REPS COMPETITOR" "$COMPETITOR"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2

@@ -41,10 +41,9 @@
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
-  cd "$ROOT" || exit 2
-  cargo build --release --quiet || exit $?
-  mkdir -p out
-  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="REPS INFLIGHT PLUGINS WORK WORK_ONLY" exec "$HERE/run.sh" "bash $HERE/bench-verbs.sh --in-vm"
+  # shellcheck source=tests/rxe-vm/bench-lib.sh
+  . "$HERE/bench-lib.sh"
+  vm_bench "$HERE/bench-verbs.sh" "REPS INFLIGHT PLUGINS WORK WORK_ONLY"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2

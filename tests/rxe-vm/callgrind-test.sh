@@ -20,17 +20,13 @@
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
-  cd "$ROOT" || exit 2
-  cargo build --release --quiet || exit $?
-  mkdir -p out
   PLUGINS=${PLUGINS:-"librustnet=$ROOT/target/release/librustnet.so"}
-  for p in $PLUGINS; do
-    f=$(readlink -f "${p#*=}")
-    [ -f "$f" ] || { echo "callgrind-test.sh: no plugin at ${p#*=}"; exit 2; }
-    case $f in /tmp/*) echo "callgrind-test.sh: the VM does not see the host's /tmp; put $f elsewhere"; exit 2 ;; esac
-  done
   export PLUGINS
-  RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="PLUGINS SIDE SIZE MIB DEPTH" exec "$HERE/run.sh" "bash $HERE/callgrind-test.sh --in-vm"
+  files=()
+  for p in $PLUGINS; do files+=("${p#*=}"); done
+  # shellcheck source=tests/rxe-vm/bench-lib.sh
+  . "$HERE/bench-lib.sh"
+  vm_bench "$HERE/callgrind-test.sh" "PLUGINS SIDE SIZE MIB DEPTH" "${files[@]}"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
