@@ -391,16 +391,22 @@ fn settle_neighbour(dev: &IbDev, local: &LocalAddr, remote: &Meta) {
     if dev.link_layer != LINK_ETH || local.ifindex == 0 || gid::is_link_local(&local.gid) || gid::is_link_local(&remote.gid) {
         return;
     }
+    if local.gid == remote.gid {
+        return; // (a loopback connection on this port: no neighbour)
+    }
     let (src, dst) = (gid::ip_of(&local.gid), gid::ip_of(&remote.gid));
     match super::neigh::settle(src, dst, local.ifindex, NEIGH_CONNECT_WAIT) {
         super::neigh::Settled::Already => {}
+        super::neigh::Settled::NoResolution(s) => {
+            tracing::debug!("{}: {dst} needs no neighbour entry here (it stays {s}): nothing to wait for", dev.name)
+        }
         super::neigh::Settled::Resolved(was, took) => tracing::info!(
             "{}: the neighbour entry of {dst} was {was}: resolved in {:.1} ms before connecting the QPs",
             dev.name,
             took.as_secs_f64() * 1e3
         ),
-        super::neigh::Settled::NotYet(was, now) => tracing::info!(
-            "{}: the neighbour entry of {dst} was {was} and is {now} after {} ms: connecting anyway (the kernel resolves it inside ibv_modify_qp)",
+        super::neigh::Settled::NotYet(was) => tracing::info!(
+            "{}: the neighbour entry of {dst} was {was} and is still being resolved after {} ms: connecting anyway (the kernel resolves it inside ibv_modify_qp)",
             dev.name,
             NEIGH_CONNECT_WAIT.as_millis()
         ),

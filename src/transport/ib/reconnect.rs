@@ -472,8 +472,8 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
 const NEIGH_WAIT: Duration = Duration::from_millis(500);
 /// How often it asks.
 const NEIGH_POLL: Duration = Duration::from_millis(1);
-/// How often it makes the kernel resolve an entry that is missing or failed.
-const NEIGH_KICK: Duration = Duration::from_millis(100);
+/// How soon it tries again to send the datagram that starts the resolution.
+const NEIGH_RETRY: Duration = Duration::from_millis(10);
 
 /// RoCE: may the new QPs be connected now? `ibv_modify_qp` to RTR resolves
 /// the peer's MAC in the kernel, and when the neighbour entry is not valid
@@ -488,7 +488,8 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
     let eth = link.dev.link_layer == LINK_ETH;
     let r = link.rec_mut()?;
     let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else { return Ok(true) };
-    if !eth || local.ifindex == 0 || super::gid::is_link_local(&peer.gid) || super::gid::is_link_local(&local.gid) {
+    if !eth || local.ifindex == 0 || super::gid::is_link_local(&peer.gid) || super::gid::is_link_local(&local.gid) || peer.gid == local.gid
+    {
         return Ok(true);
     }
     if now < r.neigh_next {
@@ -512,6 +513,14 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
             Ok(true)
         }
         super::neigh::Neigh::NotYet(state) => {
+            if r.neigh_kicked.is_some() && state != super::neigh::INCOMPLETE {
+                // the datagram started no resolution: the kernel reaches
+                // this peer without a neighbour entry here (a loopback)
+                r.neigh_since = None;
+                r.neigh_kicked = None;
+                tracing::debug!("{}: {dst} needs no neighbour entry here (it stays {state}): nothing to wait for", link.dev.name);
+                return Ok(true);
+            }
             if waited >= NEIGH_WAIT {
                 r.neigh_since = None;
                 r.neigh_kicked = None;
@@ -521,21 +530,18 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
                 ));
                 return Ok(true);
             }
-            // an entry being resolved needs no second datagram; a missing
-            // or failed one does (again after NEIGH_KICK)
-            let due = r.neigh_kicked.is_none_or(|k| state != "incomplete" && now.saturating_duration_since(k) >= NEIGH_KICK);
-            if due {
-                r.neigh_kicked = Some(now);
+            if r.neigh_kicked.is_none() {
                 if let Err(e) = super::neigh::kick(src, dst, local.ifindex) {
-                    // (advice only: the kernel's own resolution still runs)
-                    tracing::debug!("{}: could not make the kernel resolve {dst}: {e}", link.dev.name);
+                    // not sent (no route out of the netdev yet, just after
+                    // link-up): again shortly, within NEIGH_WAIT
+                    r.neigh_next = now + NEIGH_RETRY;
+                    tracing::debug!("{}: could not make the kernel resolve {dst} yet: {e}", link.dev.name);
+                    return Ok(false);
                 }
-                let first = waited == Duration::ZERO;
-                if first {
-                    link.step_done(&format!(
-                        "the peer's neighbour entry ({dst}) is {state}: resolving it before moving the new QPs to RTR"
-                    ));
-                }
+                r.neigh_kicked = Some(now);
+                link.step_done(&format!("the peer's neighbour entry ({dst}) is {state}: resolving it before moving the new QPs to RTR"));
+                // (asked again at once: the kick starts a resolution, or none, before it returns)
+                return Ok(false);
             }
             if let Some(r) = link.rec.as_mut() {
                 r.neigh_next = now + NEIGH_POLL;
