@@ -115,6 +115,8 @@ pub mod ib {
     }
     /// The RAII layer over libibverbs.
     pub mod verbs {
-        pub use crate::transport::ib::verbs::{empty_wc, Access, Context, Cq, HostRegion, Init, Lib, Pd, Qp, QpCaps, Rts, SendWr};
+        pub use crate::transport::ib::verbs::{
+            empty_wc, Access, Context, Cq, HostRegion, Init, Lib, Pd, Qp, QpCaps, RtrParams, Rts, RtsParams, SendWr,
+        };
     }
 }
