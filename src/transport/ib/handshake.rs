@@ -212,7 +212,7 @@ pub fn local_addr(dev: &IbDev, cc: &ConnCfg) -> Result<LocalAddr> {
         }
         again = false;
     };
-    let ifindex = c.ndev.as_deref().map_or(0, super::neigh::ifindex);
+    let ifindex = c.ndev.as_deref().map_or(0, crate::transport::sock::if_index);
     Ok(LocalAddr {
         mtu,
         lid: pa.lid,

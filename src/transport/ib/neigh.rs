@@ -285,16 +285,10 @@ pub(super) fn settle(src: IpAddr, dst: IpAddr, ifindex: u32, max: std::time::Dur
     }
 }
 
-/// A network interface's index (0 when there is none of that name).
-pub(super) fn ifindex(name: &str) -> u32 {
-    let Ok(c) = std::ffi::CString::new(name) else { return 0 };
-    // SAFETY: `c` is a NUL-terminated string alive for the call.
-    unsafe { libc::if_nametoindex(c.as_ptr()) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::sock::if_index as ifindex;
 
     fn reply(state: u16) -> Vec<u8> {
         let mut m = vec![0u8; NLMSG_HDR];

@@ -298,7 +298,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.new_cq = None;
                 r.port_wait.clear();
                 r.neigh_since = None;
-                r.neigh_kicked = None;
+                r.neigh_kicked = false;
                 r.send(&msg);
                 link.stop_qps();
                 let up = link.dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE);
@@ -502,7 +502,7 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
     match super::neigh::lookup(dst, local.ifindex) {
         super::neigh::Neigh::Valid => {
             r.neigh_since = None;
-            if r.neigh_kicked.take().is_some() {
+            if std::mem::take(&mut r.neigh_kicked) {
                 link.step_done(&format!("the kernel resolved {dst} after {:.1} ms", ms(waited)));
             }
             Ok(true)
@@ -513,24 +513,24 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
             Ok(true)
         }
         super::neigh::Neigh::NotYet(state) => {
-            if r.neigh_kicked.is_some() && state != super::neigh::INCOMPLETE {
+            if r.neigh_kicked && state != super::neigh::INCOMPLETE {
                 // the datagram started no resolution: the kernel reaches
                 // this peer without a neighbour entry here (a loopback)
                 r.neigh_since = None;
-                r.neigh_kicked = None;
+                r.neigh_kicked = false;
                 tracing::debug!("{}: {dst} needs no neighbour entry here (it stays {state}): nothing to wait for", link.dev.name);
                 return Ok(true);
             }
             if waited >= NEIGH_WAIT {
                 r.neigh_since = None;
-                r.neigh_kicked = None;
+                r.neigh_kicked = false;
                 link.step_done(&format!(
                     "{dst} still not resolved after {:.0} ms (neighbour entry {state}); connecting anyway",
                     ms(waited)
                 ));
                 return Ok(true);
             }
-            if r.neigh_kicked.is_none() {
+            if !r.neigh_kicked {
                 if let Err(e) = super::neigh::kick(src, dst, local.ifindex) {
                     // not sent (no route out of the netdev yet, just after
                     // link-up): again shortly, within NEIGH_WAIT
@@ -538,7 +538,7 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
                     tracing::debug!("{}: could not make the kernel resolve {dst} yet: {e}", link.dev.name);
                     return Ok(false);
                 }
-                r.neigh_kicked = Some(now);
+                r.neigh_kicked = true;
                 link.step_done(&format!("the peer's neighbour entry ({dst}) is {state}: resolving it before moving the new QPs to RTR"));
                 // (asked again at once: the kick starts a resolution, or none, before it returns)
                 return Ok(false);

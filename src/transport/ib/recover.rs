@@ -97,11 +97,11 @@ pub(super) struct RecLink {
     /// Soft-RoCE: when the last "invalid request" started a recovery.
     pub(super) inv_req_at: Option<Instant>,
     /// RoCE: since when the connect waits for the peer's neighbour entry
-    /// ([`super::neigh`]), when it asks again, and when it last made the
-    /// kernel resolve it.
+    /// ([`super::neigh`]), when it asks again, and whether it has sent the
+    /// datagram that makes the kernel resolve it.
     pub(super) neigh_since: Option<Instant>,
     pub(super) neigh_next: Instant,
-    pub(super) neigh_kicked: Option<Instant>,
+    pub(super) neigh_kicked: bool,
 }
 
 impl RecLink {
@@ -132,7 +132,7 @@ impl RecLink {
             inv_req_at: None,
             neigh_since: None,
             neigh_next: now,
-            neigh_kicked: None,
+            neigh_kicked: false,
         }
     }
 
