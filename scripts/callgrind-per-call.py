@@ -28,6 +28,7 @@ def parse(path):
     callee = None
     pending = None
     events = None
+    npos = 1
 
     def name(kind, rest):
         # "(id) name" defines, "(id)" refers, "name" is plain
@@ -45,6 +46,10 @@ def parse(path):
             line = line.rstrip("\n")
             if not line:
                 continue
+            if line.startswith("positions:"):
+                # "line", or "instr line" with --dump-instr=yes
+                npos = len(line.split()) - 1
+                continue
             if line.startswith("events:"):
                 events = line.split()[1:]
                 continue
@@ -60,9 +65,9 @@ def parse(path):
             c = line[0]
             if c.isdigit() or c in "+-*":
                 parts = line.split()
-                if len(parts) < 2:
+                if len(parts) <= npos:
                     continue
-                ir = int(parts[1])
+                ir = int(parts[npos])
                 if pending is not None:
                     e = calls[cur][callee]
                     e[0] += pending

@@ -12,7 +12,8 @@
 #
 # Knobs: PLUGINS ("label=path ...", default: this build), SIDE (recv, send
 # or "recv send": both, one run each), SIZE (bytes per message, 524288),
-# MIB (MiB moved, 32), DEPTH (tree depth, 3). The
+# MIB (MiB moved, 32), DEPTH (tree depth, 3), INSTR=1 (count per machine
+# instruction too, for scripts/callgrind-lines.py's per-source-line view). The
 # callgrind files stay in out/callgrind.LABEL.SIDE.out, the reports in
 # out/callgrind.LABEL.SIDE.txt. Under valgrind that end runs some 50x slower,
 # so it makes fewer (or more) unfinished calls per message than natively:
@@ -26,7 +27,7 @@ if [ "${1:-}" != --in-vm ]; then
   for p in $PLUGINS; do files+=("${p#*=}"); done
   # shellcheck source=tests/rxe-vm/bench-lib.sh
   . "$HERE/bench-lib.sh"
-  vm_bench "$HERE/callgrind-test.sh" "PLUGINS SIDE SIZE MIB DEPTH" "${files[@]}"
+  vm_bench "$HERE/callgrind-test.sh" "PLUGINS SIDE SIZE MIB DEPTH INSTR" "${files[@]}"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
@@ -47,7 +48,7 @@ for side in $SIDE; do
     label=${p%%=*} so=$(readlink -f "${p#*=}")
     cg=$ROOT/out/callgrind.$label.$side.out
     rm -f "$cg"
-    vg=(valgrind --tool=callgrind --callgrind-out-file="$cg" --dump-instr=no)
+    vg=(valgrind --tool=callgrind --callgrind-out-file="$cg" --dump-instr="$([ "${INSTR:-0}" = 1 ] && echo yes || echo no)")
     srv=() cli=()
     if [ "$side" = recv ]; then srv=("${vg[@]}"); else cli=("${vg[@]}"); fi
     env NCCL_IB_HCA="=rxe1" NCCL_SOCKET_IFNAME=veth1 RUSTNET_TRANSPORT=ib NCCL_IB_TIMEOUT=20 timeout 1200 \

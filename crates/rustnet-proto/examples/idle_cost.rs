@@ -29,8 +29,9 @@ impl Link for Idle {
     fn check(&mut self) -> Result<(), ()> {
         Ok(())
     }
-    fn tick(&mut self, live: usize) {
+    fn tick(&mut self, live: usize) -> bool {
         black_box(live);
+        false
     }
     fn progressed(&mut self) {}
     fn fail(&mut self, _f: Fail<()>) {

@@ -220,8 +220,9 @@ pub trait Link {
     /// peer gone), with its first error.
     fn check(&mut self) -> Result<(), Self::Error>;
     /// A call made no progress: now and then look at the peer (liveness).
-    /// `live`: requests the comm holds.
-    fn tick(&mut self, live: usize);
+    /// `live`: requests the comm holds. `true` when it looked (the look
+    /// may have failed the comm); `false`: nothing changed.
+    fn tick(&mut self, live: usize) -> bool;
     /// Something moved (no liveness probe is due).
     fn progressed(&mut self);
     /// Fail the comm now (the first failure is the one reported).

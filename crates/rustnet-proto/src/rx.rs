@@ -438,9 +438,16 @@ impl Receiver {
     /// word first): act on the mailbox, take every message that fully
     /// landed, hand the copies of those whose buffer is posted to
     /// `deliver`, and plan the credit write when one is due. Returns how
-    /// many messages were taken. Nothing to do without the eager path.
-    pub(crate) fn poll_ring(&mut self, ring: &(impl Mem + ?Sized), deliver: &mut impl FnMut(&Deliver)) -> Result<usize, ProtoError> {
-        let Some(e) = &mut self.eager else { return Ok(0) };
+    /// many messages were taken, and whether a control write became due
+    /// (the mailbox said the sender waits, or slots freed since, by a
+    /// receive that copied early messages out, make a credit due) even when
+    /// none was taken. Nothing to do without the eager path.
+    pub(crate) fn poll_ring(
+        &mut self,
+        ring: &(impl Mem + ?Sized),
+        deliver: &mut impl FnMut(&Deliver),
+    ) -> Result<(usize, bool), ProtoError> {
+        let Some(e) = &mut self.eager else { return Ok((0, false)) };
         let max = e.st.max;
         let mut force = false;
         let mb = ring.read_u64(0);
@@ -478,12 +485,14 @@ impl Receiver {
             }
         }
         // hand ring slots back when due (anything freed, when the sender waits)
+        let mut due = force;
         if let Some(v) = self.eager.as_ref().and_then(|e| e.st.credits_due(force)) {
             // deferred CTS go along (the same post)
             self.cts.force();
             self.credit = Some(v);
+            due = true;
         }
-        Ok(taken)
+        Ok((taken, due))
     }
 
     /// A completion word arrived (a WRITE_WITH_IMM's immediate, or an iWARP

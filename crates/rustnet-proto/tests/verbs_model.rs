@@ -301,7 +301,9 @@ impl nic::Link for SNic<'_> {
     fn check(&mut self) -> Result<(), Stop> {
         self.0.s_failed.clone().map_or(Ok(()), Err)
     }
-    fn tick(&mut self, _live: usize) {}
+    fn tick(&mut self, _live: usize) -> bool {
+        false
+    }
     fn progressed(&mut self) {}
     fn fail(&mut self, f: Fail<Stop>) {
         let s = stop_of(f, false, self.0.seed);
@@ -468,7 +470,9 @@ impl nic::Link for RNic<'_> {
     fn check(&mut self) -> Result<(), Stop> {
         self.0.r_failed.clone().map_or(Ok(()), Err)
     }
-    fn tick(&mut self, _live: usize) {}
+    fn tick(&mut self, _live: usize) -> bool {
+        false
+    }
     fn progressed(&mut self) {}
     fn fail(&mut self, f: Fail<Stop>) {
         let s = stop_of(f, true, self.0.seed);
@@ -910,8 +914,13 @@ impl World {
 
     /// After every entry point of the receiver: nothing it planned to write
     /// is left unposted while its send queue has room (a credit or a due
-    /// CTS waiting for the next call is latency the sender pays).
+    /// CTS waiting for the next call is latency the sender pays). A failed
+    /// receiver posts nothing more (a call may still hand back a receive
+    /// that was complete before the failure; the error comes next).
     fn ctl_flushed(&self, what: &str) {
+        if self.wire.r_failed.is_some() {
+            return;
+        }
         let room = self.rx.ctl_room() >= 2 * MAX_RECVS + 2;
         assert!(
             !(room && (self.rx.credit_due() || self.rx.has_ctl())),

@@ -307,16 +307,18 @@ impl Link {
 
     /// Called when a call made no progress: every so often, ask the
     /// out-of-band socket whether the peer is still there.
+    /// `true` when it looked (which may have failed the link).
     #[inline(always)]
-    pub(super) fn idle_tick(&mut self, pending: usize) {
+    pub(super) fn idle_tick(&mut self, pending: usize) -> bool {
         self.idle = self.idle.wrapping_add(1);
         // During the handshake its own reads see a peer that went away; a
         // probe here could swallow the bytes it waits for (the comm would
         // then wait for them forever, silently).
         if !self.idle.is_multiple_of(LIVENESS_EVERY) || self.failed.is_some() || self.handshake {
-            return;
+            return false;
         }
         self.liveness(pending);
+        true
     }
 
     /// Every [`LIVENESS_EVERY`] idle calls: the clock, and at most every
@@ -558,7 +560,7 @@ macro_rules! via_link {
                 self.link.check()
             }
             #[inline(always)]
-            fn tick(&mut self, live: usize) {
+            fn tick(&mut self, live: usize) -> bool {
                 self.link.idle_tick(live)
             }
             #[inline(always)]

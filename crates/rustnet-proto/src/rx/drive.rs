@@ -84,13 +84,22 @@ impl Receiver {
     /// NCCL's `test` of receive (or flush) `id`: `Ok(Some(sizes))` once
     /// every buffer is filled (the request is freed then); an error frees
     /// it too.
+    ///
+    /// The polling loop's common call finds nothing: the link healthy, the
+    /// eager ring and mailbox unchanged, the CQ empty. Such a *quiet* call
+    /// changes no state, so it posts nothing (every entry point ends with
+    /// the control writes that were due posted, or the send queue full,
+    /// which only a reaped completion frees) and checks the link once:
+    /// only a liveness probe could have failed it since.
     #[inline(always)]
     pub fn test<N: RecvNic>(&mut self, nic: &mut N, id: ReqId) -> R<Option<Finished>, N> {
         // (a failed link has no news worth reading: its error is below)
         let was_done = self.is_done(id).map_err(Fail::Stale)?;
-        // did anything happen that can finish a request (a completion, an
-        // eager message)? If not, one not done before is not done now
+        // did anything happen that can finish a request or change what is
+        // due (a completion, an eager message, a ring made, a failure)? If
+        // not, one not done before is not done now
         let mut news = was_done;
+        let mut quiet = false;
         if !was_done && nic.check().is_ok() {
             // the eager ring first, the CQ only if still not done (and only
             // while the send queue has room: the full poll retires it);
@@ -104,11 +113,15 @@ impl Receiver {
                         news = took;
                         done = took && self.is_done(id).unwrap_or(false);
                     }
-                    Err(e) => nic.fail(e),
+                    Err(e) => {
+                        nic.fail(e);
+                        news = true;
+                    }
                 }
             }
             if !done {
-                news |= self.poll_with(nic, !fast, true);
+                news |= self.poll_with(nic, !fast, !news);
+                quiet = !news;
             } else if let Err(e) = self.flush_ctl(nic) {
                 nic.fail(e);
             }
@@ -121,7 +134,9 @@ impl Receiver {
             }
         }
         // (the tick does nothing on a failed link; one that fails it shows below)
-        nic.tick(self.live());
+        if !nic.tick(self.live()) && quiet {
+            return Ok(None);
+        }
         if let Err(e) = nic.check() {
             nic.ev_stop_req(id);
             self.abandon(id);
@@ -186,16 +201,18 @@ impl Receiver {
     }
 
     /// [`Self::poll`]; `eager: false` skips the ring (the caller just
-    /// looked); `checked`: the caller has just seen the link healthy (an
-    /// empty poll changes nothing, so it is not checked again). Returns
-    /// whether a completion was reaped or an eager message taken.
+    /// looked); `quiet_ok`: the caller has just seen the link healthy and
+    /// changed nothing since, so a poll that finds nothing changes nothing
+    /// either: no second check, and no control writes to plan (see
+    /// [`Self::test`]). Returns whether anything happened: a completion
+    /// reaped, an eager message taken, a ring made, or a failure.
     #[inline(always)]
-    fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool, checked: bool) -> bool {
+    fn poll_with<N: RecvNic>(&mut self, nic: &mut N, eager: bool, quiet_ok: bool) -> bool {
         let mut reaped = false;
         loop {
             let n = match nic.poll_cq(&mut self.cqes) {
                 Ok(n) => n,
-                Err(_) => return reaped, // (recorded: the comm failed)
+                Err(_) => return true, // (recorded: the comm failed)
             };
             reaped |= n > 0;
             for k in 0..n {
@@ -222,15 +239,27 @@ impl Receiver {
                 break;
             }
         }
-        if (reaped || !checked) && nic.check().is_err() {
-            return reaped;
+        if (reaped || !quiet_ok) && nic.check().is_err() {
+            return true;
+        }
+        let mut took = false;
+        if eager {
+            match self.look_eager(nic) {
+                Ok(t) => took = t,
+                Err(e) => {
+                    nic.fail(e);
+                    return true;
+                }
+            }
+        }
+        if quiet_ok && !reaped && !took {
+            return false; // (the polling loop's common case: nothing new, nothing due)
         }
         // credits due go now, deferred CTS with them (the same post); and a
         // mailbox that said the sender waits makes its CTS due now too
-        let mut took = false;
-        let r = if eager { self.look_eager(nic).map(|t| took = t) } else { Ok(()) }.and_then(|()| self.flush_ctl(nic));
-        if let Err(e) = r {
+        if let Err(e) = self.flush_ctl(nic) {
             nic.fail(e);
+            return true;
         }
         reaped || took
     }
@@ -260,13 +289,14 @@ impl Receiver {
     }
 
     /// Look at the eager ring and the mailbox (the caller posts the
-    /// control writes that makes due): `Ok(true)` when messages were taken.
+    /// control writes that makes due): `Ok(true)` when messages were taken,
+    /// a control write became due, or a late ring was made.
     #[inline(always)]
     fn look_eager<N: RecvNic>(&mut self, nic: &mut N) -> R<bool, N> {
         if self.ring_missing() {
-            return self.late_ring(nic).map(|()| false);
+            return self.late_ring(nic).map(|()| !self.ring_missing());
         }
-        let got = {
+        let (got, due) = {
             let nic_ref = &*nic;
             let Some(ring) = nic_ref.ring() else { return Ok(false) };
             self.poll_ring(ring, &mut |d| nic_ref.deliver(d)).map_err(Fail::Proto)?
@@ -274,7 +304,7 @@ impl Receiver {
         if got > 0 {
             nic.progressed();
         }
-        Ok(got > 0)
+        Ok(got > 0 || due)
     }
 
     /// A late eager ring is made when the sender asks for it (its first
