@@ -1143,16 +1143,22 @@ fn traffic_case(version: u32, env: &[(&str, &str)]) -> Result<String, String> {
         .find(|(k, _)| *k == "RUSTNET_CONF_CYCLES")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(env_u64("RUSTNET_CONF_CYCLES", 3));
+    // A's failure is read first, but it is often B's that caused it (A then
+    // sees its peer close): the other peer's stderr goes with the error
+    let with_peer = |e: String, peer: &StderrLog, name: &str| {
+        std::thread::sleep(Duration::from_millis(200));
+        format!("{e}\n    and {name}'s stderr (tail):\n{}", peer.tail_chars(3000))
+    };
     for _ in 0..cycles {
         swap_handles(&mut a, &mut b, t)?;
-        a.expect("CYCLE", t)?;
-        b.expect("CYCLE", t)?;
+        a.expect("CYCLE", t).map_err(|e| with_peer(e, &b.stderr, "B"))?;
+        b.expect("CYCLE", t).map_err(|e| with_peer(e, &a.stderr, "A"))?;
         a.send("GO");
         b.send("GO");
     }
     let (la, lb) = (a.stderr.clone(), b.stderr.clone());
-    let ra = finish(a)?;
-    let rb = finish(b)?;
+    let ra = finish(a).map_err(|e| with_peer(e, &lb, "B"))?;
+    let rb = finish(b).map_err(|e| with_peer(e, &la, "A"))?;
     // comms that recovered after a fault (the VM suite injects QP errors
     // with RUSTNET_FAULT_QP_ERROR and says RUSTNET_CONF_WANT_RECOVERY=1)
     let recovered = |l: &StderrLog| {

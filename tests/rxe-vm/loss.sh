@@ -39,6 +39,10 @@
 #   - flap-connect: veth1 down for 3 s from just before the connections are
 #     set up: connect and accept wait for the port (RUSTNET_CONNECT_TIMEOUT),
 #     then the traffic runs clean.
+#   - invreq (by name only): LOSS_INVREQ_SECONDS (600) of 64 KiB messages
+#     both ways, no loss: soft-RoCE's "invalid request" (IBV_WC_REM_INV_REQ_ERR,
+#     docs/resilience.md) comes now and then on its own; each must be
+#     recovered in place, every byte right. It prints how many there were.
 # Per scenario it prints the time, the rxe hw_counters that moved (both
 # devices, summed), the plugin's own statistics file (RUSTNET_STATS_DIR,
 # read by `rustnet stats`), `rustnet watch`'s verdict during the 1% run, and
@@ -121,6 +125,9 @@ FLAP
       by_time=("LOSS_SECONDS=$(awk -v f="$flap" 'BEGIN { print f + 15 }')" "LOSS_DEADLINE_S=$(awk -v f="$flap" 'BEGIN { print int(f + 90) }')")
       rm -f "$out.up" "$out.down" "$out.routes"
     fi
+    # the rig's own deadline, if the scenario sets one, plus a minute; else 480 s
+    local tmo=480
+    [[ $xenv == *LOSS_DEADLINE_S=* ]] && { tmo=${xenv##*LOSS_DEADLINE_S=}; tmo=$((${tmo%% *} + 60)); }
     snap $out.before
     watch_pid=""
     if [ "$name" = loss1 ]; then
@@ -133,7 +140,7 @@ FLAP
     env NCCL_IB_TIMEOUT="$to" NCCL_IB_RETRY_CNT="$rc" LOSS_MODE="$mode" LOSS_APPLY="$apply" \
       RUSTNET_STATS_DIR="$dir" RUSTNET_STATS_INTERVAL=1 LOSS_BYTES="${LOSS_BYTES:-33554432}" \
       LOSS_TIMELINE="$out.timeline" LOSS_BEFORE="$before" $xenv "${by_time[@]}" \
-      timeout 480 "$T/rustnet-loss" > $out.out 2> $out.err
+      timeout "$tmo" "$T/rustnet-loss" > $out.out 2> $out.err
     local prc=$?
     [ -n "$watch_pid" ] && { sleep 1.2; kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
     for d in $devs; do tc qdisc del dev "$d" root 2>/dev/null; done
@@ -168,6 +175,14 @@ FLAP
         echo "the flap did not finish (no link-up time)"
         again=999
       fi
+    fi
+    if [[ $name == invreq* ]]; then
+      local ninv nrec
+      ninv=$(grep -c "answered 'invalid request'" $out.err)
+      nrec=$(grep -c 'recovered in' $out.err)
+      echo "soft-RoCE 'invalid request' completions recovered in place: $ninv (recoveries: $nrec)"
+      grep -h -m3 "answered 'invalid request'" $out.err | sed 's/^/  WARN: /' | cut -c1-400
+      grep -h -m3 'recovered in' $out.err | sed 's/^/  WARN: /' | cut -c1-200
     fi
     echo "plugin statistics ($dir):"
     "$T/rustnet" stats "$dir" | sed 's/^/  /'
@@ -234,6 +249,10 @@ FLAP
   # five minutes of traffic with a QP moved to the error state every 500th
   # data post (from the 300th): at least 20 recoveries
   pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:500 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
+  # (by name only) ten minutes of 64 KiB messages both ways, no fault
+  # injected: rxe's own "invalid request" now and then, each recovered
+  inv_s=${LOSS_INVREQ_SECONDS:-600}
+  pick invreq  0%   20 7 ok "LOSS_MSG=65536 LOSS_WINDOW=8 LOSS_SECONDS=$inv_s LOSS_DEADLINE_S=$((inv_s + 120))"
   echo
   echo "=== loss table (secs: ok = transfer time of ${LOSS_BYTES:-33554432} B each way, or how long a flap run lasted; fail = from the loss to the first failed call; again: from link-up to the next message received)"
   printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s\n' scenario loss to rc mode secs expect errors "recv bytes" again "result | rxe hw_counters (rxe0+rxe1)"
@@ -253,5 +272,6 @@ export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
   "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
+  "LOSS_INVREQ_SECONDS=${LOSS_INVREQ_SECONDS:-600}" \
   ${LOSS_NCCL_DEBUG:+"NCCL_DEBUG=$LOSS_NCCL_DEBUG"} bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"
