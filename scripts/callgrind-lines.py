@@ -41,21 +41,21 @@ def parse(path, pat):
         line = line.rstrip("\n")
         if not line:
             continue
-        m = re.match(r"^(c?fn|fl|fi|fe|ob|cob|cfi|cfl)=(.*)", line)
+        # (fl=, ob= and the like start with a letter: skipped below)
+        m = re.match(r"^(c?fn)=(.*)", line)
         if m:
             k, rest = m.groups()
-            if k in ("fn", "cfn"):
-                n = re.match(r"\((\d+)\)\s*(.*)", rest)
-                if n:
-                    if n.group(2):
-                        names[n.group(1)] = n.group(2)
-                    name = names.get(n.group(1), "?")
-                else:
-                    name = rest
-                if k == "fn":
-                    cur = name
-                else:
-                    callee = name
+            n = re.match(r"\((\d+)\)\s*(.*)", rest)
+            if n:
+                if n.group(2):
+                    names[n.group(1)] = n.group(2)
+                name = names.get(n.group(1), "?")
+            else:
+                name = rest
+            if k == "fn":
+                cur = name
+            else:
+                callee = name
             continue
         if line.startswith("calls="):
             in_call = True

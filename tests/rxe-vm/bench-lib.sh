@@ -1,6 +1,6 @@
 #!/bin/bash
 # tests/rxe-vm/bench-lib.sh -- what the VM benchmarks share (bench-verbs.sh,
-# bench-netib.sh, bench-iwarp.sh, callgrind-test.sh source it): on the host,
+# bench-netib.sh, bench-iwarp.sh, callgrind-test.sh, cpu-ab.sh source it): on the host,
 # the build and the VM launch; inside the guest, waiting for a server's port,
 # median [min-max] of a list of samples, and rxe's retransmission counters.
 
@@ -27,13 +27,24 @@ vm_bench() {
   RXE_VM_RW="$ROOT/out" RXE_VM_PASSENV="$vars" exec "$HERE/run.sh" "bash $script --in-vm"
 }
 
+# vm_bench_plugins SCRIPT "VARS": vm_bench for a script driven by PLUGINS
+# ("label=path ...", default: this build's plugin), whose files it checks.
+vm_bench_plugins() {
+  local p files=()
+  PLUGINS=${PLUGINS:-"librustnet=$ROOT/target/release/librustnet.so"}
+  export PLUGINS
+  for p in $PLUGINS; do files+=("${p#*=}"); done
+  vm_bench "$1" "PLUGINS $2" "${files[@]}"
+}
+
 # ---- in the guest --------------------------------------------------------------
 
 # waitport PORT: until something listens on PORT (10 s at most)
 waitport() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
 
-# stats "v1 v2 ...": "median [min-max]" ("-" for none); med: the median alone
-stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
+# stats "v1 v2 ..." [DECIMALS]: "median [min-max]" ("-" for none), with
+# DECIMALS (1) digits; med: the median alone
+stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk -v d="${2:-1}" '{a[NR]=$1} END{if(NR==0){print "-";exit} f="%." d "f"; printf f " [" f "-" f "]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 med() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
 # rxe's own counters of a QP going back and resending: a QP whose packets

@@ -21,13 +21,9 @@
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
-  PLUGINS=${PLUGINS:-"librustnet=$ROOT/target/release/librustnet.so"}
-  export PLUGINS
-  files=()
-  for p in $PLUGINS; do files+=("${p#*=}"); done
   # shellcheck source=tests/rxe-vm/bench-lib.sh
   . "$HERE/bench-lib.sh"
-  vm_bench "$HERE/callgrind-test.sh" "PLUGINS SIDE SIZE MIB DEPTH INSTR" "${files[@]}"
+  vm_bench_plugins "$HERE/callgrind-test.sh" "SIDE SIZE MIB DEPTH INSTR"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2

@@ -17,13 +17,9 @@
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" != --in-vm ]; then
-  PLUGINS=${PLUGINS:-"librustnet=$ROOT/target/release/librustnet.so"}
-  export PLUGINS
-  files=()
-  for p in $PLUGINS; do files+=("${p#*=}"); done
   # shellcheck source=tests/rxe-vm/bench-lib.sh
   . "$HERE/bench-lib.sh"
-  vm_bench "$HERE/cpu-ab.sh" "PLUGINS ROUNDS SIZE MIB" "${files[@]}"
+  vm_bench_plugins "$HERE/cpu-ab.sh" "ROUNDS SIZE MIB"
 fi
 ulimit -l unlimited
 cd "$ROOT" || exit 2
@@ -70,8 +66,6 @@ for r in $(seq "$ROUNDS"); do
     U[$label]+="$per_msg " P[$label]+="$per_poll " M[$label]+="$mbs "
   done
 done
-# ratios want two decimals (bench-lib's stats prints one)
-stats2() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "-";exit} printf "%.2f [%.2f-%.2f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 first=${plugs[0]%%=*}
 echo
 echo "== receiving end, $((SIZE / 1024)) KiB one way, 8 in flight, $ROUNDS rounds: median [min-max]; ratios per round against $first"
@@ -79,6 +73,6 @@ printf '%-12s %-24s %-24s %-24s %s\n' build "user us/message" "user us/poll" "MB
 for p in "${plugs[@]}"; do
   label=${p%%=*}
   ratios=$(awk -F, -v a="$first" -v b="$label" '$2 == a { x[$1] = $9 } $2 == b { y[$1] = $9 } END { for (r in x) if (r in y && x[r] > 0) printf "%.2f ", y[r] / x[r] }' "$csv")
-  printf '%-12s %-24s %-24s %-24s %s\n' "$label" "$(stats "${U[$label]}")" "$(stats2 "${P[$label]//-/}")" "$(stats "${M[$label]}")" "$(stats2 "$ratios")"
+  printf '%-12s %-24s %-24s %-24s %s\n' "$label" "$(stats "${U[$label]}")" "$(stats "${P[$label]//-/}" 2)" "$(stats "${M[$label]}")" "$(stats "$ratios" 2)"
 done
 echo "(per-run rows: out/cpu-ab.csv)"
