@@ -33,7 +33,8 @@
 //! SOAK_MAX_ROUNDS (24), SOAK_MAX_BIG (4 MiB), SOAK_SEED (1), SOAK_VERSION (8),
 //! SOAK_SAMPLE_S (3), SOAK_WARMUP_S (20% of the run, 30..300), SOAK_LOSS
 //! (netem loss on the link, e.g. 1%), SOAK_FAULTS ("kill,cut,flap"),
-//! SOAK_FAULT_EVERY_S (20, +-50%),
+//! SOAK_FAULT_EVERY_S (20, +-50%), SOAK_FAULT_AT_MS (20-220: when in the
+//! cycle the fault hits, after the handles are swapped; 0 lands in connect),
 //! SOAK_CYCLE_TIMEOUT_S (120), SOAK_SLACK_FDS (2), SOAK_SLACK_THREADS (1),
 //! SOAK_SLACK_RSS_MIB (8), SOAK_SLACK_MRS (4).
 #[path = "../../../../tests/common/mod.rs"]
@@ -73,6 +74,8 @@ struct Tally {
     expected_errors: u64,
     expected_aborts: u64,
     unexpected: Vec<String>,
+    /// Per unexpected error: the outcome and its side's first WARNs (kept in the summary).
+    first_warns: Vec<String>,
     corrupt: Vec<String>,
     hangs: Vec<String>,
     named_peer: u64,
@@ -105,6 +108,9 @@ struct Coordinator {
     /// Comms ride out a cut or flap (RUSTNET_RECOVERY_TIMEOUT longer than
     /// the cut): over TCP by reconnecting, over verbs by new QPs.
     recovers: bool,
+    /// When in a cycle a fault hits, ms after both peers have the other's
+    /// handle (SOAK_FAULT_AT_MS, "20-220"): 0 lands in connect/accept.
+    fault_at_ms: (u64, u64),
 }
 
 #[derive(Default, Clone)]
@@ -207,13 +213,16 @@ impl Coordinator {
         self.b.send(&format!("PEER {ha}"));
         let start = Instant::now();
         let mut results: [Option<PeerResult>; 2] = [None, None];
+        // when each RESULT came (which side failed first tells cause from consequence)
+        let mut result_at: [Option<Instant>; 2] = [None, None];
         let mut closed_early = [false, false];
         let mut aborted = [false, false];
         let mut fault_at: Option<Instant> = None;
         let mut link_up_at: Option<Instant> = None;
         let mut b_dead = false;
         // when the fault hits: a random moment early in the cycle
-        let hit_after = Duration::from_millis(20 + rng.below(200));
+        let (lo, hi) = self.fault_at_ms;
+        let hit_after = Duration::from_millis(lo + rng.below(hi - lo + 1));
         let grace = Duration::from_secs(3 * self.socket_timeout + 20);
         // a cut the comms recover from is no excuse to fail (nor to be told to give up)
         let recovers = self.recovers;
@@ -269,6 +278,7 @@ impl Coordinator {
                             closed_early[i] = true;
                         }
                         results[i] = Some(r);
+                        result_at[i] = Some(Instant::now());
                     } else {
                         // a side closed early says CLOSED now: keep it for later
                         kept.push((role, g, l));
@@ -396,7 +406,12 @@ impl Coordinator {
             self.tally.msgs_checked += r.msgs;
             let _ = write!(line, ",{},{}", r.kind, r.bytes);
             all_ok &= r.kind == "ok";
-            let what = format!("cycle {c} ({}) peer {role}: {} {}", fault.name(), r.kind, r.detail);
+            let when = match (result_at[i], fault_at) {
+                (Some(t), Some(f)) => format!(" [{:+.1} s after the fault]", signed_secs(t, f)),
+                (Some(t), None) => format!(" [{:.1} s into the cycle]", t.duration_since(start).as_secs_f64()),
+                _ => String::new(),
+            };
+            let what = format!("cycle {c} ({}) peer {role}: {} {}{when}", fault.name(), r.kind, r.detail);
             match r.kind.as_str() {
                 "ok" | "killed" => {}
                 "corrupt" => self.tally.corrupt.push(what),
@@ -415,6 +430,9 @@ impl Coordinator {
                 _ => {
                     let err = self.peer(role).stderr_since(marks[i]);
                     let tail: Vec<&str> = err.lines().rev().take(8).collect();
+                    // the first WARNs carry the cause; the summary keeps them
+                    let first: Vec<String> = err.lines().filter(|l| l.contains("WARN")).take(3).map(|l| clip(l, 400)).collect();
+                    self.tally.first_warns.push(format!("{what}\n    first WARNs: {}", first.join("\n    ")));
                     self.tally
                         .unexpected
                         .push(format!("{what}\n    stderr: {}", tail.into_iter().rev().collect::<Vec<_>>().join("\n    ")));
@@ -518,6 +536,14 @@ fn coordinator_main() -> i32 {
         kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
         env_str("SOAK_LOSS", "none")
     );
+    let fault_at_ms = match parse_range(&env_str("SOAK_FAULT_AT_MS", "20-220")) {
+        Some(r) => r,
+        None => {
+            eprintln!("soak: SOAK_FAULT_AT_MS must be LO-HI in ms (as 20-220), LO <= HI");
+            net.teardown();
+            return 2;
+        }
+    };
     let (tx, rx) = mpsc::channel();
     let a = spawn_peer(&net, 'A', 0, tx.clone(), &peer_extra);
     let b = spawn_peer(&net, 'B', 0, tx.clone(), &peer_extra);
@@ -539,6 +565,7 @@ fn coordinator_main() -> i32 {
         cycle_log: "cycle,t_s,fault,rounds,a_result,a_bytes_checked,b_result,b_bytes_checked\n".into(),
         socket_timeout,
         recovers: recovery_timeout > 2 * socket_timeout + 2 + 10,
+        fault_at_ms,
     };
     for role in ['A', 'B'] {
         if let Err(e) = co.expect(role, "READY", Duration::from_secs(60)) {
@@ -897,6 +924,15 @@ fn coordinator_main() -> i32 {
         }
     }
     let _ = writeln!(md, "| verdict | {} |", if failed { "FAIL" } else { "PASS" });
+    // a CI log keeps only its tail: the causes go into the summary, which
+    // scripts/soak.sh prints last
+    if !t.first_warns.is_empty() {
+        let _ = writeln!(md, "\nUnexpected errors (up to 4), each with its side's first WARNs:\n```");
+        for e in t.first_warns.iter().take(4) {
+            let _ = writeln!(md, "{e}");
+        }
+        let _ = writeln!(md, "```");
+    }
     let _ = std::fs::write(out_dir.join("soak-summary.md"), &md);
     println!("\n{md}");
     for (what, v) in [("UNEXPECTED", &t.unexpected), ("CORRUPT", &t.corrupt), ("HANG", &t.hangs), ("GROWTH", &growth)] {
@@ -910,6 +946,34 @@ fn coordinator_main() -> i32 {
     println!("soak: outputs in {}: soak-summary.md soak-samples.csv soak-cycles.csv soak-quiet.csv soak.svg", out_dir.display());
     println!("soak: {}", if failed { "FAIL" } else { "PASS" });
     i32::from(failed)
+}
+
+/// "LO-HI" (or one number) with LO <= HI.
+fn parse_range(v: &str) -> Option<(u64, u64)> {
+    let (lo, hi) = v.split_once('-').unwrap_or((v, v));
+    let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    (lo <= hi).then_some((lo, hi))
+}
+
+/// `t - f` in seconds, negative when `t` came first.
+fn signed_secs(t: Instant, f: Instant) -> f64 {
+    if t >= f {
+        t.duration_since(f).as_secs_f64()
+    } else {
+        -f.duration_since(t).as_secs_f64()
+    }
+}
+
+/// At most `n` bytes of `l` (cut on a character boundary).
+fn clip(l: &str, n: usize) -> String {
+    if l.len() <= n {
+        return l.to_string();
+    }
+    let mut k = n;
+    while !l.is_char_boundary(k) {
+        k -= 1;
+    }
+    format!("{}...", &l[..k])
 }
 
 fn main() {
