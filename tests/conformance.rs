@@ -1479,6 +1479,57 @@ fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
     ))
 }
 
+/// The link down while both ends connect (issue 20: "a flap during
+/// connect"; NCCL's own PR #1311 asks the same after an IPoIB flap): the
+/// handles are swapped with the link already down, it comes back after
+/// `down`. Each connect dials again until RUSTNET_CONNECT_TIMEOUT instead
+/// of failing on "no route" or "host unreachable"; then the traffic runs
+/// both ways, every byte checked.
+fn link_cut_during_connect_case(down: Duration) -> Result<String, String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let id = std::process::id() % 100000;
+    let t = Duration::from_secs(60);
+    let env =
+        |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_CONF_RUNS", "3"), ("RUSTNET_CONF_ROUNDS", "10"), ("NCCL_SOCKET_IFNAME", ifn)];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &RECOVERING_TRAFFIC, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &RECOVERING_TRAFFIC, &env("rnB"));
+    let ha = a.expect("HANDLE ", t)?;
+    let hb = b.expect("HANDLE ", t)?;
+    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
+        return Err("could not cut the link".into());
+    }
+    a.send(&format!("PEER {hb}"));
+    b.send(&format!("PEER {ha}"));
+    std::thread::sleep(down);
+    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
+        return Err("could not restore the link".into());
+    }
+    let up = Instant::now();
+    let done = |p: &Proc, who: &str| {
+        p.expect("CYCLE", Duration::from_secs(90))
+            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
+    };
+    done(&a, "A")?;
+    done(&b, "B")?;
+    let after = up.elapsed();
+    a.send("GO");
+    b.send("GO");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a)?;
+    let rb = finish(b)?;
+    let redials = ea.text().matches("dialling again").count() + eb.text().matches("dialling again").count();
+    if redials == 0 {
+        return Err(format!("no connect says it dialled again: the cut missed the set-up; A: {}; B: {}", ea.tail(20), eb.tail(20)));
+    }
+    Ok(format!(
+        "link down {:.1} s from before either connect; {redials} connect(s) dialled again, both finished {:.1} s after it \
+         came back; 0 failures; A: {ra}; B: {rb}",
+        down.as_secs_f64(),
+        after.as_secs_f64()
+    ))
+}
+
 /// A cut that outlasts the recovery window (RUSTNET_RECOVERY_TIMEOUT=4):
 /// both ends fail, each naming its peer, the time waited and the knob.
 fn link_cut_past_window_case() -> Result<String, String> {
@@ -2146,6 +2197,7 @@ fn main() {
         cases.push(Case::new("tcp_reset_mid_transfer_recovers", reset_mid_transfer_case));
         cases.push(Case::new("tcp_link_cut_20s_recovers", || link_cut_recovers_case(Duration::from_secs(20))));
         cases.push(Case::new("tcp_link_cut_past_recovery_window_fails", link_cut_past_window_case));
+        cases.push(Case::new("tcp_link_cut_during_connect_recovers", || link_cut_during_connect_case(Duration::from_secs(6))));
         cases.push(Case::new("tcp_receiver_killed_during_recovery", || killed_during_recovery_case(false)));
         cases.push(Case::new("tcp_sender_killed_during_recovery", || killed_during_recovery_case(true)));
         cases.push(Case::new("tcp_ipv6_between_namespaces", ipv6_case));

@@ -315,7 +315,7 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
         "handle" => {
             let mk = |kind, addr: &str, nonce, stage| {
                 let mut b = [0u8; HANDLE_SIZE];
-                Handle { kind, addr: addr.parse().unwrap(), nonce, stage }.encode(&mut b);
+                Handle { kind, addr: addr.parse().unwrap(), nonce, stage, resume_port: 0 }.encode(&mut b);
                 b.to_vec()
             };
             let v4 = mk(HandleKind::Tcp, "10.1.2.3:40123", 0x1234_5678_9abc_def0, 0);

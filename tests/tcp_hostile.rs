@@ -61,7 +61,7 @@ fn addr_of(h: &[u8; HANDLE_SIZE]) -> SocketAddr {
 /// A handle that leads to `addr` (any program listening there).
 fn handle_to(addr: SocketAddr) -> [u8; HANDLE_SIZE] {
     let mut b = [0u8; HANDLE_SIZE];
-    Handle { kind: HandleKind::Tcp, addr, nonce: 0x5eed, stage: 0 }.encode(&mut b);
+    Handle { kind: HandleKind::Tcp, addr, nonce: 0x5eed, stage: 0, resume_port: 0 }.encode(&mut b);
     b
 }
 

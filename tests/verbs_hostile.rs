@@ -34,7 +34,7 @@ fn a_silent_oob_server_fails_the_sender_after_the_connect_timeout() {
             });
         }
     });
-    let h = Handle { kind: HandleKind::Ib, addr, nonce: 0x5eed, stage: 0 };
+    let h = Handle { kind: HandleKind::Ib, addr, nonce: 0x5eed, stage: 0, resume_port: 0 };
     let t0 = Instant::now();
     let mut c = n.connect(idx[0], &h, None).unwrap();
     // the verbs connect completes once its hello and metadata are out

@@ -18,7 +18,7 @@ use crate::proto::handle::{Handle, HandleKind, PROTO_VERSION};
 use crate::proto::resume::HelloExt;
 use crate::proto::wire::{Hello, Reply, Verdict, HELLO_LEN, REPLY_LEN, TCP_HELLO_LEN};
 use crate::random::random_u64;
-use crate::transport::sock::{nofile_limit, write_some, Io, Poller, Socket, POLL_BATCH};
+use crate::transport::sock::{nofile_limit, Io, Poller, Socket, POLL_BATCH};
 
 /// Socket settings of connection set-up, from the knob table.
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +160,7 @@ impl Listener {
         let (sock, addr) = Socket::listen(local)?;
         let poll = Poller::new()?;
         let nonce = random_u64();
-        let h = Handle { kind, addr, nonce, stage: 0 };
+        let h = Handle { kind, addr, nonce, stage: 0, resume_port: 0 };
         let l = Listener {
             sock,
             addr,
@@ -510,6 +510,31 @@ pub struct Connector {
     conn_id: u64,
     /// The resume port the listener named in its reply to stream 0 (TCP).
     resume_port: u16,
+    /// Set when `progress` failed on a link-class errno (a cut or reset
+    /// stream): where the connection stood then.
+    cut: Option<Cut>,
+    /// Tests: fail the first `progress` that finds the connection at this
+    /// stage as if the link had been cut there (ECONNRESET).
+    #[cfg(test)]
+    pub(crate) inject_cut: Option<Cut>,
+}
+
+/// Where a connection stood when a link fault (a reset, unreachable or
+/// timed-out stream) failed it: what the connecting side may do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Some stream had not written its whole hello: the listener cannot
+    /// have accepted the connection, so dialling again is safe.
+    BeforeHellos,
+    /// Every hello was written and some acceptance was not read: the
+    /// listener may have accepted it (and its process handed the comm to
+    /// NCCL), so only a reconnection under the same id is safe.
+    AwaitingReply,
+}
+
+/// Is `errno` one a cut or reset link reports (not a refusal or a bug)?
+fn link_errno(errno: i32) -> bool {
+    crate::proto::resume::fault_of(errno) == crate::proto::resume::Fault::Link
 }
 
 impl Connector {
@@ -546,7 +571,18 @@ impl Connector {
             };
             streams.push(ConnStream { sock, connected: false, hello, hello_len, sent: 0, reply: [0; REPLY_LEN], got: 0 });
         }
-        Ok(Connector { peer: h.addr, streams, cfg, confirm: h.kind == HandleKind::Tcp, started: Instant::now(), conn_id, resume_port: 0 })
+        Ok(Connector {
+            peer: h.addr,
+            streams,
+            cfg,
+            confirm: h.kind == HandleKind::Tcp,
+            started: Instant::now(),
+            conn_id,
+            resume_port: 0,
+            cut: None,
+            #[cfg(test)]
+            inject_cut: None,
+        })
     }
 
     /// The connection id its hellos carry.
@@ -559,25 +595,65 @@ impl Connector {
         self.resume_port
     }
 
+    /// After `progress` failed: was it a link fault, and where did the
+    /// connection stand? (`None`: another failure, or none.)
+    pub fn cut(&self) -> Option<Cut> {
+        self.cut
+    }
+
+    /// Where the connection stands now, were a link fault to end it.
+    fn stage(&self) -> Cut {
+        if self.streams.iter().all(|s| s.connected && s.sent == s.hello_len) {
+            Cut::AwaitingReply
+        } else {
+            Cut::BeforeHellos
+        }
+    }
+
     /// Advance; `Ok(true)` once every stream is connected, has sent its
     /// hello and (TCP) the listener accepted it. Fails once
     /// `RUSTNET_CONNECT_TIMEOUT` has passed without that.
     pub fn progress(&mut self) -> Result<bool> {
         let peer = self.peer;
         let remote = |what: String| Error::Remote { peer: peer.to_string(), what };
+        #[cfg(test)]
+        if let Some(c) = self.inject_cut.filter(|c| *c == self.stage()) {
+            self.inject_cut = None;
+            self.cut = Some(c);
+            return Err(remote(format!("injected cut: {}", crate::error::Errno(libc::ECONNRESET))));
+        }
         let mut all = true;
+        // a link fault while reading an acceptance: where the others stood
+        let mut read_fault: Option<(Error, bool)> = None;
         for (k, s) in self.streams.iter_mut().enumerate() {
             if !s.connected {
-                s.connected = s.sock.connect_done(&self.peer)?;
+                s.connected = match s.sock.connect_done(&self.peer) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if matches!(e, Error::Sys { errno, .. } if link_errno(errno.0)) {
+                            self.cut = Some(Cut::BeforeHellos);
+                        }
+                        return Err(e);
+                    }
+                };
                 if !s.connected {
                     all = false;
                     continue;
                 }
                 s.sock.tune_stream(self.cfg.timeout_s, self.cfg.bufsize)?;
             }
-            if !write_some(&s.sock, &s.hello[..s.hello_len], &mut s.sent, &peer, "hello")? {
-                all = false;
-                continue;
+            match s.sock.write_on(&s.hello[..s.hello_len], &mut s.sent) {
+                Ok(true) => {}
+                Ok(false) => {
+                    all = false;
+                    continue;
+                }
+                Err(e) => {
+                    if link_errno(e.0) {
+                        self.cut = Some(Cut::BeforeHellos);
+                    }
+                    return Err(Error::Remote { peer: peer.to_string(), what: format!("sending hello: {e}") });
+                }
             }
             if !self.confirm || s.got == REPLY_LEN {
                 continue;
@@ -595,7 +671,10 @@ impl Connector {
                         s.got
                     )))
                 }
-                Err(e) => return Err(remote(format!("waiting for the listener to accept: {e}"))),
+                Err(e) => {
+                    read_fault = Some((remote(format!("waiting for the listener to accept: {e}")), link_errno(e.0)));
+                    break;
+                }
             }
             let r = Reply::decode(&s.reply).map_err(|what| Error::Protocol { peer: peer.to_string(), what: what.to_string() })?;
             if r.verdict != Verdict::Accepted {
@@ -604,6 +683,13 @@ impl Connector {
             if k == 0 {
                 self.resume_port = r.resume_port;
             }
+        }
+        if let Some((err, link)) = read_fault {
+            if link {
+                // this stream wrote its hello; the others may not have yet
+                self.cut = Some(self.stage());
+            }
+            return Err(err);
         }
         if !all && self.started.elapsed() >= Duration::from_secs(self.cfg.connect_timeout_s.max(1) as u64) {
             return Err(remote(self.overdue()));
@@ -731,7 +817,7 @@ mod tests {
             }
         }
         assert!(held.len() < 8, "the backlog never filled: cannot make SYNs vanish here");
-        let h = Handle { kind: HandleKind::Tcp, addr, nonce: 5, stage: 0 };
+        let h = Handle { kind: HandleKind::Tcp, addr, nonce: 5, stage: 0, resume_port: 0 };
         let mut c = Connector::start(&h, 2, OobCfg { connect_timeout_s: 1, ..cfg() }).unwrap();
         let (e, took) = connect_error(&mut c, None, Duration::from_secs(20));
         eprintln!("connect with vanishing SYNs failed after {took:?}: {e}");
@@ -754,7 +840,7 @@ mod tests {
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut s, &mut sink);
         });
-        let h = Handle { kind: HandleKind::Tcp, addr, nonce: 5, stage: 0 };
+        let h = Handle { kind: HandleKind::Tcp, addr, nonce: 5, stage: 0, resume_port: 0 };
         let mut c = Connector::start(&h, 1, OobCfg { connect_timeout_s: 1, ..cfg() }).unwrap();
         let (e, took) = connect_error(&mut c, None, Duration::from_secs(20));
         assert!(took >= Duration::from_secs(1), "{took:?}");

@@ -8,7 +8,8 @@
 //! 10  kind    u8   1 = TCP, 2 = verbs (listener's transport)
 //! 11  family  u8   4 or 6
 //! 12  port    u16
-//! 14  -       u16
+//! 14  resume  u16  TCP: the listener's resume port (0: none); lets a
+//!                  connector whose acceptance was cut off resume
 //! 16  addr    [u8; 16]  (IPv4 in the first 4 bytes)
 //! 32  scope   u32  IPv6 scope id
 //! 36  -       u32
@@ -51,6 +52,10 @@ pub struct Handle {
     pub nonce: u64,
     /// Connector-local progress token.
     pub stage: u64,
+    /// TCP with recovery on: the listening process's resume port (0: none).
+    /// A connector whose streams are cut after its hellos, before it read
+    /// the acceptance, reconnects there (the comm may already be accepted).
+    pub resume_port: u16,
 }
 
 impl Handle {
@@ -61,6 +66,7 @@ impl Handle {
         out[8..10].copy_from_slice(&PROTO_VERSION.to_le_bytes());
         out[10] = self.kind as u8;
         out[12..14].copy_from_slice(&self.addr.port().to_le_bytes());
+        out[14..16].copy_from_slice(&self.resume_port.to_le_bytes());
         match self.addr {
             SocketAddr::V4(a) => {
                 out[11] = 4;
@@ -105,7 +111,7 @@ impl Handle {
         if port == 0 {
             return Err(ProtoError::HandlePortZero);
         }
-        Ok(Handle { kind, addr, nonce: u64at(40), stage: u64at(48) })
+        Ok(Handle { kind, addr, nonce: u64at(40), stage: u64at(48), resume_port: u16::from_le_bytes([b[14], b[15]]) })
     }
 
     /// Update only the stage token in an existing buffer.
@@ -121,7 +127,7 @@ mod tests {
     #[test]
     fn roundtrip_v4_v6() {
         for addr in ["127.0.0.1:4242".parse().unwrap(), "[fe80::1%3]:999".parse::<SocketAddr>().unwrap()] {
-            let h = Handle { kind: HandleKind::Tcp, addr, nonce: 0xdead_beef, stage: 0 };
+            let h = Handle { kind: HandleKind::Tcp, addr, nonce: 0xdead_beef, stage: 0, resume_port: 4711 };
             let mut b = [0u8; HANDLE_SIZE];
             h.encode(&mut b);
             assert_eq!(Handle::decode(&b).unwrap(), h);
@@ -134,7 +140,7 @@ mod tests {
     fn garbage_rejected_with_reason() {
         let mut b = [0xabu8; HANDLE_SIZE];
         assert!(Handle::decode(&b).unwrap_err().to_string().contains("not a librustnet handle"));
-        let h = Handle { kind: HandleKind::Ib, addr: "10.0.0.1:5".parse().unwrap(), nonce: 1, stage: 0 };
+        let h = Handle { kind: HandleKind::Ib, addr: "10.0.0.1:5".parse().unwrap(), nonce: 1, stage: 0, resume_port: 0 };
         h.encode(&mut b);
         b[8] = 9;
         assert!(Handle::decode(&b).unwrap_err().to_string().contains("protocol 9"));

@@ -566,8 +566,13 @@ mod tests {
 
     #[test]
     fn member_handles_ride_in_one_nccl_handle() {
-        let h =
-            |port: u16, nonce: u64| Handle { kind: HandleKind::Ib, addr: format!("10.199.0.1:{port}").parse().unwrap(), nonce, stage: 0 };
+        let h = |port: u16, nonce: u64| Handle {
+            kind: HandleKind::Ib,
+            addr: format!("10.199.0.1:{port}").parse().unwrap(),
+            nonce,
+            stage: 0,
+            resume_port: 0,
+        };
         let hs = vec![h(4000, 1), h(4001, 0xdead_beef_0000_0001), h(4002, 3), h(4003, u64::MAX)];
         let mut b = [0u8; HANDLE_SIZE];
         Handles(hs.clone()).encode(&mut b);

@@ -6,6 +6,7 @@
 //! listener's replies name the receiving process's resume port; an accepted
 //! comm is registered there under its token ([`super::resume`]).
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use super::recv::{RecvComm, RecvResume};
 use super::resume::{self, PortRef};
@@ -14,7 +15,7 @@ use super::StreamCfg;
 use crate::error::Result;
 use crate::proto::handle::{Handle, HandleKind};
 use crate::proto::resume::{HelloExt, Token};
-use crate::transport::oob::{Connector, Listener};
+use crate::transport::oob::{Connector, Cut, Listener};
 
 /// A TCP listening endpoint (the strangers' rules are [`Listener`]'s).
 pub struct TcpListen {
@@ -28,8 +29,10 @@ pub struct TcpListen {
 impl TcpListen {
     /// Listen on `local` (port 0); returns the endpoint and its handle.
     pub fn new(local: SocketAddr, cfg: StreamCfg) -> Result<(TcpListen, Handle)> {
-        let (inner, h) = Listener::new(local, HandleKind::Tcp, cfg.oob())?;
+        let (inner, mut h) = Listener::new(local, HandleKind::Tcp, cfg.oob())?;
         let port = cfg.resume_port(h.addr)?;
+        // a connector cut off before our acceptance reached it reconnects there
+        h.resume_port = port.as_ref().map_or(0, |p| p.addr().port());
         let inner = inner.with_resume_port(port.as_ref().map_or(0, |p| p.addr().port()));
         Ok((TcpListen { inner, cfg, tos: None, port }, h))
     }
@@ -66,14 +69,41 @@ impl TcpListen {
 }
 
 /// An outgoing TCP connection in progress.
+///
+/// With recovery on, a link fault during set-up (a cut or reset stream, an
+/// unreachable network while the link is down) does not fail the connect
+/// while `RUSTNET_CONNECT_TIMEOUT` lasts:
+/// - before every hello is written the listener cannot have accepted the
+///   connection: it is dialled again from scratch (a new id), with back-off;
+/// - after the hellos, with an acceptance unread, the listener may already
+///   have accepted it: the connect finishes as a send comm that starts out
+///   recovering through the listening process's resume port (named in the
+///   handle), under the same id and token.
 pub struct TcpConnecting {
-    inner: Connector,
+    /// `None` between a cut attempt and the next dial.
+    inner: Option<Connector>,
+    handle: Handle,
     cfg: StreamCfg,
     tos: Option<u8>,
     token: Token,
     /// Our resume port, held for the comm (recovery on).
     port: Option<PortRef>,
     addr: SocketAddr,
+    /// When the first dial started (the connect timeout counts from it).
+    began: Instant,
+    /// The next dial, after a cut one.
+    redial_at: Option<Instant>,
+    /// Dials so far.
+    dials: u32,
+    /// Why the last dial failed (kept for the timeout's message).
+    last_cut: Option<String>,
+    /// The set-up was cut after the hellos: finish as a recovering comm.
+    resume_cut: Option<String>,
+}
+
+/// Dial again after a cut one: 100 ms, doubling up to 1 s.
+fn redial_delay(dials: u32) -> Duration {
+    Duration::from_millis(100u64 << dials.saturating_sub(1).min(4)).min(Duration::from_secs(1))
 }
 
 impl TcpConnecting {
@@ -87,26 +117,141 @@ impl TcpConnecting {
             None => None,
         };
         let token = if port.is_some() { Token(crate::random::secret_128()) } else { Token::NONE };
-        let ext = HelloExt { token, probe: port.as_ref().map(PortRef::addr) };
-        let inner = Connector::start_ext(h, cfg.nstreams, cfg.oob(), tos, Some(ext))?;
-        Ok(TcpConnecting { inner, cfg, tos, token, port, addr: h.addr })
+        let mut c = TcpConnecting {
+            inner: None,
+            handle: *h,
+            cfg,
+            tos,
+            token,
+            port,
+            addr: h.addr,
+            began: Instant::now(),
+            redial_at: None,
+            dials: 0,
+            last_cut: None,
+            resume_cut: None,
+        };
+        c.dial()?;
+        Ok(c)
     }
 
-    /// Advance; `Ok(true)` once the listener accepted every stream.
+    /// Tests: make the first dial fail at `at` as if the link were cut there.
+    #[cfg(test)]
+    pub(crate) fn inject_cut(&mut self, at: Cut) {
+        if let Some(c) = self.inner.as_mut() {
+            c.inject_cut = Some(at);
+        }
+    }
+
+    /// How many times it dialled.
+    #[cfg(test)]
+    pub(crate) fn dials(&self) -> u32 {
+        self.dials
+    }
+
+    /// Does this connect ride out link faults (recovery on at our end)?
+    fn rides_out_cuts(&self) -> bool {
+        self.port.is_some()
+    }
+
+    /// Open the streams; a link fault while the link is down (no route,
+    /// unreachable) schedules another dial.
+    fn dial(&mut self) -> Result<()> {
+        let ext = HelloExt { token: self.token, probe: self.port.as_ref().map(PortRef::addr) };
+        self.dials += 1;
+        match Connector::start_ext(&self.handle, self.cfg.nstreams, self.cfg.oob(), self.tos, Some(ext)) {
+            Ok(c) => {
+                self.inner = Some(c);
+                self.redial_at = None;
+                Ok(())
+            }
+            Err(e) if self.rides_out_cuts() && is_link_fault(&e) => {
+                self.cut_before_hellos(e.to_string());
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A dial failed before the listener could accept it: dial again later.
+    fn cut_before_hellos(&mut self, why: String) {
+        if self.last_cut.is_none() {
+            tracing::warn!(
+                "TCP connect to {}: {why}; dialling again until RUSTNET_CONNECT_TIMEOUT={} s has passed (the link may be down)",
+                self.addr,
+                self.cfg.connect_timeout_s
+            );
+        }
+        self.inner = None;
+        self.redial_at = Some(Instant::now() + redial_delay(self.dials));
+        self.last_cut = Some(why);
+    }
+
+    /// Advance; `Ok(true)` once the listener accepted every stream (or the
+    /// set-up was cut after the hellos: the comm then recovers).
     pub fn progress(&mut self) -> Result<bool> {
-        self.inner.progress()
+        if self.resume_cut.is_some() {
+            return Ok(true);
+        }
+        let Some(inner) = self.inner.as_mut() else {
+            let timeout = Duration::from_secs(self.cfg.connect_timeout_s.max(1) as u64);
+            if self.began.elapsed() >= timeout {
+                return Err(crate::error::Error::Remote {
+                    peer: self.addr.to_string(),
+                    what: format!(
+                        "no connection within RUSTNET_CONNECT_TIMEOUT={} s: {} dial(s) failed on a link fault, the last: {}",
+                        self.cfg.connect_timeout_s,
+                        self.dials,
+                        self.last_cut.as_deref().unwrap_or("none")
+                    ),
+                });
+            }
+            if self.redial_at.is_some_and(|t| Instant::now() < t) {
+                return Ok(false);
+            }
+            self.dial()?;
+            return Ok(false);
+        };
+        let rides = self.port.is_some();
+        match inner.progress() {
+            Ok(done) => Ok(done),
+            Err(e) if !rides => Err(e),
+            Err(e) => match inner.cut() {
+                Some(Cut::BeforeHellos) => {
+                    self.cut_before_hellos(e.to_string());
+                    Ok(false)
+                }
+                Some(Cut::AwaitingReply) if self.handle.resume_port != 0 || inner.resume_port() != 0 => {
+                    let addr = self.addr;
+                    tracing::warn!(
+                        "TCP connect to {}: {e}, after every hello was sent: the listener may have accepted the connection; \
+                         finishing the connect as a comm that reconnects through the listening process's resume port",
+                        addr
+                    );
+                    self.resume_cut = Some(format!("its set-up was cut before the acceptance arrived ({e})"));
+                    Ok(true)
+                }
+                _ => Err(e),
+            },
+        }
     }
 
     /// Finish as a TCP send comm (one that recovers when both ends offered it).
     pub fn into_send_comm(self) -> SendComm {
-        let resume_port = self.inner.resume_port();
-        let conn_id = self.inner.conn_id();
+        let inner = self.inner.expect("progress reported a connection");
+        let resume_port = if self.resume_cut.is_some() && inner.resume_port() == 0 { self.handle.resume_port } else { inner.resume_port() };
+        let conn_id = inner.conn_id();
         let rs = (self.token.is_set() && resume_port != 0).then(|| {
             let mut addr = self.addr;
             addr.set_port(resume_port);
-            SendResume { conn_id, token: self.token, addr, tos: self.tos, port: self.port }
+            SendResume { conn_id, token: self.token, addr, tos: self.tos, port: self.port, cut: self.resume_cut }
         });
-        let (socks, peer) = self.inner.into_streams();
+        let (socks, peer) = inner.into_streams();
         SendComm::new(socks, peer, self.cfg, rs)
     }
+}
+
+/// An error of opening a stream that a down or cut link explains.
+fn is_link_fault(e: &crate::error::Error) -> bool {
+    matches!(e, crate::error::Error::Sys { errno, .. } if crate::proto::resume::fault_of(errno.0) == crate::proto::resume::Fault::Link)
 }

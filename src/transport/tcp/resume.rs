@@ -619,6 +619,10 @@ pub struct Attempt {
     /// When it started.
     pub began: Instant,
     addr: SocketAddr,
+    /// The comm was never confirmed accepted (its set-up was cut before
+    /// the acceptance arrived): "no such connection" may mean "not accepted
+    /// yet", so it is retried.
+    unconfirmed: bool,
 }
 
 /// Where an attempt stands.
@@ -655,7 +659,14 @@ impl Attempt {
             };
             streams.push(AStream { sock, connected: false, hello: h.encode(), sent: 0, reply: [0; RESUME_REPLY_LEN], got: 0 });
         }
-        Ok(Attempt { streams, began: Instant::now(), addr })
+        Ok(Attempt { streams, began: Instant::now(), addr, unconfirmed: false })
+    }
+
+    /// For a comm whose acceptance was never read: the receiver's process
+    /// may not have accepted it yet, so "no such connection" is retried.
+    pub fn unconfirmed(mut self, yes: bool) -> Attempt {
+        self.unconfirmed = yes;
+        self
     }
 
     /// Move it on (non-blocking).
@@ -700,6 +711,9 @@ impl Attempt {
                 Verdict::Accepted => {}
                 Verdict::Stale | Verdict::TooMany | Verdict::Late => {
                     return Step::Retry(format!("{addr} did not take this attempt: {}", r.verdict.explain()))
+                }
+                Verdict::UnknownComm if self.unconfirmed => {
+                    return Step::Retry(format!("{addr} has not accepted the connection yet: {}", r.verdict.explain()))
                 }
                 v => return Step::Fatal(format!("the receiver refused to resume the connection: {}", v.explain())),
             }

@@ -82,6 +82,10 @@ pub struct SendResume {
     /// This process's resume port, held open while the comm lives: a
     /// receiver waiting for us finds it open, so it knows we are alive.
     pub port: Option<PortRef>,
+    /// The set-up was cut after the hellos, before the acceptance was read
+    /// (why): the comm starts out recovering, and until a reconnection is
+    /// taken "no such connection" means "not accepted yet".
+    pub cut: Option<String>,
 }
 
 /// A send comm's recovery state.
@@ -97,6 +101,8 @@ struct SendRec {
     state: Option<Recovering>,
     /// New streams since the helper pool last registered ours.
     fds_changed: bool,
+    /// No acceptance read yet (the set-up was cut): see [`SendResume::cut`].
+    unconfirmed: bool,
     /// When a look for acknowledgements last found none.
     acks_empty_at: Option<Instant>,
 }
@@ -144,8 +150,11 @@ unsafe impl Send for SendCore {}
 impl SendCore {
     /// Build from connected streams; `resume` when both ends recover.
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg, resume: Option<SendResume>) -> SendCore {
-        let rec = resume.filter(|_| cfg.recovery_s > 0).map(|r| {
+        let mut cut = None;
+        let rec = resume.filter(|_| cfg.recovery_s > 0).map(|mut r| {
+            cut = r.cut.take();
             Box::new(SendRec {
+                unconfirmed: cut.is_some(),
                 window: Duration::from_secs(cfg.recovery_s as u64),
                 r,
                 bufsize: cfg.bufsize,
@@ -157,7 +166,7 @@ impl SendCore {
                 acks_empty_at: None,
             })
         });
-        SendCore {
+        let mut core = SendCore {
             streams: socks
                 .into_iter()
                 .map(|sock| SendStream { sock, q: VecDeque::with_capacity(SEND_SLOTS), wpos: 0, queued: 0, sent: 0, acked: 0 })
@@ -172,7 +181,11 @@ impl SendCore {
             stats: Arc::default(),
             fault: cfg.fault_reset.filter(|p| p.send),
             writes: 0,
+        };
+        if let Some(cause) = cut {
+            core.begin_recovery(cause);
         }
+        core
     }
 
     /// Peer address.
@@ -313,7 +326,7 @@ impl SendCore {
                     })
                     .collect();
                 match Attempt::start(r.r.addr, &hellos, r.r.tos) {
-                    Ok(a) => st.attempt = Some(a),
+                    Ok(a) => st.attempt = Some(a.unconfirmed(r.unconfirmed)),
                     Err(AttemptStep::Fatal(why)) => outcome = Some(Outcome::Fail(why)),
                     Err(AttemptStep::Retry(why)) => {
                         st.last = why;
@@ -358,6 +371,7 @@ impl SendCore {
         }
         let Some(r) = self.rec.as_deref_mut() else { return };
         let rs = r.state.take().expect("recovering");
+        r.unconfirmed = false;
         let mut replayed = 0u64;
         for (k, (sock, off)) in socks.into_iter().enumerate() {
             if let Err(e) = sock.tune_stream(self.timeout_s, r.bufsize) {
