@@ -441,6 +441,17 @@ impl Listener {
         let Some((id, k, why)) = closed else { return Ok(()) };
         let g = self.groups.remove(&id).expect("found above");
         let missing = g.streams.iter().filter(|s| s.is_none()).count();
+        if g.ext.is_some_and(|e| e.token.is_set()) {
+            // a connector that recovers dials again after a link fault
+            // part-way (under a new id): this one is only dropped
+            tracing::warn!(
+                "TCP connection from {} (id {id:#x}): {why} stream {k} of {} while {missing} had not arrived; dropped \
+                 (its connector dials again after a link fault)",
+                g.peer,
+                g.nstreams
+            );
+            return Ok(());
+        }
         Err(Error::Remote {
             peer: g.peer.to_string(),
             what: format!(
@@ -593,6 +604,12 @@ impl Connector {
     /// TCP, once connected: the resume port the listener named (0: none).
     pub fn resume_port(&self) -> u16 {
         self.resume_port
+    }
+
+    /// Count the connect timeout from `t` (an earlier dial's start).
+    pub fn started_at(mut self, t: Instant) -> Connector {
+        self.started = t;
+        self
     }
 
     /// After `progress` failed: was it a link fault, and where did the
@@ -756,6 +773,56 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(5), "no connection (connect done {done}, accepted {})", got.is_some());
         }
         got.unwrap()
+    }
+
+    /// A recovering connector's dial cut part-way (2 of its 3 hellos
+    /// delivered, then closed) is dropped, not an accept error: that
+    /// connector dials again under a new id, which the listener takes.
+    /// Without a token (no recovery) it stays an error naming the cause.
+    #[test]
+    fn a_part_way_dial_of_a_recovering_connector_is_dropped_not_an_accept_error() {
+        use crate::proto::resume::Token;
+        for token in [Token([9; 16]), Token::NONE] {
+            let (mut l, h) = listener();
+            let ext = HelloExt { token, probe: None };
+            let conn_id = 0x5151;
+            let mut socks = Vec::new();
+            for k in 0..2u16 {
+                let mut s = TcpStream::connect(h.addr).unwrap();
+                let mut b = [0u8; TCP_HELLO_LEN];
+                b[..HELLO_LEN].copy_from_slice(&Hello { version: PROTO_VERSION, stream: k, nstreams: 3, conn_id, nonce: h.nonce }.encode());
+                b[HELLO_LEN..].copy_from_slice(&ext.encode());
+                s.write_all(&b).unwrap();
+                socks.push(s);
+            }
+            // the listener takes both hellos, then the streams close
+            let t0 = Instant::now();
+            while l.groups.get(&conn_id).is_none_or(|g| g.streams.iter().flatten().count() < 2) {
+                assert!(l.accept_streams().unwrap().is_none());
+                assert!(t0.elapsed() < Duration::from_secs(5), "the hellos never arrived");
+            }
+            drop(socks);
+            let t0 = Instant::now();
+            let outcome = loop {
+                match l.accept_streams() {
+                    Err(e) => break Some(e.to_string()),
+                    Ok(Some(_)) => panic!("a part-way connection was accepted"),
+                    Ok(None) if l.groups.is_empty() => break None,
+                    Ok(None) => {}
+                }
+                assert!(t0.elapsed() < Duration::from_secs(5), "the closed streams were never noticed");
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            if token.is_set() {
+                assert_eq!(outcome, None, "dropped quietly (a WARN), the listener goes on");
+                let mut c = Connector::start_ext(&h, 3, cfg(), None, Some(ext)).unwrap();
+                let (got, _) = both(&mut c, &mut l);
+                assert_eq!(got.len(), 3, "the next dial is accepted");
+            } else {
+                let e = outcome.expect("without recovery it is an accept error");
+                assert!(e.contains("closed stream") && e.contains("had not arrived"), "{e}");
+            }
+        }
     }
 
     /// Drive a connect (and the listener, when given) until it answers; the error text.

@@ -161,7 +161,8 @@ impl TcpConnecting {
         self.dials += 1;
         match Connector::start_ext(&self.handle, self.cfg.nstreams, self.cfg.oob(), self.tos, Some(ext)) {
             Ok(c) => {
-                self.inner = Some(c);
+                // one RUSTNET_CONNECT_TIMEOUT for every dial together
+                self.inner = Some(c.started_at(self.began));
                 self.redial_at = None;
                 Ok(())
             }
@@ -177,7 +178,8 @@ impl TcpConnecting {
     fn cut_before_hellos(&mut self, why: String) {
         if self.last_cut.is_none() {
             tracing::warn!(
-                "TCP connect to {}: {why}; dialling again until RUSTNET_CONNECT_TIMEOUT={} s has passed (the link may be down)",
+                "TCP connect to {}: {why}; dialling again until RUSTNET_CONNECT_TIMEOUT={} s has passed (the link may be \
+                 down, or this address not routable from here)",
                 self.addr,
                 self.cfg.connect_timeout_s
             );
@@ -213,9 +215,20 @@ impl TcpConnecting {
             return Ok(false);
         };
         let rides = self.port.is_some();
+        let (dials, last_cut) = (self.dials, self.last_cut.clone());
         match inner.progress() {
             Ok(done) => Ok(done),
             Err(e) if !rides => Err(e),
+            // the overall timeout, after earlier dials were cut: say so
+            Err(crate::error::Error::Remote { peer, what }) if inner.cut().is_none() && last_cut.is_some() => {
+                Err(crate::error::Error::Remote {
+                    peer,
+                    what: format!(
+                        "{what} (dial {dials}; the earlier ones failed on a link fault, the last: {})",
+                        last_cut.unwrap_or_default()
+                    ),
+                })
+            }
             Err(e) => match inner.cut() {
                 Some(Cut::BeforeHellos) => {
                     self.cut_before_hellos(e.to_string());
@@ -228,7 +241,11 @@ impl TcpConnecting {
                          finishing the connect as a comm that reconnects through the listening process's resume port",
                         addr
                     );
-                    self.resume_cut = Some(format!("its set-up was cut before the acceptance arrived ({e})"));
+                    let why = match &e {
+                        crate::error::Error::Remote { what, .. } => what.clone(),
+                        other => other.to_string(),
+                    };
+                    self.resume_cut = Some(format!("its set-up was cut before the acceptance arrived ({why})"));
                     Ok(true)
                 }
                 _ => Err(e),

@@ -373,6 +373,31 @@ mod recovery_tests {
         }
     }
 
+    /// A comm cut during its set-up starts its recovery window at its first
+    /// use, not at connect: NCCL connects every channel at init and may
+    /// send much later.
+    #[test]
+    fn a_connect_cut_comm_first_used_after_the_window_still_recovers() {
+        let lo = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let (mut l, h) = TcpListen::new(lo, cfg(1, false, 1, None)).unwrap();
+        let mut c = TcpConnecting::start(&h, cfg(1, false, 1, None), None, Some(lo)).unwrap();
+        c.inject_cut(Cut::AwaitingReply);
+        let t0 = Instant::now();
+        while !c.progress().unwrap() {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+        let mut got = None;
+        while got.is_none() {
+            got = l.accept().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+        drop(l);
+        let s = c.into_send_comm();
+        std::thread::sleep(Duration::from_millis(1500));
+        let (s, r) = exchange(s, got.unwrap(), MIX);
+        assert_eq!(resets(&s, &r).0, 1, "one reconnection");
+    }
+
     fn resets(s: &SendComm, r: &RecvComm) -> (u64, u64, u64) {
         let (a, b) = (s.recovery_stats(), r.recovery_stats());
         (a.recoveries.get(), b.recoveries.get(), a.replayed_bytes.get())

@@ -493,7 +493,11 @@ impl Hub {
             notes.push((p.sock.local_addr().unwrap_or(p.peer), p.peer, why));
         };
         let Some(e) = self.comms.get(&h.conn_id).filter(|e| e.mailbox.strong_count() > 0) else {
-            return say(&p, Verdict::UnknownComm, format!("no open receive comm with connection id {:#x}", h.conn_id));
+            return say(
+                &p,
+                Verdict::UnknownComm,
+                format!("no open receive comm with connection id {:#x} (closed, failed, or not accepted yet)", h.conn_id),
+            );
         };
         if !e.token.matches(&h.token) {
             return say(&p, Verdict::BadToken, format!("wrong resume token for connection {:#x}", h.conn_id));

@@ -115,6 +115,9 @@ struct Recovering {
     next: Instant,
     attempt: Option<Attempt>,
     last: String,
+    /// The window's clock runs (a comm cut during its set-up starts it at
+    /// its first use: NCCL may connect long before it sends).
+    clock: bool,
 }
 
 enum Outcome {
@@ -274,6 +277,7 @@ impl SendCore {
             next: now,
             attempt: None,
             last: "none finished".into(),
+            clock: !r.unconfirmed,
         });
     }
 
@@ -283,6 +287,12 @@ impl SendCore {
         let nstreams = self.streams.len();
         let Some(r) = self.rec.as_deref_mut() else { return };
         let Some(st) = r.state.as_mut() else { return };
+        if !st.clock {
+            st.clock = true;
+            st.since = now;
+            st.backoff = Backoff::new(now, r.window);
+            st.next = now;
+        }
         let mut outcome = None;
         if let Some(a) = st.attempt.as_mut() {
             let began = a.began;
