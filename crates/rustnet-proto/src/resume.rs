@@ -508,7 +508,7 @@ mod tests {
 
     #[test]
     fn resume_reply_roundtrip_and_checks() {
-        for v in [Verdict::Accepted, Verdict::UnknownComm, Verdict::BadToken, Verdict::Stale, Verdict::Inconsistent] {
+        for v in [Verdict::Accepted, Verdict::UnknownComm, Verdict::BadToken, Verdict::Stale, Verdict::Inconsistent, Verdict::Closed] {
             let r = ResumeReply { verdict: v, version: PROTO_VERSION, offset: 77 };
             assert_eq!(ResumeReply::decode(&r.encode()).unwrap(), r);
         }

@@ -68,12 +68,16 @@ pub enum Verdict {
     /// The stream does not fit the connection it names.
     Inconsistent = 6,
     /// A resume for a connection the receiving process does not have (never
-    /// had, or its receive comm was closed).
+    /// had, not accepted yet, or closed long ago).
     UnknownComm = 7,
     /// A resume whose token is not the connection's.
     BadToken = 8,
     /// A resume attempt older than one already taken.
     Stale = 9,
+    /// A resume for a connection whose receive comm failed or was closed
+    /// (unlike [`Verdict::UnknownComm`], which may also be one not yet
+    /// accepted): the sender fails at once.
+    Closed = 10,
 }
 
 impl Verdict {
@@ -90,16 +94,17 @@ impl Verdict {
             Verdict::TooMany => "too many connections without a hello were waiting at it (RUSTNET_LISTEN_MAX_STRANGERS there)",
             Verdict::Late => "our hello did not arrive within its RUSTNET_SOCKET_TIMEOUT",
             Verdict::Inconsistent => "our stream did not fit the connection it named",
-            Verdict::UnknownComm => "that process has no such connection (its receive comm was closed)",
+            Verdict::UnknownComm => "that process has no such connection (never accepted, or its receive comm was closed)",
             Verdict::BadToken => "the resume token is not the connection's",
             Verdict::Stale => "a later reconnection attempt was already taken",
+            Verdict::Closed => "that process's receive comm for this connection failed or was closed",
         }
     }
 
     /// The verdict of a wire code.
     pub fn from_code(c: u16) -> Option<Verdict> {
         use Verdict::*;
-        [Accepted, WrongNonce, Version, Malformed, TooMany, Late, Inconsistent, UnknownComm, BadToken, Stale]
+        [Accepted, WrongNonce, Version, Malformed, TooMany, Late, Inconsistent, UnknownComm, BadToken, Stale, Closed]
             .into_iter()
             .find(|v| *v as u16 == c)
     }
@@ -308,6 +313,7 @@ mod tests {
             Verdict::UnknownComm,
             Verdict::BadToken,
             Verdict::Stale,
+            Verdict::Closed,
         ] {
             let r = Reply { verdict: v, version: 3, resume_port: 4242 };
             assert_eq!(Reply::decode(&r.encode()).unwrap(), r);

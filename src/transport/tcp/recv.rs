@@ -719,7 +719,7 @@ impl RecvCore {
         };
         if failed {
             // NCCL will close it: the sender should fail now, not retry
-            return answer(&m.socks, Verdict::UnknownComm);
+            return answer(&m.socks, Verdict::Closed);
         }
         if let Some(offs) = &m.answered {
             // answered for us: by the gate, nothing was read since

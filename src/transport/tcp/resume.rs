@@ -33,7 +33,7 @@
 //!
 //! Locks are std's (see `crate::thread`); the registry is freed at unload
 //! ([`release`]).
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -223,6 +223,10 @@ struct Hub {
     max_age: Duration,
     warned: Option<Instant>,
     quiet: u64,
+    /// Ids of the receive comms closed most recently (at most
+    /// [`CLOSED_KEPT`]): a resume for one is told [`Verdict::Closed`], not
+    /// "no such connection" (which a sender cut during set-up retries).
+    closed: VecDeque<u64>,
     /// The serving thread (None when it could not start: comms then take
     /// reconnections only while NCCL calls them).
     server: Option<Server>,
@@ -234,6 +238,8 @@ static HUB: Mutex<Option<Hub>> = Mutex::new(None);
 const ACCEPT_PER_POLL: usize = 64;
 /// An incomplete attempt is dropped after this long (its sender gave it up long before).
 const GROUP_MAX: Duration = Duration::from_secs(10);
+/// Closed receive comms the hub remembers (8 bytes each).
+const CLOSED_KEPT: usize = 1024;
 /// At most one WARN about refused reconnections per this long.
 const WARN_EVERY: Duration = Duration::from_secs(5);
 /// While connections wait for their hello (or an attempt for its other
@@ -295,6 +301,7 @@ impl PortRef {
             max_age,
             warned: None,
             quiet: 0,
+            closed: VecDeque::new(),
             server: None,
         });
         if let Some(p) = h.ports.get_mut(&ip) {
@@ -346,6 +353,13 @@ impl Drop for PortRef {
             p.refs -= 1;
             if p.refs == 0 {
                 h.ports.remove(&self.ip);
+                // the serving thread may be asleep in poll(2) on this port:
+                // until it wakes, the kernel keeps the socket listening (poll
+                // holds the file), and a waiting peer's probe would not be
+                // refused
+                if let Some(s) = &h.server {
+                    s.wake.notify();
+                }
             }
         }
         if h.ports.is_empty() && h.comms.is_empty() {
@@ -385,6 +399,10 @@ impl Drop for Registration {
             h.comms.remove(&self.conn_id);
             let id = self.conn_id;
             h.groups.retain(|k, _| k.0 != id);
+            if h.closed.len() == CLOSED_KEPT {
+                h.closed.pop_front();
+            }
+            h.closed.push_back(id);
         }
     }
 }
@@ -493,6 +511,9 @@ impl Hub {
             notes.push((p.sock.local_addr().unwrap_or(p.peer), p.peer, why));
         };
         let Some(e) = self.comms.get(&h.conn_id).filter(|e| e.mailbox.strong_count() > 0) else {
+            if self.closed.contains(&h.conn_id) {
+                return say(&p, Verdict::Closed, format!("the receive comm of connection {:#x} was closed", h.conn_id));
+            }
             return say(
                 &p,
                 Verdict::UnknownComm,
@@ -532,7 +553,7 @@ impl Hub {
         let (socks, sent): (Vec<Socket>, Vec<u64>) = g.streams.into_iter().map(Option::unwrap).unzip();
         let Some(m) = mailbox.upgrade().filter(|m| !m.closed.load(Ordering::Relaxed)) else {
             for s in &socks {
-                refuse(s, Verdict::UnknownComm);
+                refuse(s, Verdict::Closed);
             }
             return;
         };
@@ -927,6 +948,12 @@ mod tests {
             Step::Done(_) => panic!("a closed comm was resumed"),
             _ => {}
         }
+        // a sender cut during its set-up retries "no such connection" (its
+        // comm may not be accepted yet), but not "closed"
+        let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 5, token), hello(0x77, 1, 2, 5, token)], None).unwrap().unconfirmed(true);
+        assert!(matches!(finish(&mut a), Step::Fatal(why) if why.contains("failed or was closed")));
+        let mut a = Attempt::start(addr, &[hello(0x99, 0, 1, 1, token)], None).unwrap().unconfirmed(true);
+        assert!(matches!(finish(&mut a), Step::Retry(why) if why.contains("not accepted")));
         drop(keep);
         assert!(!has_port(lo()), "the resume port outlived its last comm");
         let mut pr = Prober::new(addr);
