@@ -545,7 +545,35 @@ fn peer_recovering_traffic(peer: &mut Peer, e: &PeerEnv) {
     let runs = env_u64("RUSTNET_CONF_RUNS", 20);
     let rounds = env_u64("RUSTNET_CONF_ROUNDS", 20) as usize;
     let max_big = env_u64("RUSTNET_CONF_MAX_BIG", 1 << 20) as usize;
-    let (s, r, l) = peer.connect_pair();
+    let (s, r, l) = if e.role == "B" && env_u64("RUSTNET_CONF_LATE_ACCEPT", 0) == 1 {
+        // B's listener answers A's hellos only once told to: A's connect
+        // waits for that acceptance meanwhile (the coordinator cuts the link then)
+        let (h, l) = peer.p.listen(peer.dev).expect("listen");
+        peer.say(&format!("HANDLE {}", hex(&h)));
+        let mut ph = [0u8; 128];
+        ph.copy_from_slice(&unhex(&peer.hear("PEER ")).expect("peer handle hex"));
+        let t0 = Instant::now();
+        let s = loop {
+            if let Some(s) = peer.p.connect(peer.dev, &mut ph).expect("connect") {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "B's connect not done");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        peer.say("CONNECTED");
+        peer.hear("ACCEPT");
+        let t0 = Instant::now();
+        let r = loop {
+            if let Some(r) = peer.p.accept(l).expect("accept") {
+                break r;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "B's accept not done");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        (s, r, l)
+    } else {
+        peer.connect_pair()
+    };
     peer.p.close_listen(l).unwrap();
     let t0 = Instant::now();
     let mut total = 0;
@@ -1530,6 +1558,81 @@ fn link_cut_during_connect_case(down: Duration) -> Result<String, String> {
     ))
 }
 
+/// The link cut while A's connect waits for B's acceptance, its hellos
+/// delivered (CI's soak failure of stop 31): B's listener holds them and
+/// answers only later, during the cut, so A's stream ends (keepalive)
+/// before the acceptance arrives, while B's NCCL already has the comm.
+/// A's connect finishes as a comm that reconnects through B's resume port
+/// (named in the handle) once the link is back; every byte arrives once.
+fn link_cut_before_acceptance_case() -> Result<String, String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let id = std::process::id() % 100000;
+    let t = Duration::from_secs(60);
+    let env = |ifn| {
+        [
+            ("RUSTNET_SOCKET_TIMEOUT", "2"),
+            ("RUSTNET_CONF_RUNS", "3"),
+            ("RUSTNET_CONF_ROUNDS", "10"),
+            ("RUSTNET_CONF_LATE_ACCEPT", "1"),
+            ("NCCL_SOCKET_IFNAME", ifn),
+        ]
+    };
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &RECOVERING_TRAFFIC, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &RECOVERING_TRAFFIC, &env("rnB"));
+    swap_handles(&mut a, &mut b, t)?;
+    b.expect("CONNECTED", t)?;
+    // A's hellos are in B's socket buffers by now; B has not answered them
+    std::thread::sleep(Duration::from_millis(300));
+    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
+        return Err("could not cut the link".into());
+    }
+    // A's keepalive (RUSTNET_SOCKET_TIMEOUT=2) ends its streams meanwhile
+    let cut_warn = "after every hello was sent";
+    let t0 = Instant::now();
+    while !a.stderr.text().contains(cut_warn) {
+        if a.stderr.text().contains("panicked") {
+            let _ = sh(&format!("ip -n {} link set rnA{id} up", ns.a));
+            return Err(format!("A's connect failed during the cut instead of finishing as a recovering comm: {}", a.stderr.tail(8)));
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = sh(&format!("ip -n {} link set rnA{id} up", ns.a));
+            return Err(format!("A's connect never gave up its streams during the cut; A: {}", a.stderr.tail(20)));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // B's NCCL accepts now: its acceptance goes nowhere, its comm is handed out
+    b.send("ACCEPT");
+    std::thread::sleep(Duration::from_secs(1));
+    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
+        return Err("could not restore the link".into());
+    }
+    let down = t0.elapsed() + Duration::from_millis(300);
+    let up = Instant::now();
+    let done = |p: &Proc, who: &str| {
+        p.expect("CYCLE", Duration::from_secs(90))
+            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
+    };
+    done(&a, "A")?;
+    done(&b, "B")?;
+    let after = up.elapsed();
+    a.send("GO");
+    b.send("GO");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a)?;
+    let rb = finish(b)?;
+    let (n, bytes) = recoveries_in(&[&ea, &eb]);
+    if n == 0 {
+        return Err(format!("the traffic went on but no send comm says it recovered; A: {}; B: {}", ea.tail(20), eb.tail(20)));
+    }
+    Ok(format!(
+        "link down {:.1} s from A waiting for B's acceptance; A's connect finished as a recovering comm, {n} recovery(ies), \
+         {bytes} bytes sent again, both finished {:.1} s after the link came back; 0 failures; A: {ra}; B: {rb}",
+        down.as_secs_f64(),
+        after.as_secs_f64()
+    ))
+}
+
 /// A cut that outlasts the recovery window (RUSTNET_RECOVERY_TIMEOUT=4):
 /// both ends fail, each naming its peer, the time waited and the knob.
 fn link_cut_past_window_case() -> Result<String, String> {
@@ -2198,6 +2301,7 @@ fn main() {
         cases.push(Case::new("tcp_link_cut_20s_recovers", || link_cut_recovers_case(Duration::from_secs(20))));
         cases.push(Case::new("tcp_link_cut_past_recovery_window_fails", link_cut_past_window_case));
         cases.push(Case::new("tcp_link_cut_during_connect_recovers", || link_cut_during_connect_case(Duration::from_secs(6))));
+        cases.push(Case::new("tcp_link_cut_before_acceptance_recovers", link_cut_before_acceptance_case));
         cases.push(Case::new("tcp_receiver_killed_during_recovery", || killed_during_recovery_case(false)));
         cases.push(Case::new("tcp_sender_killed_during_recovery", || killed_during_recovery_case(true)));
         cases.push(Case::new("tcp_ipv6_between_namespaces", ipv6_case));
