@@ -268,7 +268,12 @@ if [ "${LOSS_NO_BUILD:-0}" != 1 ]; then
   cargo build --release --quiet || exit 2  # the plugin, rustnet and rustnet-loss
 fi
 case $ROOT in /tmp/*|/run/*|/var/tmp/*) export RXE_VM_RO="${RXE_VM_RO:-} $ROOT" ;; esac
-export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
+# the VM outlives the long scenarios it is asked for (a 1200 s invreq once
+# ran into the 900 s default and was killed with nothing to show)
+vm_s=900
+case " ${LOSS_SCENARIOS:-} " in *" invreq "*) vm_s=$((vm_s + ${LOSS_INVREQ_SECONDS:-600} + 180)) ;; esac
+case " ${LOSS_SCENARIOS:-} " in *" qperr "*) vm_s=$((vm_s + ${LOSS_QPERR_SECONDS:-300} + 180)) ;; esac
+export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-$vm_s}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
   "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
