@@ -188,7 +188,7 @@ FLAP
     "$T/rustnet" stats "$dir" | sed 's/^/  /'
     local errs bytes
     errs=$(cat "$dir"/*.prom 2>/dev/null | awk '/^rustnet_device_errors_total/ { s += $2 } END { print s + 0 }')
-    bytes=$(cat "$dir"/*.prom 2>/dev/null | awk '/^rustnet_device_bytes_total.*dir="recv"/ { s += $2 } END { printf "%d\n", s }')
+    bytes=$(cat "$dir"/*.prom 2>/dev/null | awk '/^rustnet_device_bytes_total.*dir="recv"/ { s += $2 } END { printf "%.0f\n", s }')
     if [ -n "$watch_pid" ]; then
       echo "rustnet watch during the run: one interval, then what it named (count of intervals):"
       awk '/^--- t=/ { n++ } n == 3' $out.watch | sed 's/^/  /'

@@ -685,7 +685,7 @@ impl RecvCore {
         if let Some(p) = w.prober.as_mut() {
             if p.step(now) == Some(Probe::Gone) {
                 let e = format!(
-                    "its process is gone: its resume port {} refused a connection {} after the stream failed ({})",
+                    "its process is gone, or has closed every comm on that address: its resume port {} refused a connection {} after the stream failed ({})",
                     p.addr(),
                     secs(waited),
                     w.cause

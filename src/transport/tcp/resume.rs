@@ -666,7 +666,7 @@ pub enum Step {
 fn connect_fault(addr: SocketAddr, errno: i32) -> Step {
     let e = crate::error::Errno(errno);
     if errno == libc::ECONNREFUSED {
-        Step::Fatal(format!("its host refused a connection to the receiver's resume port {addr} ({e}): the receiving process is gone"))
+        Step::Fatal(format!("its host refused a connection to the receiver's resume port {addr} ({e}): the receiving process is gone, or has closed every comm on that address"))
     } else {
         Step::Retry(format!("connect to {addr}: {e}"))
     }
