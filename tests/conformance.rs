@@ -1327,13 +1327,15 @@ fn garbage_case() -> Result<String, String> {
 struct NetnsPair {
     a: String,
     b: String,
+    /// A's end of the veth is `rnA{id}`.
+    id: u32,
 }
 
 impl NetnsPair {
     fn new() -> Result<NetnsPair, String> {
         let id = std::process::id() % 100000;
         let (a, b) = (format!("rncutA{id}"), format!("rncutB{id}"));
-        let p = NetnsPair { a: a.clone(), b: b.clone() };
+        let p = NetnsPair { a: a.clone(), b: b.clone(), id };
         let ok = sh(&format!("ip netns add {a}"))
             && sh(&format!("ip netns add {b}"))
             && sh(&format!("ip link add rnA{id} netns {a} type veth peer name rnB{id} netns {b}"))
@@ -1354,6 +1356,14 @@ impl NetnsPair {
     }
 }
 
+impl NetnsPair {
+    /// Take A's end of the link down (a cut) or up again.
+    fn link(&self, up: bool) -> Result<(), String> {
+        let (st, what) = if up { ("up", "restore") } else { ("down", "cut") };
+        sh(&format!("ip -n {} link set rnA{} {st}", self.a, self.id)).then_some(()).ok_or_else(|| format!("could not {what} the link"))
+    }
+}
+
 impl Drop for NetnsPair {
     fn drop(&mut self) {
         sh(&format!("ip netns del {}", self.a));
@@ -1370,7 +1380,6 @@ fn link_cut_case() -> Result<String, String> {
         return Err("SKIPPED: needs root and iproute2 (ip netns) to cut a link".into());
     }
     let ns = NetnsPair::new()?;
-    let id = std::process::id() % 100000;
     let t = Duration::from_secs(30);
     let env_a = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "0"), ("NCCL_SOCKET_IFNAME", "rnA")];
     let env_b = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "0"), ("NCCL_SOCKET_IFNAME", "rnB")];
@@ -1381,9 +1390,7 @@ fn link_cut_case() -> Result<String, String> {
     b.expect("STARTED", t)?;
     std::thread::sleep(Duration::from_millis(300));
     let cut = Instant::now();
-    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
-        return Err("could not cut the link".into());
-    }
+    ns.link(false)?;
     let rb = b.expect("DONE", Duration::from_secs(20)).map_err(|e| format!("sender did not fail within 20 s of the cut: {e}"))?;
     let tb = cut.elapsed();
     let ra = a.expect("DONE", Duration::from_secs(40)).map_err(|e| format!("receiver did not fail: {e}"))?;
@@ -1440,6 +1447,30 @@ fn recovery_secs(logs: &[&StderrLog]) -> Vec<f64> {
     v
 }
 
+/// After the link came back at `up`: both peers finish their traffic
+/// (CYCLE within `limit`), then close. How long after `up` both had
+/// finished, their DONE lines and their stderr.
+fn finish_after_link_up(
+    mut a: Proc,
+    mut b: Proc,
+    up: Instant,
+    limit: Duration,
+) -> Result<(Duration, String, String, StderrLog, StderrLog), String> {
+    let done = |p: &Proc, who: &str| {
+        p.expect("CYCLE", limit)
+            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
+    };
+    done(&a, "A")?;
+    done(&b, "B")?;
+    let after = up.elapsed();
+    a.send("GO");
+    b.send("GO");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a)?;
+    let rb = finish(b)?;
+    Ok((after, ra, rb, ea, eb))
+}
+
 /// Traffic both ways between two namespaces while the link goes down for
 /// `down`, longer than RUSTNET_SOCKET_TIMEOUT=3 (issue 20's goal: a 20 s
 /// cut, 0 failures): the send comms notice the silence, reconnect through
@@ -1448,7 +1479,6 @@ fn recovery_secs(logs: &[&StderrLog]) -> Vec<f64> {
 fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
     need_netns("to cut a link")?;
     let ns = NetnsPair::new()?;
-    let id = std::process::id() % 100000;
     let t = Duration::from_secs(60);
     let common = [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_CONF_RUNS", "30"), ("RUSTNET_CONF_ROUNDS", "20")];
     let env = |ifn| [common[0], common[1], common[2], ("NCCL_SOCKET_IFNAME", ifn)];
@@ -1457,13 +1487,9 @@ fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
     swap_handles(&mut a, &mut b, t).map_err(|e| format!("{e}; A: {}; B: {}", a.stderr.text(), b.stderr.text()))?;
     a.expect("RUN 1", t)?;
     let cut = Instant::now();
-    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
-        return Err("could not cut the link".into());
-    }
+    ns.link(false)?;
     std::thread::sleep(down);
-    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
-        return Err("could not restore the link".into());
-    }
+    ns.link(true)?;
     let up = Instant::now();
     // traffic flowing again: every send comm that set out to reconnect says it recovered
     let count = |pat: &str| a.stderr.text().matches(pat).count() + b.stderr.text().matches(pat).count();
@@ -1478,18 +1504,7 @@ fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let done = |p: &Proc, who: &str| {
-        p.expect("CYCLE", Duration::from_secs(120))
-            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
-    };
-    done(&a, "A")?;
-    done(&b, "B")?;
-    let after = up.elapsed();
-    a.send("GO");
-    b.send("GO");
-    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
-    let ra = finish(a)?;
-    let rb = finish(b)?;
+    let (after, ra, rb, ea, eb) = finish_after_link_up(a, b, up, Duration::from_secs(120))?;
     let (n, bytes) = recoveries_in(&[&ea, &eb]);
     if n == 0 {
         return Err(format!("the traffic went on but no send comm says it recovered; A: {}; B: {}", ea.tail(20), eb.tail(20)));
@@ -1516,7 +1531,6 @@ fn link_cut_recovers_case(down: Duration) -> Result<String, String> {
 fn link_cut_during_connect_case(down: Duration) -> Result<String, String> {
     need_netns("to cut a link")?;
     let ns = NetnsPair::new()?;
-    let id = std::process::id() % 100000;
     let t = Duration::from_secs(60);
     let env =
         |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_CONF_RUNS", "3"), ("RUSTNET_CONF_ROUNDS", "10"), ("NCCL_SOCKET_IFNAME", ifn)];
@@ -1524,28 +1538,13 @@ fn link_cut_during_connect_case(down: Duration) -> Result<String, String> {
     let mut b = spawn_in(Some(&ns.b), "B", 8, &RECOVERING_TRAFFIC, &env("rnB"));
     let ha = a.expect("HANDLE ", t)?;
     let hb = b.expect("HANDLE ", t)?;
-    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
-        return Err("could not cut the link".into());
-    }
+    ns.link(false)?;
     a.send(&format!("PEER {hb}"));
     b.send(&format!("PEER {ha}"));
     std::thread::sleep(down);
-    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
-        return Err("could not restore the link".into());
-    }
+    ns.link(true)?;
     let up = Instant::now();
-    let done = |p: &Proc, who: &str| {
-        p.expect("CYCLE", Duration::from_secs(90))
-            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
-    };
-    done(&a, "A")?;
-    done(&b, "B")?;
-    let after = up.elapsed();
-    a.send("GO");
-    b.send("GO");
-    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
-    let ra = finish(a)?;
-    let rb = finish(b)?;
+    let (after, ra, rb, ea, eb) = finish_after_link_up(a, b, up, Duration::from_secs(90))?;
     let redials = ea.text().matches("dialling again").count() + eb.text().matches("dialling again").count();
     if redials == 0 {
         return Err(format!("no connect says it dialled again: the cut missed the set-up; A: {}; B: {}", ea.tail(20), eb.tail(20)));
@@ -1567,7 +1566,6 @@ fn link_cut_during_connect_case(down: Duration) -> Result<String, String> {
 fn link_cut_before_acceptance_case() -> Result<String, String> {
     need_netns("to cut a link")?;
     let ns = NetnsPair::new()?;
-    let id = std::process::id() % 100000;
     let t = Duration::from_secs(60);
     let env = |ifn| {
         [
@@ -1584,19 +1582,17 @@ fn link_cut_before_acceptance_case() -> Result<String, String> {
     b.expect("CONNECTED", t)?;
     // A's hellos are in B's socket buffers by now; B has not answered them
     std::thread::sleep(Duration::from_millis(300));
-    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
-        return Err("could not cut the link".into());
-    }
+    ns.link(false)?;
     // A's keepalive (RUSTNET_SOCKET_TIMEOUT=2) ends its streams meanwhile
     let cut_warn = "after every hello was sent";
     let t0 = Instant::now();
     while !a.stderr.text().contains(cut_warn) {
         if a.stderr.text().contains("panicked") {
-            let _ = sh(&format!("ip -n {} link set rnA{id} up", ns.a));
+            let _ = ns.link(true);
             return Err(format!("A's connect failed during the cut instead of finishing as a recovering comm: {}", a.stderr.tail(8)));
         }
         if t0.elapsed() > Duration::from_secs(20) {
-            let _ = sh(&format!("ip -n {} link set rnA{id} up", ns.a));
+            let _ = ns.link(true);
             return Err(format!("A's connect never gave up its streams during the cut; A: {}", a.stderr.tail(20)));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -1604,23 +1600,10 @@ fn link_cut_before_acceptance_case() -> Result<String, String> {
     // B's NCCL accepts now: its acceptance goes nowhere, its comm is handed out
     b.send("ACCEPT");
     std::thread::sleep(Duration::from_secs(1));
-    if !sh(&format!("ip -n {} link set rnA{id} up", ns.a)) {
-        return Err("could not restore the link".into());
-    }
+    ns.link(true)?;
     let down = t0.elapsed() + Duration::from_millis(300);
     let up = Instant::now();
-    let done = |p: &Proc, who: &str| {
-        p.expect("CYCLE", Duration::from_secs(90))
-            .map_err(|e| format!("{who} did not finish after the link came back: {e}; its stderr:\n{}", p.stderr.tail(30)))
-    };
-    done(&a, "A")?;
-    done(&b, "B")?;
-    let after = up.elapsed();
-    a.send("GO");
-    b.send("GO");
-    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
-    let ra = finish(a)?;
-    let rb = finish(b)?;
+    let (after, ra, rb, ea, eb) = finish_after_link_up(a, b, up, Duration::from_secs(90))?;
     let (n, bytes) = recoveries_in(&[&ea, &eb]);
     if n == 0 {
         return Err(format!("the traffic went on but no send comm says it recovered; A: {}; B: {}", ea.tail(20), eb.tail(20)));
@@ -1638,7 +1621,6 @@ fn link_cut_before_acceptance_case() -> Result<String, String> {
 fn link_cut_past_window_case() -> Result<String, String> {
     need_netns("to cut a link")?;
     let ns = NetnsPair::new()?;
-    let id = std::process::id() % 100000;
     let t = Duration::from_secs(30);
     let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "4"), ("NCCL_SOCKET_IFNAME", ifn)];
     let mut a = spawn_in(Some(&ns.a), "A", 8, &KILLED_RECEIVER_SIDE, &env("rnA"));
@@ -1648,9 +1630,7 @@ fn link_cut_past_window_case() -> Result<String, String> {
     b.expect("STARTED", t)?;
     std::thread::sleep(Duration::from_millis(300));
     let cut = Instant::now();
-    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
-        return Err("could not cut the link".into());
-    }
+    ns.link(false)?;
     let rb = b.expect("DONE", Duration::from_secs(30)).map_err(|e| format!("sender did not fail within 30 s of the cut: {e}"))?;
     let tb = cut.elapsed();
     let ra = a.expect("DONE", Duration::from_secs(60)).map_err(|e| format!("receiver did not fail: {e}"))?;
@@ -1716,7 +1696,6 @@ fn kill_then_link_up(
 fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
     need_netns("to cut a link")?;
     let ns = NetnsPair::new()?;
-    let id = std::process::id() % 100000;
     let t = Duration::from_secs(30);
     let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("NCCL_SOCKET_IFNAME", ifn)];
     let mut a = spawn_in(Some(&ns.a), "A", 8, &KILLED_RECEIVER_SIDE, &env("rnA"));
@@ -1725,14 +1704,10 @@ fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
     a.expect("POSTED", t)?;
     b.expect("STARTED", t)?;
     std::thread::sleep(Duration::from_millis(300));
-    if !sh(&format!("ip -n {} link set rnA{id} down", ns.a)) {
-        return Err("could not cut the link".into());
-    }
+    ns.link(false)?;
     // past RUSTNET_SOCKET_TIMEOUT: the ends have noticed and recover
     std::thread::sleep(Duration::from_secs(6));
-    let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || {
-        sh(&format!("ip -n {} link set rnA{id} up", ns.a)).then_some(()).ok_or_else(|| "could not restore the link".to_string())
-    })?;
+    let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || ns.link(true))?;
     let recovering = log.contains("reconnecting to its resume port") || log.contains("waiting for the sender to reconnect");
     let gone = log.lines().find(|l| l.contains("process is gone") || l.contains("receiving process is gone")).unwrap_or("").to_string();
     if !recovering || gone.is_empty() {
