@@ -548,6 +548,11 @@ fn link_errno(errno: i32) -> bool {
     crate::proto::resume::fault_of(errno) == crate::proto::resume::Fault::Link
 }
 
+/// Is `e` a system call's failure that a down or cut link explains?
+pub(crate) fn link_fault(e: &Error) -> bool {
+    matches!(e, Error::Sys { errno, .. } if link_errno(errno.0))
+}
+
 impl Connector {
     /// Open `nstreams` sockets to the listener in `h`.
     pub fn start(h: &Handle, nstreams: usize, cfg: OobCfg) -> Result<Connector> {
@@ -647,7 +652,7 @@ impl Connector {
                 s.connected = match s.sock.connect_done(&self.peer) {
                     Ok(c) => c,
                     Err(e) => {
-                        if matches!(e, Error::Sys { errno, .. } if link_errno(errno.0)) {
+                        if link_fault(&e) {
                             self.cut = Some(Cut::BeforeHellos);
                         }
                         return Err(e);

@@ -15,7 +15,7 @@ use super::StreamCfg;
 use crate::error::Result;
 use crate::proto::handle::{Handle, HandleKind};
 use crate::proto::resume::{HelloExt, Token};
-use crate::transport::oob::{Connector, Cut, Listener};
+use crate::transport::oob::{link_fault, Connector, Cut, Listener};
 
 /// A TCP listening endpoint (the strangers' rules are [`Listener`]'s).
 pub struct TcpListen {
@@ -31,9 +31,10 @@ impl TcpListen {
     pub fn new(local: SocketAddr, cfg: StreamCfg) -> Result<(TcpListen, Handle)> {
         let (inner, mut h) = Listener::new(local, HandleKind::Tcp, cfg.oob())?;
         let port = cfg.resume_port(h.addr)?;
-        // a connector cut off before our acceptance reached it reconnects there
+        // named in every acceptance, and in the handle: a connector cut off
+        // before our acceptance reached it reconnects there
         h.resume_port = port.as_ref().map_or(0, |p| p.addr().port());
-        let inner = inner.with_resume_port(port.as_ref().map_or(0, |p| p.addr().port()));
+        let inner = inner.with_resume_port(h.resume_port);
         Ok((TcpListen { inner, cfg, tos: None, port }, h))
     }
 
@@ -88,7 +89,6 @@ pub struct TcpConnecting {
     token: Token,
     /// Our resume port, held for the comm (recovery on).
     port: Option<PortRef>,
-    addr: SocketAddr,
     /// When the first dial started (the connect timeout counts from it).
     began: Instant,
     /// The next dial, after a cut one.
@@ -124,7 +124,6 @@ impl TcpConnecting {
             tos,
             token,
             port,
-            addr: h.addr,
             began: Instant::now(),
             redial_at: None,
             dials: 0,
@@ -166,7 +165,7 @@ impl TcpConnecting {
                 self.redial_at = None;
                 Ok(())
             }
-            Err(e) if self.rides_out_cuts() && is_link_fault(&e) => {
+            Err(e) if self.rides_out_cuts() && link_fault(&e) => {
                 self.cut_before_hellos(e.to_string());
                 Ok(())
             }
@@ -180,7 +179,7 @@ impl TcpConnecting {
             tracing::warn!(
                 "TCP connect to {}: {why}; dialling again until RUSTNET_CONNECT_TIMEOUT={} s has passed (the link may be \
                  down, or this address not routable from here)",
-                self.addr,
+                self.handle.addr,
                 self.cfg.connect_timeout_s
             );
         }
@@ -199,7 +198,7 @@ impl TcpConnecting {
             let timeout = Duration::from_secs(self.cfg.connect_timeout_s.max(1) as u64);
             if self.began.elapsed() >= timeout {
                 return Err(crate::error::Error::Remote {
-                    peer: self.addr.to_string(),
+                    peer: self.handle.addr.to_string(),
                     what: format!(
                         "no connection within RUSTNET_CONNECT_TIMEOUT={} s: {} dial(s) failed on a link fault, the last: {}",
                         self.cfg.connect_timeout_s,
@@ -214,18 +213,17 @@ impl TcpConnecting {
             self.dial()?;
             return Ok(false);
         };
-        let rides = self.port.is_some();
-        let (dials, last_cut) = (self.dials, self.last_cut.clone());
         match inner.progress() {
             Ok(done) => Ok(done),
-            Err(e) if !rides => Err(e),
+            Err(e) if self.port.is_none() => Err(e),
             // the overall timeout, after earlier dials were cut: say so
-            Err(crate::error::Error::Remote { peer, what }) if inner.cut().is_none() && last_cut.is_some() => {
+            Err(crate::error::Error::Remote { peer, what }) if inner.cut().is_none() && self.last_cut.is_some() => {
                 Err(crate::error::Error::Remote {
                     peer,
                     what: format!(
-                        "{what} (dial {dials}; the earlier ones failed on a link fault, the last: {})",
-                        last_cut.unwrap_or_default()
+                        "{what} (dial {}; the earlier ones failed on a link fault, the last: {})",
+                        self.dials,
+                        self.last_cut.as_deref().unwrap_or_default()
                     ),
                 })
             }
@@ -235,11 +233,10 @@ impl TcpConnecting {
                     Ok(false)
                 }
                 Some(Cut::AwaitingReply) if self.handle.resume_port != 0 || inner.resume_port() != 0 => {
-                    let addr = self.addr;
                     tracing::warn!(
                         "TCP connect to {}: {e}, after every hello was sent: the listener may have accepted the connection; \
                          finishing the connect as a comm that reconnects through the listening process's resume port",
-                        addr
+                        self.handle.addr
                     );
                     let why = match &e {
                         crate::error::Error::Remote { what, .. } => what.clone(),
@@ -256,19 +253,19 @@ impl TcpConnecting {
     /// Finish as a TCP send comm (one that recovers when both ends offered it).
     pub fn into_send_comm(self) -> SendComm {
         let inner = self.inner.expect("progress reported a connection");
-        let resume_port = if self.resume_cut.is_some() && inner.resume_port() == 0 { self.handle.resume_port } else { inner.resume_port() };
+        // the acceptance's port, or the handle's when no acceptance arrived
+        // (the same listener names the same port in both)
+        let resume_port = match inner.resume_port() {
+            0 => self.handle.resume_port,
+            p => p,
+        };
         let conn_id = inner.conn_id();
         let rs = (self.token.is_set() && resume_port != 0).then(|| {
-            let mut addr = self.addr;
+            let mut addr = self.handle.addr;
             addr.set_port(resume_port);
             SendResume { conn_id, token: self.token, addr, tos: self.tos, port: self.port, cut: self.resume_cut }
         });
         let (socks, peer) = inner.into_streams();
         SendComm::new(socks, peer, self.cfg, rs)
     }
-}
-
-/// An error of opening a stream that a down or cut link explains.
-fn is_link_fault(e: &crate::error::Error) -> bool {
-    matches!(e, crate::error::Error::Sys { errno, .. } if crate::proto::resume::fault_of(errno.0) == crate::proto::resume::Fault::Link)
 }
