@@ -208,7 +208,7 @@ impl Plugin {
             Ok(true) => {
                 Handle::set_stage(handle, 0);
                 let mut c = match st {
-                    Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm()))), ctx.member()),
+                    Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm()?))), ctx.member()),
                     Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Ib(c.into_send()?))), ctx.member()),
                 };
                 c.stats = self.comm_stats(&c.body, dev, ctx.comm_id());

@@ -251,8 +251,10 @@ impl TcpConnecting {
     }
 
     /// Finish as a TCP send comm (one that recovers when both ends offered it).
-    pub fn into_send_comm(self) -> SendComm {
-        let inner = self.inner.expect("progress reported a connection");
+    pub fn into_send_comm(self) -> Result<SendComm> {
+        let Some(inner) = self.inner else {
+            return Err(crate::error::Error::Internal("TCP into_send_comm before the connection was made".into()));
+        };
         // the acceptance's port, or the handle's when no acceptance arrived
         // (the same listener names the same port in both)
         let resume_port = match inner.resume_port() {
@@ -266,6 +268,6 @@ impl TcpConnecting {
             SendResume { conn_id, token: self.token, addr, tos: self.tos, port: self.port, cut: self.resume_cut }
         });
         let (socks, peer) = inner.into_streams();
-        SendComm::new(socks, peer, self.cfg, rs)
+        Ok(SendComm::new(socks, peer, self.cfg, rs))
     }
 }

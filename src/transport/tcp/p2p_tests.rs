@@ -324,7 +324,7 @@ mod recovery_tests {
         // NCCL closes the listen comm right after accept: the receive comm
         // must still take its sender's reconnection
         drop(l);
-        (c.into_send_comm(), got.unwrap())
+        (c.into_send_comm().unwrap(), got.unwrap())
     }
 
     /// A connect whose first dial is cut at `at`; the listener accepts
@@ -348,7 +348,7 @@ mod recovery_tests {
         }
         drop(l);
         let dials = c.dials();
-        (c.into_send_comm(), got.unwrap(), dials)
+        (c.into_send_comm().unwrap(), got.unwrap(), dials)
     }
 
     /// Issue 20, "a flap during connect": a dial cut before every hello was
@@ -392,7 +392,7 @@ mod recovery_tests {
             assert!(t0.elapsed() < Duration::from_secs(5));
         }
         drop(l);
-        let s = c.into_send_comm();
+        let s = c.into_send_comm().unwrap();
         std::thread::sleep(Duration::from_millis(1500));
         let (s, r) = exchange(s, got.unwrap(), MIX);
         assert_eq!(resets(&s, &r).0, 1, "one reconnection");
