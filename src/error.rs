@@ -18,7 +18,10 @@ impl Errno {
 
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (errno {})", std::io::Error::from_raw_os_error(self.0), self.0)
+        // the OS's words without std's own " (os error N)": the number once
+        let msg = std::io::Error::from_raw_os_error(self.0).to_string();
+        let text = msg.strip_suffix(&format!(" (os error {})", self.0)).unwrap_or(&msg);
+        write!(f, "{text} (errno {})", self.0)
     }
 }
 
@@ -98,5 +101,16 @@ impl From<rustnet_proto::ProtoError> for Error {
         } else {
             Error::Internal(e.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Errno;
+
+    #[test]
+    fn an_errno_reads_once() {
+        assert_eq!(Errno(libc::EHOSTUNREACH).to_string(), "No route to host (errno 113)");
+        assert_eq!(Errno(libc::ECONNRESET).to_string(), "Connection reset by peer (errno 104)");
     }
 }

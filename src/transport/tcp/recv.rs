@@ -86,10 +86,42 @@ struct RecvRec {
 }
 
 /// A receive comm whose streams failed, until its sender reconnects.
+///
+/// The recovery window is charged only while NCCL waits on this comm (a
+/// receive not yet reported) *and* the sender's process is not known to be
+/// reachable (its resume port did not answer the last probe): a sender that
+/// is alive and reachable again reconnects at its next send, however late
+/// its rank gets there (a checkpoint, an evaluation), as it would have sent
+/// had no fault happened; and a comm nobody waits on loses nothing by
+/// waiting. A dead sender is found by the probe (refused) at once.
 struct Waiting {
     since: Instant,
     cause: String,
     prober: Option<Prober>,
+    /// The window's share of the wait so far.
+    charged: Duration,
+    /// When the wait was last looked at.
+    last: Instant,
+    /// A receive waited at the last look.
+    awaited: bool,
+    /// The last probe found the sender's resume port open.
+    reachable: bool,
+    /// The INFO line saying so was written.
+    told_reachable: bool,
+}
+
+impl Waiting {
+    /// Charge the window with the time since the last look if a receive
+    /// waited then and the sender was not known reachable; remember what
+    /// holds now. (The time NCCL spends calling nothing on the comm is
+    /// charged only if it left a receive waiting.)
+    fn charge(&mut self, now: Instant, awaited: bool) {
+        if self.awaited && !self.reachable {
+            self.charged += now.saturating_duration_since(self.last);
+        }
+        self.last = now;
+        self.awaited = awaited;
+    }
 }
 
 /// The receiving end of a TCP connection, driven by whoever holds it.
@@ -630,7 +662,18 @@ impl RecvCore {
              (RUSTNET_RECOVERY_TIMEOUT={} s; NCCL's receives stay pending)",
             r.window.as_secs()
         );
-        r.waiting = Some(Waiting { since: Instant::now(), cause, prober: r.r.probe.map(Prober::new) });
+        let now = Instant::now();
+        r.waiting = Some(Waiting {
+            since: now,
+            cause,
+            prober: r.r.probe.map(Prober::new),
+            charged: Duration::ZERO,
+            last: now,
+            // (noticed, perhaps, by the helper pool while NCCL called nothing)
+            awaited: false,
+            reachable: false,
+            told_reachable: false,
+        });
     }
 
     /// The recovery's share of a `test`: a reconnection to take, the
@@ -646,7 +689,9 @@ impl RecvCore {
         }
         let Some(r) = self.rec.as_deref() else { return };
         if r.waiting.is_some() {
-            return self.wait_step(Instant::now());
+            // (this request may be done while others still wait for data)
+            let awaited = pending || self.reqs.iter().any(|(_, q)| q.unmatched > 0 || q.pieces_left > 0);
+            return self.wait_step(Instant::now(), awaited);
         }
         if pending {
             self.watch(Instant::now());
@@ -676,28 +721,49 @@ impl RecvCore {
     }
 
     /// Waiting: is the sender's process still there, is the window spent?
-    fn wait_step(&mut self, now: Instant) {
+    /// `awaited`: NCCL has a receive on this comm not yet reported (see
+    /// [`Waiting`] for what the window is charged with).
+    fn wait_step(&mut self, now: Instant, awaited: bool) {
         let peer = self.peer;
         let Some(r) = self.rec.as_deref_mut() else { return };
         let window = r.window;
         let Some(w) = r.waiting.as_mut() else { return };
         let waited = now.duration_since(w.since);
+        w.charge(now, awaited);
         if let Some(p) = w.prober.as_mut() {
-            if p.step(now) == Some(Probe::Gone) {
-                let e = format!(
-                    "its process is gone, or has closed every comm on that address: its resume port {} refused a connection {} after the stream failed ({})",
-                    p.addr(),
-                    secs(waited),
-                    w.cause
-                );
-                return self.fail(peer_error(&peer, e));
+            match p.step(now) {
+                Some(Probe::Gone) => {
+                    let e = format!(
+                        "its process is gone, or has closed every comm on that address: its resume port {} refused a connection {} after the stream failed ({})",
+                        p.addr(),
+                        secs(waited),
+                        w.cause
+                    );
+                    return self.fail(peer_error(&peer, e));
+                }
+                Some(Probe::Alive) => {
+                    w.reachable = true;
+                    if !std::mem::replace(&mut w.told_reachable, true) {
+                        tracing::info!(
+                            "TCP receive comm from {peer}: the sender's process answers at {} again ({} after the fault); \
+                             it reconnects at its next send, and this end waits for it: RUSTNET_RECOVERY_TIMEOUT counts \
+                             only while the sender is unreachable and a receive waits",
+                            p.addr(),
+                            secs(waited)
+                        );
+                    }
+                }
+                Some(Probe::Unknown) => w.reachable = false,
+                None => {}
             }
         }
-        if waited >= window {
+        if w.charged >= window {
             let e = format!(
-                "the sender did not reconnect within RUSTNET_RECOVERY_TIMEOUT={} s (waited {}) after: {}",
+                "the sender did not reconnect within RUSTNET_RECOVERY_TIMEOUT={} s (waited {}, {} of it with a receive waiting \
+                 while the sender was unreachable) after: {}",
                 window.as_secs(),
                 secs(waited),
+                secs(w.charged),
                 w.cause
             );
             self.fail(peer_error(&peer, e));
@@ -854,6 +920,16 @@ impl RecvComm {
         }
     }
 
+    /// Tests: reset every stream from this end (as a middlebox would).
+    #[cfg(test)]
+    pub(crate) fn reset_streams(&self) {
+        let reset = |c: &RecvCore| c.streams.iter().for_each(|s| s.sock.reset_now());
+        match self {
+            RecvComm::Direct(c) => reset(c),
+            RecvComm::Helper(h) => reset(&h.sh.lock_core()),
+        }
+    }
+
     /// Does it recover from a reset or silent stream (both ends said so)?
     pub fn recovers(&self) -> bool {
         match self {
@@ -908,5 +984,48 @@ impl RecvComm {
                 r
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    fn waiting(t0: Instant) -> Waiting {
+        Waiting {
+            since: t0,
+            cause: String::new(),
+            prober: None,
+            charged: Duration::ZERO,
+            last: t0,
+            awaited: false,
+            reachable: false,
+            told_reachable: false,
+        }
+    }
+
+    /// The window is charged only with time a receive waited while the
+    /// sender was not known reachable; an idle stretch (NCCL called
+    /// nothing, no receive posted) is not charged even when the call that
+    /// ends it brings a receive.
+    #[test]
+    fn the_window_counts_only_while_a_receive_waits_for_an_unreachable_sender() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = waiting(t0);
+        w.charge(at(10), true); // noticed; the first stretch is not charged
+        assert_eq!(w.charged, Duration::ZERO);
+        w.charge(at(510), true); // a receive waited, sender unreachable
+        assert_eq!(w.charged, Duration::from_millis(500));
+        w.charge(at(600), false); // that receive completed meanwhile? no: still charged up to now
+        assert_eq!(w.charged, Duration::from_millis(590));
+        w.charge(at(60_600), true); // a minute of nothing posted, then a receive
+        assert_eq!(w.charged, Duration::from_millis(590), "an idle minute is not charged");
+        w.reachable = true;
+        w.charge(at(300_600), true); // five minutes waiting on a reachable (late) sender
+        assert_eq!(w.charged, Duration::from_millis(590), "a reachable sender's lateness is not charged");
+        w.reachable = false;
+        w.charge(at(301_600), true); // unreachable again
+        assert_eq!(w.charged, Duration::from_millis(1590));
     }
 }
