@@ -429,6 +429,8 @@ const CONNECT_CHURN: PeerHalf = PeerHalf { name: "connect_churn", run: PeerRun::
 const HANDLE_MISUSE: PeerHalf = PeerHalf { name: "handle_misuse", run: PeerRun::Plugin(peer_handle_misuse) };
 const PANIC_MID: PeerHalf = PeerHalf { name: "panic_mid", run: PeerRun::Plugin(peer_panic_mid) };
 const RECOVERING_TRAFFIC: PeerHalf = PeerHalf { name: "recovering_traffic", run: PeerRun::Plugin(peer_recovering_traffic) };
+const LATE_RECEIVER: PeerHalf = PeerHalf { name: "late_receiver", run: PeerRun::Plugin(peer_late_receiver) };
+const LATE_SENDER: PeerHalf = PeerHalf { name: "late_sender", run: PeerRun::Plugin(peer_late_sender) };
 
 /// Every peer half, for the child to find its own by name.
 const PEER_HALVES: &[&PeerHalf] = &[
@@ -447,6 +449,8 @@ const PEER_HALVES: &[&PeerHalf] = &[
     &HANDLE_MISUSE,
     &PANIC_MID,
     &RECOVERING_TRAFFIC,
+    &LATE_RECEIVER,
+    &LATE_SENDER,
 ];
 
 fn peer_main(role: String) {
@@ -771,6 +775,91 @@ fn peer_cut_sender(peer: &mut Peer, _e: &PeerEnv) {
     peer.p.close_recv(r).unwrap();
     peer.p.close_listen(l).unwrap();
     peer.say(&format!("DONE send_error={code}"));
+}
+
+/// The byte a late sender puts at `i` (its receiver checks every one).
+fn late_byte(i: usize) -> u8 {
+    (i * 7 + 3) as u8
+}
+
+fn peer_late_receiver(peer: &mut Peer, _e: &PeerEnv) {
+    // A: two 1 MiB receives from B. The first completes with both ends
+    // active (the handshake ends with B's first call); then B's rank is
+    // away for a while and A's second CTS meets a QP error
+    // (RUSTNET_FAULT_QP_ERROR=recv:2 here), so A recovers while B calls nothing
+    let (s, r, l) = peer.connect_pair();
+    let mut buf = vec![0u8; 1 << 20];
+    let mh = peer.p.reg_mr(r, buf.as_mut_ptr(), buf.len()).unwrap();
+    let post = |p: &Plugin, buf: &mut Vec<u8>| loop {
+        if let Some(q) = p.irecv(r, &[(buf.as_mut_ptr(), buf.len(), 100, mh)]).unwrap() {
+            break q;
+        }
+    };
+    let first = post(&peer.p, &mut buf);
+    while !peer.p.test(first, &mut [0; 8]).unwrap() {}
+    buf.fill(0);
+    let q = post(&peer.p, &mut buf);
+    peer.say("POSTED");
+    let t0 = Instant::now();
+    let mut sizes = [0i32; 8];
+    let res = loop {
+        match peer.p.test(q, &mut sizes) {
+            Ok(true) => break Ok(()),
+            Ok(false) if t0.elapsed() > Duration::from_secs(60) => break Err("no data 60 s after posting".to_string()),
+            Ok(false) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) => break Err(format!("error {}", e.code)),
+        }
+    };
+    let waited = t0.elapsed().as_millis();
+    let bad = buf.iter().enumerate().filter(|&(i, &b)| b != late_byte(i)).count();
+    peer.p.dereg_mr(r, mh).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_send(s).unwrap();
+    peer.p.close_listen(l).unwrap();
+    match res {
+        Ok(()) => peer.say(&format!("DONE ok size={} bad_bytes={bad} waited_ms={waited}", sizes[0])),
+        Err(e) => peer.say(&format!("DONE failed after {waited} ms: {e}")),
+    }
+}
+
+fn peer_late_sender(peer: &mut Peer, _e: &PeerEnv) {
+    // B: connects, sends one 1 MiB message, then its rank is away (calls
+    // nothing on its comms) until the harness says GO; then one more
+    let (s, r, l) = peer.connect_pair();
+    let mut buf: Vec<u8> = (0..1 << 20).map(late_byte).collect();
+    let mh = peer.p.reg_mr(s, buf.as_mut_ptr(), buf.len()).unwrap();
+    let first = loop {
+        if let Some(q) = peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh).unwrap() {
+            break q;
+        }
+    };
+    while !peer.p.test(first, &mut [0]).unwrap() {}
+    peer.say("READY");
+    peer.hear("GO");
+    let t0 = Instant::now();
+    let res = 'send: loop {
+        match peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh) {
+            Ok(Some(q)) => loop {
+                match peer.p.test(q, &mut [0]) {
+                    Ok(true) => break 'send Ok(()),
+                    Ok(false) if t0.elapsed() > Duration::from_secs(60) => break 'send Err("not done after 60 s".to_string()),
+                    Ok(false) => {}
+                    Err(e) => break 'send Err(format!("error {}", e.code)),
+                }
+            },
+            Ok(None) if t0.elapsed() > Duration::from_secs(60) => break Err("no CTS after 60 s".to_string()),
+            Ok(None) => {}
+            Err(e) => break Err(format!("error {}", e.code)),
+        }
+    };
+    peer.p.dereg_mr(s, mh).unwrap();
+    peer.p.close_send(s).unwrap();
+    peer.p.close_recv(r).unwrap();
+    peer.p.close_listen(l).unwrap();
+    match res {
+        Ok(()) => peer.say(&format!("DONE ok send_ms={}", t0.elapsed().as_millis())),
+        Err(e) => peer.say(&format!("DONE failed: {e}")),
+    }
 }
 
 fn peer_killed_receiver_side(peer: &mut Peer, _e: &PeerEnv) {
@@ -1723,6 +1812,49 @@ fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
     ))
 }
 
+/// Verbs, issue 20 ("a link flap ends a week-long job"): a receiver's QP
+/// fails (RUSTNET_FAULT_QP_ERROR=recv:2, on its second CTS) while its sender's
+/// rank is away, calling nothing on its comm, for four recovery windows
+/// (RUSTNET_RECOVERY_TIMEOUT=2; a checkpoint in real life). The receiver
+/// recovers as far as it can alone and waits for the sender, whose host
+/// takes its messages; when the sender comes back it joins the recovery,
+/// and the 1 MiB arrives whole. Until stop 33 the receiver failed after
+/// 2 s ("recovery gave up ... waiting for the peer's new QPs").
+fn verbs_late_sender_case() -> Result<String, String> {
+    let t = Duration::from_secs(60);
+    let window = [("RUSTNET_RECOVERY_TIMEOUT", "2")];
+    let mut a = spawn("A", 8, &LATE_RECEIVER, &[window[0], ("RUSTNET_FAULT_QP_ERROR", "recv:2")]);
+    let mut b = spawn("B", 8, &LATE_SENDER, &window);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("READY", t)?;
+    std::thread::sleep(Duration::from_secs(8));
+    b.send("GO");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a).map_err(|e| format!("A: {e}; its stderr:\n{}", ea.tail(20)))?;
+    let rb = finish(b).map_err(|e| format!("B: {e}; its stderr:\n{}", eb.tail(20)))?;
+    let log = format!("{}\n{}", ea.tail(200), eb.tail(200));
+    // (finish returns what follows DONE)
+    let ok = |l: &str| l.trim_start().starts_with("ok ");
+    if !ok(&ra) || !ok(&rb) || field(&ra, "bad_bytes") != 0 || field(&ra, "size") != 1 << 20 {
+        return Err(format!("A: {ra}; B: {rb}; A's stderr:\n{}", ea.tail(30)));
+    }
+    let recovered = log.lines().filter(|l| l.contains("recovered in")).count();
+    if recovered < 2 {
+        return Err(format!("expected both ends to log a recovery, saw {recovered}: {}", ea.tail(30)));
+    }
+    if field(&ra, "waited_ms") < 7000 {
+        return Err(format!(
+            "the receive completed after {} ms: the sender was not away (the case tests nothing)",
+            field(&ra, "waited_ms")
+        ));
+    }
+    Ok(format!(
+        "receiver waited {:.1} s (4 windows of 2 s) for its late sender and got all 1 MiB, every byte right; {recovered} recovery line(s)",
+        field(&ra, "waited_ms") as f64 / 1e3
+    ))
+}
+
 /// Verbs: a peer killed while both ends recover from a link that went down
 /// under them (`RUSTNET_CONF_FLAP_IF`, the soft-RoCE VM's veth1: both rxe
 /// ports go down with it). The survivor started its recovery at PORT_ERR
@@ -2257,6 +2389,7 @@ fn main() {
     if on_verbs() {
         cases.push(Case::new("verbs_receiver_killed_during_recovery", || verbs_killed_during_recovery_case(false)));
         cases.push(Case::new("verbs_sender_killed_during_recovery", || verbs_killed_during_recovery_case(true)));
+        cases.push(Case::new("verbs_late_sender_after_a_qp_error_recovers", verbs_late_sender_case));
     }
     cases.push(Case::new("garbage_on_listen_port", garbage_case));
     cases.push(Case::new("invalid_env_values", bad_env_case));

@@ -413,14 +413,21 @@ pub enum Do {
 pub enum GiveUpWhy {
     /// The recovery window passed.
     Window {
-        /// How long it tried.
+        /// How long it tried (wall time since the episode's first fault).
         waited: Duration,
+        /// How much of it the window was charged with (see [`Recovery::observe`]).
+        charged: Duration,
         /// The phase it was in.
         phase: Phase,
     },
     /// The peer said it gave up.
     Peer,
 }
+
+/// Time a recovery spends on what the fabric does not hold up (no request
+/// waiting, or a reachable peer late to answer) is charged to its window at
+/// one part in this many ([`Recovery::observe`]).
+pub const LATE_RATE: u32 = 10;
 
 /// The recovery steps of one comm (both ends run one).
 #[derive(Debug)]
@@ -435,6 +442,16 @@ pub struct Recovery {
     peer_gave_up: bool,
     done: u64,
     halts: u32,
+    /// The window's share of the episode so far, up to `look`.
+    charged: Duration,
+    /// When the charge was last brought up to date.
+    look: Option<Instant>,
+    /// Whether the time since `look` is charged in full (else at
+    /// [`LATE_RATE`]).
+    charging: bool,
+    /// Resumed, and no work request has completed on the new QPs yet: the
+    /// episode (and its window) goes on until one does.
+    unsettled: bool,
 }
 
 impl Recovery {
@@ -452,6 +469,10 @@ impl Recovery {
             peer_gave_up: false,
             done: 0,
             halts: 0,
+            charged: Duration::ZERO,
+            look: None,
+            charging: true,
+            unsettled: false,
         }
     }
 
@@ -477,6 +498,13 @@ impl Recovery {
         self.done
     }
 
+    /// Resumed, and the new QPs have not completed a work request yet
+    /// (the executor then reports the first one: [`Recovery::settled`]).
+    #[inline]
+    pub fn unsettled(&self) -> bool {
+        self.unsettled
+    }
+
     /// When the current episode began (its first fault).
     pub fn since(&self) -> Option<Instant> {
         self.since
@@ -492,9 +520,60 @@ impl Recovery {
         self.peer.as_ref().map(|(a, p)| (&**a, &**p))
     }
 
+    /// What the window was charged with so far (at `now`).
+    pub fn charged(&self, now: Instant) -> Duration {
+        match self.look {
+            Some(t) if self.charging => self.charged + now.saturating_duration_since(t),
+            Some(t) => self.charged + now.saturating_duration_since(t) / LATE_RATE,
+            None => self.charged,
+        }
+    }
+
+    /// Does the current phase wait on the peer's next message (its State,
+    /// its Go) rather than on this end's port or work?
+    fn waits_on_peer(&self) -> bool {
+        matches!(self.phase, Phase::Exchange | Phase::WaitGo)
+    }
+
+    /// What the executor sees now, which decides what the window is charged
+    /// with from here: `awaited`, NCCL has a request on this comm not yet
+    /// reported done; `peer_reachable`, everything this end sent the peer on
+    /// the out-of-band connection was acknowledged by the peer's host (its
+    /// process lives and the connection works).
+    ///
+    /// The window (RUSTNET_RECOVERY_TIMEOUT) bounds a recovery the *fabric*
+    /// holds up, so it is charged in full only while NCCL waits on the
+    /// comm, and not while the recovery merely waits for a reachable
+    /// peer's next message: that peer's NCCL calls nothing on its end of
+    /// the comm (its rank is late: a checkpoint, an evaluation), reads our
+    /// messages at its next call, and charges its own window for its own
+    /// port. The rest of the time is charged at 1/[`LATE_RATE`], so that a
+    /// peer that never comes back (its comm failed without a word reaching
+    /// us, its process alive) still ends the wait, after ten windows. A
+    /// comm that never calls `observe` is charged in full with all the time
+    /// since its episode's first fault.
+    ///
+    /// Resumed but not yet settled, the time a request waits counts too
+    /// (the new QPs may carry nothing); an idle comm's does not.
+    pub fn observe(&mut self, now: Instant, awaited: bool, peer_reachable: bool) {
+        if !self.active() && !self.unsettled {
+            return;
+        }
+        self.charged = self.charged(now);
+        self.look = Some(now);
+        self.charging = awaited && !(peer_reachable && self.waits_on_peer());
+    }
+
     fn restart(&mut self, now: Instant, epoch: u32) {
         self.epoch = epoch;
         self.phase = Phase::Draining;
+        self.unsettled = false;
+        if self.since.is_none() {
+            // a new episode: charged from its first fault until told otherwise
+            self.charged = Duration::ZERO;
+            self.look = Some(now);
+            self.charging = true;
+        }
         self.since.get_or_insert(now);
         self.halt_due = true;
         self.peer = None;
@@ -557,11 +636,11 @@ impl Recovery {
             return Do::Fail { why: GiveUpWhy::Peer, tell: None };
         }
         if let Some(t0) = self.since.filter(|_| self.active()) {
-            let waited = now.saturating_duration_since(t0);
-            if waited >= self.window {
-                let phase = self.phase;
+            let charged = self.charged(now);
+            if charged >= self.window {
+                let (phase, waited) = (self.phase, now.saturating_duration_since(t0));
                 self.phase = Phase::Failed;
-                return Do::Fail { why: GiveUpWhy::Window { waited, phase }, tell: Some(RcMsg::GiveUp { epoch: self.epoch }) };
+                return Do::Fail { why: GiveUpWhy::Window { waited, charged, phase }, tell: Some(RcMsg::GiveUp { epoch: self.epoch }) };
             }
         }
         if self.halt_due {
@@ -607,15 +686,30 @@ impl Recovery {
         }
     }
 
-    /// The machine resumed: traffic flows again.
+    /// The machine resumed: traffic may flow again. The episode ends only
+    /// once a work request completes on the new QPs ([`Recovery::settled`]):
+    /// a fabric that takes the connect but carries nothing (a blackhole
+    /// behind an ACTIVE port, the out-of-band network fine) faults again
+    /// after the HCA's retry budget, and that fault continues this episode,
+    /// so its window ends the loop instead of each recovery opening a new one.
     pub fn resumed(&mut self) {
         if self.phase == Phase::WaitGo {
             self.phase = Phase::Running;
-            self.since = None;
             self.peer = None;
             self.peer_go = false;
-            self.halts = 0;
             self.done += 1;
+            self.unsettled = true;
+        }
+    }
+
+    /// A work request completed on the new QPs: the episode is over.
+    pub fn settled(&mut self) {
+        if self.phase == Phase::Running && self.unsettled {
+            self.unsettled = false;
+            self.since = None;
+            self.charged = Duration::ZERO;
+            self.look = None;
+            self.halts = 0;
         }
     }
 }
@@ -779,7 +873,10 @@ mod tests {
         converge(&mut a, &mut b, t);
         assert_eq!((a.halted, b.halted, a.resumed, b.resumed), (1, 1, 1, 1));
         assert_eq!((a.r.phase(), b.r.phase(), a.r.epoch(), b.r.epoch()), (Phase::Running, Phase::Running, 1, 1));
-        assert_eq!((a.r.completed(), a.r.since()), (1, None));
+        assert_eq!(a.r.completed(), 1);
+        assert!(a.r.since().is_some() && a.r.unsettled(), "the episode lasts until the new QPs complete something");
+        a.r.settled();
+        assert_eq!((a.r.since(), a.r.unsettled(), a.r.halts()), (None, false, 0));
     }
 
     #[test]
@@ -807,6 +904,113 @@ mod tests {
         converge(&mut a, &mut b, t);
         assert_eq!((a.r.epoch(), b.r.epoch(), a.resumed, b.resumed), (2, 2, 1, 1));
         assert_eq!((a.halted, b.halted), (2, 2));
+    }
+
+    /// A fabric that takes the new QPs' connect but carries nothing (the
+    /// port ACTIVE, the out-of-band network fine): each resume faults again
+    /// after the retry budget. The faults continue one episode, and its
+    /// window ends the loop; before, each resume opened a fresh window and
+    /// the comm recovered forever without moving a byte.
+    #[test]
+    fn a_blackhole_behind_an_active_port_ends_at_the_window() {
+        let t = Instant::now();
+        let s = |x: u64| t + Duration::from_secs(x);
+        let (mut a, mut b) = (End::new(), End::new());
+        let mut x = 0;
+        while a.failed.is_none() && x < 100 {
+            a.r.fault(s(x));
+            converge(&mut a, &mut b, s(x));
+            x += 3; // the retry budget: resumed, nothing completes, fault again
+        }
+        assert!(matches!(a.failed, Some(GiveUpWhy::Window { .. })), "{:?} after {x} s", a.failed);
+        assert!(x <= 15, "the window (10 s) ended it, not {x} s");
+        // a recovery whose new QPs complete something ends its episode
+        let (mut a, mut b) = (End::new(), End::new());
+        for k in 0..10 {
+            a.r.fault(s(3 * k));
+            converge(&mut a, &mut b, s(3 * k));
+            a.r.settled();
+            b.r.settled();
+        }
+        assert_eq!((a.failed, a.resumed), (None, 10), "ten separate faults, each recovered");
+    }
+
+    /// Issue 20 ("a link flap ends a week-long job"): the window is charged
+    /// while the fabric holds the recovery up, not while a reachable peer's
+    /// rank is late to call its end of the comm (a checkpoint).
+    #[test]
+    fn a_late_but_reachable_peer_is_waited_for_past_the_window() {
+        let t = Instant::now();
+        let s = |x: u64| t + Duration::from_secs(x);
+        let (mut a, mut b) = (End::new(), End::new());
+        a.r.fault(t);
+        a.r.observe(t, true, true);
+        a.run(t);
+        a.r.observe(t, true, true);
+        assert_eq!(a.r.phase(), Phase::Exchange, "a waits for b's State; b's NCCL calls nothing");
+        // a's receive waits on, for three windows; b's host takes a's messages
+        for x in 1..=30 {
+            a.r.observe(s(x), true, true);
+            a.run(s(x));
+        }
+        assert_eq!((a.failed, a.r.charged(s(30))), (None, Duration::from_secs(3)), "a reachable peer's lateness is charged at a tenth");
+        // ...but not forever: ten windows in all
+        let mut late = End::new();
+        late.r.fault(t);
+        late.run(t);
+        late.r.observe(t, true, true);
+        late.run(s(99));
+        assert_eq!(late.failed, None);
+        late.run(s(101));
+        assert!(matches!(late.failed, Some(GiveUpWhy::Window { phase: Phase::Exchange, .. })), "{:?}", late.failed);
+        // b's rank calls its comm again: it reads a's messages and both resume
+        deliver(&mut a, &mut b, s(31));
+        converge(&mut a, &mut b, s(31));
+        assert_eq!((a.resumed, b.resumed, a.failed, b.failed), (1, 1, None, None));
+    }
+
+    #[test]
+    fn an_unreachable_peer_is_waited_for_no_longer_than_the_window() {
+        let t = Instant::now();
+        let s = |x: u64| t + Duration::from_secs(x);
+        let mut a = End::new();
+        a.r.fault(t);
+        a.run(t);
+        for x in 1..=9 {
+            a.r.observe(s(x), true, false);
+            a.run(s(x));
+        }
+        assert_eq!(a.failed, None);
+        a.r.observe(s(11), true, false);
+        a.run(s(11));
+        assert!(
+            matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::Exchange, charged, waited }) if charged >= Duration::from_secs(10) && waited == charged),
+            "{:?}",
+            a.failed
+        );
+    }
+
+    #[test]
+    fn nothing_is_charged_while_no_request_waits_and_the_port_wait_is() {
+        let t = Instant::now();
+        let s = |x: u64| t + Duration::from_secs(x);
+        let mut a = End::new();
+        a.port_up = false;
+        a.r.fault(t);
+        a.run(t);
+        assert_eq!(a.r.phase(), Phase::WaitPort);
+        // NCCL has nothing on the comm for a minute (its port down all along)
+        a.r.observe(s(1), false, true);
+        a.r.observe(s(61), false, true);
+        a.run(s(61));
+        assert_eq!((a.failed, a.r.charged(s(61))), (None, Duration::from_secs(7)), "the first second, then a tenth of the idle minute");
+        // a receive is posted: the port wait counts (the peer being reachable does not matter here)
+        a.r.observe(s(61), true, true);
+        a.run(s(63));
+        assert_eq!(a.failed, None);
+        a.r.observe(s(64), true, true);
+        a.run(s(64));
+        assert!(matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::WaitPort, .. })), "{:?}", a.failed);
     }
 
     #[test]

@@ -224,7 +224,24 @@ impl Link {
             for q in &self.qps {
                 let _ = q.set_error();
             }
+            self.tell_gave_up();
         }
+    }
+
+    /// A comm that recovers and failed tells its peer (GiveUp, best
+    /// effort): a peer recovering toward us waits for a reachable peer
+    /// without charging its window in full (`Recovery::observe`), so it
+    /// must hear that we are done rather than wait for our next message.
+    fn tell_gave_up(&mut self) {
+        if self.handshake {
+            return;
+        }
+        let Some(r) = self.rec.as_mut() else { return };
+        if r.m.phase() == crate::proto::recover::Phase::Failed {
+            return; // (the recovery's own give-up queued it already)
+        }
+        r.send(&crate::proto::recover::RcMsg::GiveUp { epoch: r.m.epoch() });
+        let _ = self.oob.write_on(&r.out, &mut r.sent);
     }
 
     /// Fail the link and return the error it now reports (the first one).
@@ -241,6 +258,7 @@ impl Link {
             tracing::warn!("{}: comm failed: {e}", self.dev.name);
             self.failed = Some(e);
             self.stop_events();
+            self.tell_gave_up();
         }
     }
 
@@ -330,6 +348,11 @@ impl Link {
             return;
         }
         self.last_check = now;
+        if let Some(r) = self.rec.as_mut().filter(|r| r.m.unsettled()) {
+            // resumed, nothing completed on the new QPs yet: the window
+            // counts while NCCL waits on the comm (Recovery::observe)
+            r.m.observe(now, pending > 0, false);
+        }
         if self.rec.is_some() {
             // the socket carries recovery messages (a peer that stopped its
             // QPs says so here), and a flap of our port is noticed here
@@ -428,6 +451,7 @@ impl Link {
         mut on_recv: impl FnMut(&mut Link, &ibv_wc, Option<usize>) -> Result<u32>,
     ) -> usize {
         let mut n = 0;
+        let mut settled = false;
         for wc in wcs {
             let qp = self.qp_index(wc.qp_num);
             if qp.is_none() && self.rec.is_some() && Some(wc.qp_num) != self.flush_qpn {
@@ -440,6 +464,9 @@ impl Link {
                 continue;
             };
             let mut c = Cqe { wr, qp, ok: wc.status == ffi::IBV_WC_SUCCESS, word: None };
+            // (a success on a data QP is the fabric carrying our work again;
+            // the receiver's flush QP reads locally and proves nothing)
+            settled |= c.ok && qp.is_some();
             if !c.ok {
                 if self.halted() {
                     // the stop's flushes: a receive queue's says every word before it was read
@@ -465,6 +492,11 @@ impl Link {
             }
             out[n] = c;
             n += 1;
+        }
+        if settled {
+            if let Some(r) = self.rec.as_mut().filter(|r| r.m.unsettled()) {
+                r.m.settled();
+            }
         }
         n
     }

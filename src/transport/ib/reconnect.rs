@@ -20,6 +20,11 @@ use crate::transport::sock::Io;
 
 /// How often a recovering comm asks whether its port is ACTIVE again.
 const PORT_POLL: Duration = Duration::from_millis(50);
+/// How often a recovery that waits on the peer asks whether the peer's
+/// host took our messages (TCP_INFO of the out-of-band socket).
+const REACH_EVERY: Duration = Duration::from_millis(10);
+/// A recovery waiting this long on a reachable peer says why (INFO).
+const LATE_AFTER: Duration = Duration::from_secs(5);
 /// A receiver's drain ends when every QP's receive queue was flushed, or
 /// after this long (a provider that flushes nothing: WARN).
 const DRAIN_MAX: Duration = Duration::from_secs(1);
@@ -96,7 +101,8 @@ impl Link {
     /// protocol).
     pub(super) fn pump(&mut self) -> Result<()> {
         let Some(r) = self.rec.as_mut() else { return Ok(()) };
-        if r.sent < r.out.len() && (r.port_up || !r.m.active()) {
+        // (a give-up goes out whatever the port: the out-of-band network may be another one)
+        if r.sent < r.out.len() && (r.port_up || !r.m.active() || r.m.phase() == Phase::Failed) {
             let before = r.sent;
             if let Err(e) = self.oob.write_on(&r.out, &mut r.sent) {
                 let what = format!("out-of-band connection failed while recovering: {e}");
@@ -190,6 +196,38 @@ impl Link {
         }
     }
 
+    /// Has the peer's host taken everything we sent it on the out-of-band
+    /// connection (its process lives and the connection works)? Asked only
+    /// while the recovery waits on the peer, at most every [`REACH_EVERY`].
+    /// The first time it holds in an episode, one INFO line says what that
+    /// means: the peer's rank is late to call its end of the comm.
+    fn peer_reachable(&mut self, now: Instant) -> bool {
+        let peer = self.peer_name();
+        let Some(r) = self.rec.as_mut() else { return false };
+        if !matches!(r.m.phase(), Phase::Exchange | Phase::WaitGo) {
+            return false;
+        }
+        if r.reach_at.is_some_and(|t| now.saturating_duration_since(t) < REACH_EVERY) {
+            return r.reach;
+        }
+        r.reach_at = Some(now);
+        // (all of ours written to the kernel, none of it unacknowledged)
+        r.reach = r.sent == r.out.len() && matches!(self.oob.ack_state(), Ok((false, _)));
+        let Some(r) = self.rec.as_mut() else { return false };
+        if r.reach && !r.told_late && now.saturating_duration_since(r.halted_at) >= LATE_AFTER {
+            r.told_late = true;
+            tracing::info!(
+                "{}: comm to {peer}: recovery epoch {}: the peer's host took our recovery messages but its comm has not \
+                 answered for {:.1} s: its rank is not calling this comm now (late: a checkpoint, an evaluation); waiting \
+                 for it (RUSTNET_RECOVERY_TIMEOUT counts only while a request waits and the fabric holds the recovery up)",
+                self.dev.name,
+                r.m.epoch(),
+                now.saturating_duration_since(r.halted_at).as_secs_f64()
+            );
+        }
+        r.reach
+    }
+
     fn stop_qps(&mut self) {
         for q in &self.qps {
             let _ = q.set_error();
@@ -198,9 +236,17 @@ impl Link {
 
     fn give_up(&mut self, why: GiveUpWhy) -> Error {
         let Some(r) = self.rec.as_ref() else { return no_rec() };
+        // (the error names the peer once: a cause that is the peer's own error already starts with it)
+        let peer = self.peer_name();
+        let lead = format!("peer {peer}: ");
+        let cause = r.cause.strip_prefix(&lead).unwrap_or(&r.cause);
         let what = match why {
-            GiveUpWhy::Peer => format!("{}; the peer gave up recovering (its RUSTNET_RECOVERY_TIMEOUT was spent)", r.cause),
-            GiveUpWhy::Window { waited, phase } => {
+            GiveUpWhy::Peer => format!(
+                "{cause}; the peer's end of the comm gave up (its recovery window was spent, or it failed: its log says why; \
+                 RUSTNET_RECOVERY_TIMEOUT={} s here)",
+                r.window_s
+            ),
+            GiveUpWhy::Window { waited, charged, phase } => {
                 let waiting = match phase {
                     Phase::Draining => "the completions of the stopped QPs".to_string(),
                     Phase::WaitPort | Phase::Rebuild => format!("{} to be ACTIVE again", self.dev.describe()),
@@ -209,15 +255,20 @@ impl Link {
                 };
                 let last =
                     if r.retry_why.is_empty() { String::new() } else { format!(" (last attempt to connect new QPs: {})", r.retry_why) };
+                // (the window counts only what the fabric held up: see Recovery::observe)
+                let counted = if waited.saturating_sub(charged) >= Duration::from_secs(1) {
+                    format!(", {:.1} s of it counted (a request waiting, the peer unreachable or our port down)", charged.as_secs_f64())
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{}; recovery gave up after {:.1} s waiting for {waiting}{last} (RUSTNET_RECOVERY_TIMEOUT={} s; 0 turns recovery off)",
-                    r.cause,
+                    "{cause}; recovery gave up after {:.1} s{counted} waiting for {waiting}{last} (RUSTNET_RECOVERY_TIMEOUT={} s; 0 turns recovery off)",
                     waited.as_secs_f64(),
                     r.window_s
                 )
             }
         };
-        Error::Remote { peer: self.peer_name(), what }
+        Error::Remote { peer, what }
     }
 }
 
@@ -238,6 +289,8 @@ pub(super) trait Side {
     fn connected(&mut self) -> Result<()>;
     /// Hand the peer's restart point to the machine; bytes written again.
     fn resume(&mut self, peer: &Point) -> Result<u64>;
+    /// Does NCCL have a request on this comm not yet reported done?
+    fn awaited(&self) -> bool;
 
     /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
     /// (Inlined into every `test`: the common answer is one load.)
@@ -286,12 +339,17 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
     for _ in 0..16 {
         s.link().pump()?;
         let now = Instant::now();
+        let awaited = s.awaited();
         let link = s.link();
+        let reachable = link.peer_reachable(now);
         let Some(r) = link.rec.as_mut() else { return Ok(()) };
+        r.m.observe(now, awaited, reachable);
         match r.m.step(now) {
             Do::Wait => return Ok(()),
             Do::Halt(msg) => {
                 r.halted_at = now;
+                r.reach_at = None;
+                r.told_late = false;
                 r.rq_flushed = 0;
                 r.quiet = false;
                 r.new_qps.clear();
@@ -437,6 +495,12 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 let halts = r.m.halts();
                 // traffic flows from here: the machine's resends must go out
                 r.m.resumed();
+                // (until the new QPs complete something the window counts
+                // while NCCL waits on the comm: Recovery::settled)
+                let awaited = s.awaited();
+                if let Some(r) = s.link().rec.as_mut() {
+                    r.m.observe(now, awaited, false);
+                }
                 let bytes = match s.resume(&point) {
                     Ok(b) => b,
                     Err(e) => return Err(s.link().fail_with(e)),
@@ -625,6 +689,9 @@ impl Side for SendComm {
     fn point(&self) -> Point {
         Point::Tx(self.tx.restart_point())
     }
+    fn awaited(&self) -> bool {
+        self.tx.live() > 0
+    }
     fn connected(&mut self) -> Result<()> {
         Ok(())
     }
@@ -656,6 +723,9 @@ impl Side for RecvComm {
     }
     fn point(&self) -> Point {
         Point::Rx(self.rx.restart_point())
+    }
+    fn awaited(&self) -> bool {
+        self.rx.live() > 0
     }
     fn connected(&mut self) -> Result<()> {
         let io = &mut self.io;

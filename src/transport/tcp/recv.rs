@@ -87,13 +87,15 @@ struct RecvRec {
 
 /// A receive comm whose streams failed, until its sender reconnects.
 ///
-/// The recovery window is charged only while NCCL waits on this comm (a
-/// receive not yet reported) *and* the sender's process is not known to be
-/// reachable (its resume port did not answer the last probe): a sender that
-/// is alive and reachable again reconnects at its next send, however late
-/// its rank gets there (a checkpoint, an evaluation), as it would have sent
-/// had no fault happened; and a comm nobody waits on loses nothing by
-/// waiting. A dead sender is found by the probe (refused) at once.
+/// The recovery window is charged in full only while NCCL waits on this
+/// comm (a receive not yet reported) *and* the sender's process is not
+/// known to be reachable (its resume port did not answer the last probe):
+/// a sender that is alive and reachable again reconnects at its next send,
+/// however late its rank gets there (a checkpoint, an evaluation), as it
+/// would have sent had no fault happened; and a comm nobody waits on loses
+/// nothing by waiting. That other time is charged at a tenth, so that the
+/// wait ends after ten windows whatever happens. A dead sender is found by
+/// the probe (refused) at once.
 struct Waiting {
     since: Instant,
     cause: String,
@@ -116,9 +118,11 @@ impl Waiting {
     /// holds now. (The time NCCL spends calling nothing on the comm is
     /// charged only if it left a receive waiting.)
     fn charge(&mut self, now: Instant, awaited: bool) {
-        if self.awaited && !self.reachable {
-            self.charged += now.saturating_duration_since(self.last);
-        }
+        let dt = now.saturating_duration_since(self.last);
+        // the rest at a tenth: a sender that never comes back (its comm
+        // failed without a word reaching us, its process alive) still ends
+        // the wait, after ten windows (as Recovery::observe on verbs)
+        self.charged += if self.awaited && !self.reachable { dt } else { dt / crate::proto::recover::LATE_RATE };
         self.last = now;
         self.awaited = awaited;
     }
@@ -747,7 +751,7 @@ impl RecvCore {
                         tracing::info!(
                             "TCP receive comm from {peer}: the sender's process answers at {} again ({} after the fault); \
                              it reconnects at its next send, and this end waits for it: RUSTNET_RECOVERY_TIMEOUT counts \
-                             only while the sender is unreachable and a receive waits",
+                             in full only while the sender is unreachable and a receive waits (the rest at a tenth)",
                             p.addr(),
                             secs(waited)
                         );
@@ -759,8 +763,8 @@ impl RecvCore {
         }
         if w.charged >= window {
             let e = format!(
-                "the sender did not reconnect within RUSTNET_RECOVERY_TIMEOUT={} s (waited {}, {} of it with a receive waiting \
-                 while the sender was unreachable) after: {}",
+                "the sender did not reconnect within RUSTNET_RECOVERY_TIMEOUT={} s (waited {}, counted as {}: in full while a \
+                 receive waited and the sender was unreachable, the rest at a tenth) after: {}",
                 window.as_secs(),
                 secs(waited),
                 secs(w.charged),
@@ -1004,28 +1008,28 @@ mod window_tests {
         }
     }
 
-    /// The window is charged only with time a receive waited while the
-    /// sender was not known reachable; an idle stretch (NCCL called
-    /// nothing, no receive posted) is not charged even when the call that
-    /// ends it brings a receive.
+    /// The window is charged in full with time a receive waited while the
+    /// sender was not known reachable, and at a tenth otherwise; an idle
+    /// stretch (NCCL called nothing, no receive posted) is charged at a
+    /// tenth even when the call that ends it brings a receive.
     #[test]
     fn the_window_counts_only_while_a_receive_waits_for_an_unreachable_sender() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut w = waiting(t0);
-        w.charge(at(10), true); // noticed; the first stretch is not charged
-        assert_eq!(w.charged, Duration::ZERO);
+        w.charge(at(10), true); // noticed; the first stretch is charged at a tenth
+        assert_eq!(w.charged, Duration::from_millis(1));
         w.charge(at(510), true); // a receive waited, sender unreachable
-        assert_eq!(w.charged, Duration::from_millis(500));
-        w.charge(at(600), false); // that receive completed meanwhile? no: still charged up to now
-        assert_eq!(w.charged, Duration::from_millis(590));
+        assert_eq!(w.charged, Duration::from_millis(501));
+        w.charge(at(600), false); // a receive waited up to now
+        assert_eq!(w.charged, Duration::from_millis(591));
         w.charge(at(60_600), true); // a minute of nothing posted, then a receive
-        assert_eq!(w.charged, Duration::from_millis(590), "an idle minute is not charged");
+        assert_eq!(w.charged, Duration::from_millis(6591), "an idle minute is charged at a tenth");
         w.reachable = true;
-        w.charge(at(300_600), true); // five minutes waiting on a reachable (late) sender
-        assert_eq!(w.charged, Duration::from_millis(590), "a reachable sender's lateness is not charged");
+        w.charge(at(300_600), true); // four minutes waiting on a reachable (late) sender
+        assert_eq!(w.charged, Duration::from_millis(30_591), "a reachable sender's lateness is charged at a tenth");
         w.reachable = false;
         w.charge(at(301_600), true); // unreachable again
-        assert_eq!(w.charged, Duration::from_millis(1590));
+        assert_eq!(w.charged, Duration::from_millis(31_591));
     }
 }
