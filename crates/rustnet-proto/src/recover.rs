@@ -446,9 +446,9 @@ pub struct Recovery {
     charged: Duration,
     /// When the charge was last brought up to date.
     look: Option<Instant>,
-    /// Whether the time since `look` is charged in full (else at
-    /// [`LATE_RATE`]).
-    charging: bool,
+    /// How the time since `look` is charged: in full (1), at one part in
+    /// [`LATE_RATE`], or not at all (0).
+    rate: u32,
     /// Resumed, and no work request has completed on the new QPs yet: the
     /// episode (and its window) goes on until one does.
     unsettled: bool,
@@ -471,7 +471,7 @@ impl Recovery {
             halts: 0,
             charged: Duration::ZERO,
             look: None,
-            charging: true,
+            rate: 1,
             unsettled: false,
         }
     }
@@ -522,10 +522,9 @@ impl Recovery {
 
     /// What the window was charged with so far (at `now`).
     pub fn charged(&self, now: Instant) -> Duration {
-        match self.look {
-            Some(t) if self.charging => self.charged + now.saturating_duration_since(t),
-            Some(t) => self.charged + now.saturating_duration_since(t) / LATE_RATE,
-            None => self.charged,
+        match (self.look, self.rate) {
+            (Some(t), r) if r > 0 => self.charged + now.saturating_duration_since(t) / r,
+            _ => self.charged,
         }
     }
 
@@ -553,15 +552,22 @@ impl Recovery {
     /// comm that never calls `observe` is charged in full with all the time
     /// since its episode's first fault.
     ///
-    /// Resumed but not yet settled, the time a request waits counts too
-    /// (the new QPs may carry nothing); an idle comm's does not.
+    /// Resumed but not yet settled, the time a request waits counts in full
+    /// (the new QPs may carry nothing), and an idle comm's not at all (it
+    /// may stay idle for hours before its next fault).
     pub fn observe(&mut self, now: Instant, awaited: bool, peer_reachable: bool) {
         if !self.active() && !self.unsettled {
             return;
         }
         self.charged = self.charged(now);
         self.look = Some(now);
-        self.charging = awaited && !(peer_reachable && self.waits_on_peer());
+        self.rate = if !self.active() {
+            u32::from(awaited)
+        } else if awaited && !(peer_reachable && self.waits_on_peer()) {
+            1
+        } else {
+            LATE_RATE
+        };
     }
 
     fn restart(&mut self, now: Instant, epoch: u32) {
@@ -572,7 +578,7 @@ impl Recovery {
             // a new episode: charged from its first fault until told otherwise
             self.charged = Duration::ZERO;
             self.look = Some(now);
-            self.charging = true;
+            self.rate = 1;
         }
         self.since.get_or_insert(now);
         self.halt_due = true;
@@ -933,6 +939,16 @@ mod tests {
             b.r.settled();
         }
         assert_eq!((a.failed, a.resumed), (None, 10), "ten separate faults, each recovered");
+        // resumed, then idle for an hour (nothing posted, nothing completes):
+        // the next fault is a fresh start as far as the window goes
+        let (mut a, mut b) = (End::new(), End::new());
+        a.r.fault(t);
+        converge(&mut a, &mut b, t);
+        a.r.observe(s(1), false, true);
+        a.r.fault(s(3600));
+        a.run(s(3600));
+        assert_eq!(a.failed, None, "an idle hour after a resume is not charged");
+        assert!(a.r.charged(s(3600)) < Duration::from_secs(2), "{:?}", a.r.charged(s(3600)));
     }
 
     /// Issue 20 ("a link flap ends a week-long job"): the window is charged

@@ -96,7 +96,10 @@ impl SendComm {
         match self.tx.test(&mut self.io, id) {
             // (split: the common answer builds no Completion)
             Ok(None) => Ok(None),
-            Ok(Some(n)) => Ok(Some(Completion::one(n))),
+            Ok(Some(n)) => {
+                self.io.link.request_done();
+                Ok(Some(Completion::one(n)))
+            }
             Err(f) => Err(self.io.link.fail_by(f, "send")),
         }
     }
@@ -222,7 +225,10 @@ impl RecvComm {
         }
         match self.rx.test(&mut self.io, id) {
             Ok(None) => Ok(None),
-            Ok(Some(f)) => Ok(Some(Completion { n: f.n, sizes: f.sizes })),
+            Ok(Some(f)) => {
+                self.io.link.request_done();
+                Ok(Some(Completion { n: f.n, sizes: f.sizes }))
+            }
             Err(f) => Err(self.io.link.fail_by(f, "receive")),
         }
     }

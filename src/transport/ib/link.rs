@@ -228,6 +228,19 @@ impl Link {
         }
     }
 
+    /// A request was reported done: after a resume, the fabric carries our
+    /// work again (the recovery episode is over: `Recovery::settled`; a
+    /// receiver whose traffic is all eager may see no completion queue
+    /// entry of its own for a while).
+    #[inline(always)]
+    pub(super) fn request_done(&mut self) {
+        if let Some(r) = self.rec.as_mut() {
+            if r.m.unsettled() {
+                r.m.settled();
+            }
+        }
+    }
+
     /// A comm that recovers and failed tells its peer (GiveUp, best
     /// effort): a peer recovering toward us waits for a reachable peer
     /// without charging its window in full (`Recovery::observe`), so it
