@@ -956,15 +956,24 @@ mod tests {
         assert!(matches!(finish(&mut a), Step::Retry(why) if why.contains("not accepted")));
         drop(keep);
         assert!(!has_port(lo()), "the resume port outlived its last comm");
-        let mut pr = Prober::new(addr);
+        // (the kernel keeps the socket listening until the serving thread
+        // wakes from poll(2) and lets go of it: under load a first probe may
+        // still be answered; a waiting receiver probes again a second later)
         let t0 = Instant::now();
         let got = loop {
-            if let Some(p) = pr.step(Instant::now()) {
-                break p;
+            let mut pr = Prober::new(addr);
+            let got = loop {
+                if let Some(p) = pr.step(Instant::now()) {
+                    break p;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(5));
+            };
+            if got == Probe::Gone || t0.elapsed() > Duration::from_secs(3) {
+                break got;
             }
-            assert!(t0.elapsed() < Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(50));
         };
-        assert_eq!(got, Probe::Gone, "a closed port must read as a gone process");
+        assert_eq!(got, Probe::Gone, "a closed port must read as a gone process (within a few probes)");
         match Attempt::start(addr, &[hello(0x77, 0, 1, 5, token)], None).map(|mut a| finish(&mut a)) {
             Ok(Step::Fatal(why)) | Err(Step::Fatal(why)) => assert!(why.contains("process is gone"), "{why}"),
             _ => panic!("a refused connection must be fatal"),
