@@ -452,6 +452,9 @@ pub struct Recovery {
     /// Resumed, and no work request has completed on the new QPs yet: the
     /// episode (and its window) goes on until one does.
     unsettled: bool,
+    /// The peer sent something of the current epoch (it is taking part in
+    /// this recovery, not merely reachable).
+    peer_in_epoch: bool,
 }
 
 impl Recovery {
@@ -473,6 +476,7 @@ impl Recovery {
             look: None,
             rate: 1,
             unsettled: false,
+            peer_in_epoch: false,
         }
     }
 
@@ -538,7 +542,10 @@ impl Recovery {
     /// with from here: `awaited`, NCCL has a request on this comm not yet
     /// reported done; `peer_reachable`, everything this end sent the peer on
     /// the out-of-band connection was acknowledged by the peer's host (its
-    /// process lives and the connection works).
+    /// process lives and the connection works). A peer counts as late only
+    /// while it has sent nothing of the current epoch: one that takes part
+    /// (its Halt or State came) and is merely slow, or whose new QPs the
+    /// fabric does not carry, is charged in full.
     ///
     /// The window (RUSTNET_RECOVERY_TIMEOUT) bounds a recovery the *fabric*
     /// holds up, so it is charged in full only while NCCL waits on the
@@ -563,7 +570,7 @@ impl Recovery {
         self.look = Some(now);
         self.rate = if !self.active() {
             u32::from(awaited)
-        } else if awaited && !(peer_reachable && self.waits_on_peer()) {
+        } else if awaited && !(peer_reachable && self.waits_on_peer() && !self.peer_in_epoch) {
             1
         } else {
             LATE_RATE
@@ -574,6 +581,7 @@ impl Recovery {
         self.epoch = epoch;
         self.phase = Phase::Draining;
         self.unsettled = false;
+        self.peer_in_epoch = false;
         if self.since.is_none() {
             // a new episode: charged from its first fault until told otherwise
             self.charged = Duration::ZERO;
@@ -607,13 +615,17 @@ impl Recovery {
         }
         match m {
             // the peer stopped: join its epoch (ours crossed it if equal)
-            RcMsg::Halt { .. } if e > self.epoch => self.restart(now, e),
-            RcMsg::Halt { .. } => {}
+            RcMsg::Halt { .. } if e > self.epoch => {
+                self.restart(now, e);
+                self.peer_in_epoch = true;
+            }
+            RcMsg::Halt { .. } => self.peer_in_epoch |= e == self.epoch,
             RcMsg::State { addr, point, .. } if e == self.epoch && self.active() => {
                 if self.peer.is_some() {
                     return Err(ProtoError::RecoverOrder { epoch: e, what: "a second State" });
                 }
                 self.peer = Some((addr, point));
+                self.peer_in_epoch = true;
             }
             RcMsg::Go { .. } if e == self.epoch && self.active() => {
                 if self.peer.is_none() {
@@ -983,6 +995,34 @@ mod tests {
         deliver(&mut a, &mut b, s(31));
         converge(&mut a, &mut b, s(31));
         assert_eq!((a.resumed, b.resumed, a.failed, b.failed), (1, 1, None, None));
+    }
+
+    /// A peer that takes part (its Halt came) but is slow, or whose new
+    /// QPs carry nothing, is no late rank: the window counts in full, even
+    /// with the out-of-band network fine (soft-RoCE VM, loss.sh cut-rec:
+    /// 100% loss on the fabric, the out-of-band sockets on the host).
+    #[test]
+    fn a_peer_that_takes_part_is_charged_in_full() {
+        let t = Instant::now();
+        let s = |x: u64| t + Duration::from_secs(x);
+        let (mut a, mut b) = (End::new(), End::new());
+        a.r.fault(t);
+        a.run(t);
+        deliver(&mut a, &mut b, t);
+        b.run(t);
+        // b answers with its Halt, then stalls (its drain, a dead fabric)
+        let halt: Vec<RcMsg> = b.out.drain(..).filter(|m| matches!(m, RcMsg::Halt { .. })).collect();
+        for m in halt {
+            a.r.on_msg(t, m).unwrap();
+        }
+        for x in 1..=9 {
+            a.r.observe(s(x), true, true);
+            a.run(s(x));
+        }
+        assert_eq!(a.failed, None);
+        a.r.observe(s(11), true, true);
+        a.run(s(11));
+        assert!(matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::Exchange, .. })), "{:?}", a.failed);
     }
 
     #[test]
