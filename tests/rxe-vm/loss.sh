@@ -156,6 +156,8 @@ FLAP
       expect=$(awk -v t="$to" -v r="$rc" -v w="$window" 'BEGIN { printf "%.3f", 4.096e-6 * 2^t * (r + 1) + w }')
       echo "expected: 4.096 us * 2^$to * ($rc + 1) + a recovery window of $window s = $expect s"
       grep -m2 'comm failed' $out.err | sed 's/^/  WARN: /' | cut -c1-500
+      # LOSS_NCCL_DEBUG=INFO: the recoveries' steps up to the failure
+      [ -n "${NCCL_DEBUG:-}" ] && grep -E 'recovery epoch|recovering in place|the peer stopped' $out.err | head -60 | sed 's/^/  INFO: /' | cut -c1-240
     fi
     if [ -n "$flap" ]; then
       grep -E 'recover' $out.err | grep -v 'recovery epoch' | head -6 | sed 's/^/  WARN: /' | cut -c1-300

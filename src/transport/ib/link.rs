@@ -363,8 +363,8 @@ impl Link {
         self.last_check = now;
         if let Some(r) = self.rec.as_mut().filter(|r| r.m.unsettled()) {
             // resumed, nothing completed on the new QPs yet: the window
-            // counts while NCCL waits on the comm (Recovery::observe)
-            r.m.observe(now, pending > 0, false);
+            // counts while NCCL calls the comm (Recovery::observe)
+            r.m.observe(now, true, false);
         }
         if self.rec.is_some() {
             // the socket carries recovery messages (a peer that stopped its

@@ -289,8 +289,6 @@ pub(super) trait Side {
     fn connected(&mut self) -> Result<()>;
     /// Hand the peer's restart point to the machine; bytes written again.
     fn resume(&mut self, peer: &Point) -> Result<u64>;
-    /// Does NCCL have a request on this comm not yet reported done?
-    fn awaited(&self) -> bool;
 
     /// Is the comm recovering? Moves the recovery on first (`Err`: it failed).
     /// (Inlined into every `test`: the common answer is one load.)
@@ -339,11 +337,12 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
     for _ in 0..16 {
         s.link().pump()?;
         let now = Instant::now();
-        let awaited = s.awaited();
         let link = s.link();
         let reachable = link.peer_reachable(now);
         let Some(r) = link.rec.as_mut() else { return Ok(()) };
-        r.m.observe(now, awaited, reachable);
+        // (we are inside one of NCCL's calls on the comm: it waits on it, with
+        // a request pending or with an isend the comm cannot take yet)
+        r.m.observe(now, true, reachable);
         match r.m.step(now) {
             Do::Wait => return Ok(()),
             Do::Halt(msg) => {
@@ -497,9 +496,8 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.m.resumed();
                 // (until the new QPs complete something the window counts
                 // while NCCL waits on the comm: Recovery::settled)
-                let awaited = s.awaited();
                 if let Some(r) = s.link().rec.as_mut() {
-                    r.m.observe(now, awaited, false);
+                    r.m.observe(now, true, false);
                 }
                 let bytes = match s.resume(&point) {
                     Ok(b) => b,
@@ -689,9 +687,7 @@ impl Side for SendComm {
     fn point(&self) -> Point {
         Point::Tx(self.tx.restart_point())
     }
-    fn awaited(&self) -> bool {
-        self.tx.live() > 0
-    }
+
     fn connected(&mut self) -> Result<()> {
         Ok(())
     }
@@ -724,9 +720,7 @@ impl Side for RecvComm {
     fn point(&self) -> Point {
         Point::Rx(self.rx.restart_point())
     }
-    fn awaited(&self) -> bool {
-        self.rx.live() > 0
-    }
+
     fn connected(&mut self) -> Result<()> {
         let io = &mut self.io;
         for q in &io.link.qps {
