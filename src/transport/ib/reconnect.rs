@@ -218,8 +218,8 @@ impl Link {
             r.told_late = true;
             tracing::info!(
                 "{}: comm to {peer}: recovery epoch {}: the peer's host took our recovery messages but its comm has not \
-                 answered for {:.1} s: its rank is not calling this comm now (late: a checkpoint, an evaluation); waiting \
-                 for it (RUSTNET_RECOVERY_TIMEOUT counts only while a request waits and the fabric holds the recovery up)",
+                 answered for {:.1} s: its rank may not be calling this comm now (late: a checkpoint, an evaluation), or \
+                 its own recovery is stuck; RUSTNET_RECOVERY_TIMEOUT keeps running",
                 self.dev.name,
                 r.m.epoch(),
                 now.saturating_duration_since(r.halted_at).as_secs_f64()
