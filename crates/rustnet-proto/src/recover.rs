@@ -597,6 +597,13 @@ impl Recovery {
     }
 
     fn restart(&mut self, now: Instant, epoch: u32) {
+        if self.since.is_some() {
+            // the episode goes on: the time up to now is charged as the
+            // phase it passed in had it (an idle stretch after a resume is
+            // not charged; once recovering it would count a tenth)
+            self.charged = self.charged(now);
+            self.look = Some(now);
+        }
         self.epoch = epoch;
         self.phase = Phase::Draining;
         self.unsettled = false;
@@ -972,15 +979,18 @@ mod tests {
         }
         assert_eq!((a.failed, a.resumed), (None, 10), "ten separate faults, each recovered");
         // resumed, then idle for an hour (nothing posted, nothing completes):
-        // the next fault is a fresh start as far as the window goes
-        let (mut a, mut b) = (End::new(), End::new());
-        a.r.fault(t);
-        converge(&mut a, &mut b, t);
-        a.r.observe(s(1), false, true);
-        a.r.fault(s(3600));
-        a.run(s(3600));
-        assert_eq!(a.failed, None, "an idle hour after a resume is not charged");
-        assert!(a.r.charged(s(3600)) < Duration::from_secs(2), "{:?}", a.r.charged(s(3600)));
+        // the next fault is a fresh start as far as the window goes, whether
+        // NCCL's last call before the hour had a request pending or not
+        for awaited in [false, true] {
+            let (mut a, mut b) = (End::new(), End::new());
+            a.r.fault(t);
+            converge(&mut a, &mut b, t);
+            a.r.observe(s(1), awaited, true);
+            a.r.fault(s(3600));
+            a.run(s(3600));
+            assert_eq!(a.failed, None, "an idle hour after a resume is not charged (awaited {awaited})");
+            assert!(a.r.charged(s(3600)) < Duration::from_secs(3), "{:?}", a.r.charged(s(3600)));
+        }
     }
 
     /// A peer that takes part (its Halt came) but is slow, or whose new
