@@ -424,9 +424,10 @@ pub enum GiveUpWhy {
     Peer,
 }
 
-/// Time a recovery spends on what the fabric does not hold up (no request
-/// waiting, or a reachable peer late to answer) is charged to its window at
-/// one part in this many ([`Recovery::observe`]).
+/// Time a recovering comm spends without NCCL calling it (silences of over
+/// [`CALL_GAP`]) is charged to its window at one part in this many
+/// ([`Recovery::observe`]); the TCP receiver's wait for a live sender uses
+/// the same share.
 pub const LATE_RATE: u32 = 10;
 
 /// Calls of a comm NCCL waits on come far closer together than this; a
@@ -451,17 +452,12 @@ pub struct Recovery {
     charged: Duration,
     /// When the charge was last brought up to date.
     look: Option<Instant>,
-    /// How the time since `look` is charged: in full (1), at one part in
-    /// [`LATE_RATE`], or not at all (0).
-    rate: u32,
     /// Resumed, and no work request has completed on the new QPs yet: the
     /// episode (and its window) goes on until one does.
     unsettled: bool,
-    /// `observe` was called in this episode (the executor reports its calls).
+    /// `observe` was called in this episode (the executor reports NCCL's
+    /// calls; without them all the time counts).
     observed: bool,
-    /// The peer sent something of the current epoch (it is taking part in
-    /// this recovery, not merely reachable).
-    peer_in_epoch: bool,
 }
 
 impl Recovery {
@@ -481,10 +477,8 @@ impl Recovery {
             halts: 0,
             charged: Duration::ZERO,
             look: None,
-            rate: 1,
             unsettled: false,
             observed: false,
-            peer_in_epoch: false,
         }
     }
 
@@ -535,65 +529,37 @@ impl Recovery {
     /// What the window was charged with so far (at `now`).
     pub fn charged(&self, now: Instant) -> Duration {
         let Some(t) = self.look else { return self.charged };
-        let per = |d: Duration, r: u32| if r == 0 { Duration::ZERO } else { d / r };
         let dt = now.saturating_duration_since(t);
         if !self.observed {
-            return self.charged + per(dt, self.rate);
+            return self.charged + dt;
         }
         // NCCL polls a comm it waits on far more often than CALL_GAP: a
         // longer silence is a comm it does not wait on (a tenth while
         // recovering, nothing once resumed)
         let busy = dt.min(CALL_GAP);
-        let idle_rate = if self.rate == 0 || !self.active() { 0 } else { LATE_RATE };
-        self.charged + per(busy, self.rate) + per(dt - busy, idle_rate)
+        let idle = if self.active() { (dt - busy) / LATE_RATE } else { Duration::ZERO };
+        self.charged + busy + idle
     }
 
-    /// Does the current phase wait on the peer's next message (its State,
-    /// its Go) rather than on this end's port or work?
-    fn waits_on_peer(&self) -> bool {
-        matches!(self.phase, Phase::Exchange | Phase::WaitGo)
-    }
-
-    /// What the executor sees now, at a call of NCCL's on the comm, which
-    /// decides what the window is charged with from here: `awaited`, NCCL
-    /// waits on this comm (the executor says so at each of NCCL's calls: a
-    /// pending request, or an `isend` the comm cannot take yet, alike; a
-    /// silence of over [`CALL_GAP`] counts as not waiting); `peer_reachable`, everything this end sent the peer on
-    /// the out-of-band connection was acknowledged by the peer's host (its
-    /// process lives and the connection works). A peer counts as late only
-    /// while it has sent nothing of the current epoch: one that takes part
-    /// (its Halt or State came) and is merely slow, or whose new QPs the
-    /// fabric does not carry, is charged in full.
+    /// NCCL called the comm now (it waits on it: a request pending, or an
+    /// `isend` the comm cannot take yet, alike). The window
+    /// (RUSTNET_RECOVERY_TIMEOUT) is charged in full from call to call, and
+    /// across a silence of over [`CALL_GAP`] at 1/[`LATE_RATE`] while
+    /// recovering, and not at all once resumed (an idle comm may stay idle
+    /// for hours before its next fault). A comm that never calls `observe`
+    /// is charged in full with all the time since its episode's first
+    /// fault.
     ///
-    /// The window (RUSTNET_RECOVERY_TIMEOUT) is charged in full while NCCL
-    /// calls the comm, and at 1/[`LATE_RATE`] across silences between its
-    /// calls. A reachable peer that sends nothing of the epoch (a late
-    /// rank) is not yet told apart from one whose recovery is stuck (the
-    /// soft-RoCE VM's `loss.sh` `cut-rec` showed a peer that looked late and
-    /// never came), so `peer_reachable` changes nothing for now. A comm that
-    /// never calls `observe` is charged in full with all the time since its
-    /// episode's first fault.
-    ///
-    /// Resumed but not yet settled, the time a request waits counts in full
-    /// (the new QPs may carry nothing), and an idle comm's not at all (it
-    /// may stay idle for hours before its next fault).
-    pub fn observe(&mut self, now: Instant, awaited: bool, peer_reachable: bool) {
+    /// A reachable peer that sends nothing of the epoch (a late rank) is
+    /// not told apart from one whose recovery is stuck: the soft-RoCE VM's
+    /// `loss.sh` `cut-rec` showed a peer that looked late and never came.
+    pub fn observe(&mut self, now: Instant) {
         if !self.active() && !self.unsettled {
             return;
         }
         self.charged = self.charged(now);
         self.look = Some(now);
         self.observed = true;
-        self.rate = if !self.active() {
-            u32::from(awaited)
-        } else if awaited {
-            // (a late but reachable peer is not told apart yet: see the
-            // comment above `peer_reachable`)
-            let _ = (peer_reachable, self.waits_on_peer(), self.peer_in_epoch);
-            1
-        } else {
-            LATE_RATE
-        };
     }
 
     fn restart(&mut self, now: Instant, epoch: u32) {
@@ -602,19 +568,15 @@ impl Recovery {
             // phase it passed in had it (an idle stretch after a resume is
             // not charged; once recovering it would count a tenth)
             self.charged = self.charged(now);
-            self.look = Some(now);
+        } else {
+            // a new episode: charged in full from its first fault until NCCL's calls say otherwise
+            self.charged = Duration::ZERO;
+            self.observed = false;
         }
+        self.look = Some(now);
         self.epoch = epoch;
         self.phase = Phase::Draining;
         self.unsettled = false;
-        self.peer_in_epoch = false;
-        if self.since.is_none() {
-            // a new episode: charged from its first fault until told otherwise
-            self.charged = Duration::ZERO;
-            self.look = Some(now);
-            self.rate = 1;
-            self.observed = false;
-        }
         self.since.get_or_insert(now);
         self.halt_due = true;
         self.peer = None;
@@ -642,17 +604,13 @@ impl Recovery {
         }
         match m {
             // the peer stopped: join its epoch (ours crossed it if equal)
-            RcMsg::Halt { .. } if e > self.epoch => {
-                self.restart(now, e);
-                self.peer_in_epoch = true;
-            }
-            RcMsg::Halt { .. } => self.peer_in_epoch |= e == self.epoch,
+            RcMsg::Halt { .. } if e > self.epoch => self.restart(now, e),
+            RcMsg::Halt { .. } => {}
             RcMsg::State { addr, point, .. } if e == self.epoch && self.active() => {
                 if self.peer.is_some() {
                     return Err(ProtoError::RecoverOrder { epoch: e, what: "a second State" });
                 }
                 self.peer = Some((addr, point));
-                self.peer_in_epoch = true;
             }
             RcMsg::Go { .. } if e == self.epoch && self.active() => {
                 if self.peer.is_none() {
@@ -981,44 +939,14 @@ mod tests {
         // resumed, then idle for an hour (nothing posted, nothing completes):
         // the next fault is a fresh start as far as the window goes, whether
         // NCCL's last call before the hour had a request pending or not
-        for awaited in [false, true] {
-            let (mut a, mut b) = (End::new(), End::new());
-            a.r.fault(t);
-            converge(&mut a, &mut b, t);
-            a.r.observe(s(1), awaited, true);
-            a.r.fault(s(3600));
-            a.run(s(3600));
-            assert_eq!(a.failed, None, "an idle hour after a resume is not charged (awaited {awaited})");
-            assert!(a.r.charged(s(3600)) < Duration::from_secs(3), "{:?}", a.r.charged(s(3600)));
-        }
-    }
-
-    /// A peer that takes part (its Halt came) but is slow, or whose new
-    /// QPs carry nothing, is no late rank: the window counts in full, even
-    /// with the out-of-band network fine (soft-RoCE VM, loss.sh cut-rec:
-    /// 100% loss on the fabric, the out-of-band sockets on the host).
-    #[test]
-    fn a_peer_that_takes_part_is_charged_in_full() {
-        let t = Instant::now();
-        let s = |x: u64| t + Duration::from_secs(x);
         let (mut a, mut b) = (End::new(), End::new());
         a.r.fault(t);
-        a.run(t);
-        deliver(&mut a, &mut b, t);
-        b.run(t);
-        // b answers with its Halt, then stalls (its drain, a dead fabric)
-        let halt: Vec<RcMsg> = b.out.drain(..).filter(|m| matches!(m, RcMsg::Halt { .. })).collect();
-        for m in halt {
-            a.r.on_msg(t, m).unwrap();
-        }
-        for x in 1..=9 {
-            a.r.observe(s(x), true, true);
-            a.run(s(x));
-        }
-        assert_eq!(a.failed, None);
-        a.r.observe(s(11), true, true);
-        a.run(s(11));
-        assert!(matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::Exchange, .. })), "{:?}", a.failed);
+        converge(&mut a, &mut b, t);
+        a.r.observe(s(1));
+        a.r.fault(s(3600));
+        a.run(s(3600));
+        assert_eq!(a.failed, None, "an idle hour after a resume is not charged");
+        assert!(a.r.charged(s(3600)) < Duration::from_secs(3), "{:?}", a.r.charged(s(3600)));
     }
 
     /// NCCL polls a comm it waits on; a silence longer than CALL_GAP is a
@@ -1031,36 +959,51 @@ mod tests {
         a.port_up = false;
         a.r.fault(t);
         a.run(t);
-        a.r.observe(t, true, false);
+        a.r.observe(t);
         // no call for 51 s: one second in full, the rest at a tenth
         assert_eq!(a.r.charged(s(51)), Duration::from_secs(6));
         a.run(s(51));
         assert_eq!(a.failed, None);
     }
 
+    /// While NCCL calls the comm, the window counts in full, whether the
+    /// peer is silent (unreachable, or late) or takes part and is slow or
+    /// its new QPs carry nothing (soft-RoCE VM, loss.sh cut-rec: 100% loss
+    /// on the fabric, the out-of-band sockets on the host).
     #[test]
-    fn an_unreachable_peer_is_waited_for_no_longer_than_the_window() {
+    fn a_called_comm_is_charged_in_full_whatever_the_peer_does() {
         let t = Instant::now();
         let s = |x: u64| t + Duration::from_secs(x);
-        let mut a = End::new();
-        a.r.fault(t);
-        a.run(t);
-        for x in 1..=9 {
-            a.r.observe(s(x), true, false);
-            a.run(s(x));
+        for peer_takes_part in [false, true] {
+            let (mut a, mut b) = (End::new(), End::new());
+            a.r.fault(t);
+            a.run(t);
+            if peer_takes_part {
+                // b answers with its Halt, then stalls (its drain, a dead fabric)
+                deliver(&mut a, &mut b, t);
+                b.run(t);
+                for m in b.out.drain(..).filter(|m| matches!(m, RcMsg::Halt { .. })) {
+                    a.r.on_msg(t, m).unwrap();
+                }
+            }
+            for x in 1..=9 {
+                a.r.observe(s(x));
+                a.run(s(x));
+            }
+            assert_eq!(a.failed, None);
+            a.r.observe(s(10));
+            a.r.observe(s(11));
+            a.run(s(11));
+            assert!(
+                matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::Exchange, charged, .. }) if charged >= Duration::from_secs(10)),
+                "peer takes part {peer_takes_part}: {:?}",
+                a.failed
+            );
         }
-        assert_eq!(a.failed, None);
-        a.r.observe(s(11), true, false);
-        a.run(s(11));
-        assert!(
-            matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::Exchange, charged, .. }) if charged >= Duration::from_secs(10)),
-            "{:?}",
-            a.failed
-        );
     }
 
     #[test]
-    fn nothing_is_charged_while_no_request_waits_and_the_port_wait_is() {
+    fn a_port_wait_counts_a_tenth_while_nccl_is_silent_and_in_full_while_it_calls() {
         let t = Instant::now();
         let s = |x: u64| t + Duration::from_secs(x);
         let mut a = End::new();
@@ -1068,20 +1011,18 @@ mod tests {
         a.r.fault(t);
         a.run(t);
         assert_eq!(a.r.phase(), Phase::WaitPort);
-        // NCCL has nothing on the comm for a minute (its port down all along)
-        a.r.observe(s(1), false, true);
-        a.r.observe(s(61), false, true);
+        // NCCL calls once, then nothing for a minute (its port down all along)
+        a.r.observe(s(1));
+        a.r.observe(s(61));
         a.run(s(61));
-        assert_eq!((a.failed, a.r.charged(s(61))), (None, Duration::from_secs(7)), "the first second, then a tenth of the idle minute");
-        // a receive is posted, NCCL polls: the port wait counts in full (the
-        // peer being reachable does not matter here)
-        a.r.observe(s(61), true, true);
+        assert_eq!((a.failed, a.r.charged(s(61))), (None, Duration::from_millis(7900)), "two seconds, then a tenth of the silence");
+        // NCCL polls: the port wait counts in full
         for x in 62..=63 {
-            a.r.observe(s(x), true, true);
+            a.r.observe(s(x));
             a.run(s(x));
         }
         assert_eq!(a.failed, None);
-        a.r.observe(s(64), true, true);
+        a.r.observe(s(64));
         a.run(s(64));
         assert!(matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::WaitPort, .. })), "{:?}", a.failed);
     }

@@ -97,7 +97,7 @@ impl SendComm {
             // (split: the common answer builds no Completion)
             Ok(None) => Ok(None),
             Ok(Some(n)) => {
-                self.io.link.request_done();
+                self.io.link.work_done();
                 Ok(Some(Completion::one(n)))
             }
             Err(f) => Err(self.io.link.fail_by(f, "send")),
@@ -226,7 +226,7 @@ impl RecvComm {
         match self.rx.test(&mut self.io, id) {
             Ok(None) => Ok(None),
             Ok(Some(f)) => {
-                self.io.link.request_done();
+                self.io.link.work_done();
                 Ok(Some(Completion { n: f.n, sizes: f.sizes }))
             }
             Err(f) => Err(self.io.link.fail_by(f, "receive")),

@@ -228,12 +228,12 @@ impl Link {
         }
     }
 
-    /// A request was reported done: after a resume, the fabric carries our
-    /// work again (the recovery episode is over: `Recovery::settled`; a
-    /// receiver whose traffic is all eager may see no completion queue
-    /// entry of its own for a while).
+    /// A work request completed on our QPs, or a request was reported done
+    /// (a receiver whose traffic is all eager may see no completion of its
+    /// own for a while): after a resume, the fabric carries our work again
+    /// and the recovery episode is over (`Recovery::settled`).
     #[inline(always)]
-    pub(super) fn request_done(&mut self) {
+    pub(super) fn work_done(&mut self) {
         if let Some(r) = self.rec.as_mut() {
             if r.m.unsettled() {
                 r.m.settled();
@@ -242,9 +242,8 @@ impl Link {
     }
 
     /// A comm that recovers and failed tells its peer (GiveUp, best
-    /// effort): a peer recovering toward us waits for a reachable peer
-    /// without charging its window in full (`Recovery::observe`), so it
-    /// must hear that we are done rather than wait for our next message.
+    /// effort), which then fails at once instead of at the end of its own
+    /// recovery window.
     fn tell_gave_up(&mut self) {
         if self.handshake {
             return;
@@ -364,7 +363,7 @@ impl Link {
         if let Some(r) = self.rec.as_mut().filter(|r| r.m.unsettled()) {
             // resumed, nothing completed on the new QPs yet: the window
             // counts while NCCL calls the comm (Recovery::observe)
-            r.m.observe(now, true, false);
+            r.m.observe(now);
         }
         if self.rec.is_some() {
             // the socket carries recovery messages (a peer that stopped its
@@ -507,9 +506,7 @@ impl Link {
             n += 1;
         }
         if settled {
-            if let Some(r) = self.rec.as_mut().filter(|r| r.m.unsettled()) {
-                r.m.settled();
-            }
+            self.work_done();
         }
         n
     }

@@ -20,11 +20,6 @@ use crate::transport::sock::Io;
 
 /// How often a recovering comm asks whether its port is ACTIVE again.
 const PORT_POLL: Duration = Duration::from_millis(50);
-/// How often a recovery that waits on the peer asks whether the peer's
-/// host took our messages (TCP_INFO of the out-of-band socket).
-const REACH_EVERY: Duration = Duration::from_millis(10);
-/// A recovery waiting this long on a reachable peer says why (INFO).
-const LATE_AFTER: Duration = Duration::from_secs(5);
 /// A receiver's drain ends when every QP's receive queue was flushed, or
 /// after this long (a provider that flushes nothing: WARN).
 const DRAIN_MAX: Duration = Duration::from_secs(1);
@@ -196,38 +191,6 @@ impl Link {
         }
     }
 
-    /// Has the peer's host taken everything we sent it on the out-of-band
-    /// connection (its process lives and the connection works)? Asked only
-    /// while the recovery waits on the peer, at most every [`REACH_EVERY`].
-    /// The first time it holds in an episode, one INFO line says what that
-    /// means: the peer's rank is late to call its end of the comm.
-    fn peer_reachable(&mut self, now: Instant) -> bool {
-        let peer = self.peer_name();
-        let Some(r) = self.rec.as_mut() else { return false };
-        if !matches!(r.m.phase(), Phase::Exchange | Phase::WaitGo) {
-            return false;
-        }
-        if r.reach_at.is_some_and(|t| now.saturating_duration_since(t) < REACH_EVERY) {
-            return r.reach;
-        }
-        r.reach_at = Some(now);
-        // (all of ours written to the kernel, none of it unacknowledged)
-        r.reach = r.sent == r.out.len() && matches!(self.oob.ack_state(), Ok((false, _)));
-        let Some(r) = self.rec.as_mut() else { return false };
-        if r.reach && !r.told_late && now.saturating_duration_since(r.halted_at) >= LATE_AFTER {
-            r.told_late = true;
-            tracing::info!(
-                "{}: comm to {peer}: recovery epoch {}: the peer's host took our recovery messages but its comm has not \
-                 answered for {:.1} s: its rank may not be calling this comm now (late: a checkpoint, an evaluation), or \
-                 its own recovery is stuck; RUSTNET_RECOVERY_TIMEOUT keeps running",
-                self.dev.name,
-                r.m.epoch(),
-                now.saturating_duration_since(r.halted_at).as_secs_f64()
-            );
-        }
-        r.reach
-    }
-
     fn stop_qps(&mut self) {
         for q in &self.qps {
             let _ = q.set_error();
@@ -255,9 +218,9 @@ impl Link {
                 };
                 let last =
                     if r.retry_why.is_empty() { String::new() } else { format!(" (last attempt to connect new QPs: {})", r.retry_why) };
-                // (the window counts only what the fabric held up: see Recovery::observe)
+                // (silences between NCCL's calls count a tenth: see Recovery::observe)
                 let counted = if waited.saturating_sub(charged) >= Duration::from_secs(1) {
-                    format!(", {:.1} s of it counted (a request waiting, the peer unreachable or our port down)", charged.as_secs_f64())
+                    format!(", {:.1} s of it counted (NCCL did not call the comm for the rest)", charged.as_secs_f64())
                 } else {
                     String::new()
                 };
@@ -338,17 +301,14 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
         s.link().pump()?;
         let now = Instant::now();
         let link = s.link();
-        let reachable = link.peer_reachable(now);
         let Some(r) = link.rec.as_mut() else { return Ok(()) };
         // (we are inside one of NCCL's calls on the comm: it waits on it, with
         // a request pending or with an isend the comm cannot take yet)
-        r.m.observe(now, true, reachable);
+        r.m.observe(now);
         match r.m.step(now) {
             Do::Wait => return Ok(()),
             Do::Halt(msg) => {
                 r.halted_at = now;
-                r.reach_at = None;
-                r.told_late = false;
                 r.rq_flushed = 0;
                 r.quiet = false;
                 r.new_qps.clear();
@@ -497,7 +457,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 // (until the new QPs complete something the window counts
                 // while NCCL waits on the comm: Recovery::settled)
                 if let Some(r) = s.link().rec.as_mut() {
-                    r.m.observe(now, true, false);
+                    r.m.observe(now);
                 }
                 let bytes = match s.resume(&point) {
                     Ok(b) => b,
@@ -687,7 +647,6 @@ impl Side for SendComm {
     fn point(&self) -> Point {
         Point::Tx(self.tx.restart_point())
     }
-
     fn connected(&mut self) -> Result<()> {
         Ok(())
     }
@@ -720,7 +679,6 @@ impl Side for RecvComm {
     fn point(&self) -> Point {
         Point::Rx(self.rx.restart_point())
     }
-
     fn connected(&mut self) -> Result<()> {
         let io = &mut self.io;
         for q in &io.link.qps {

@@ -102,13 +102,6 @@ pub(super) struct RecLink {
     pub(super) neigh_since: Option<Instant>,
     pub(super) neigh_next: Instant,
     pub(super) neigh_kicked: bool,
-    /// Whether the peer's host took everything we sent it on the
-    /// out-of-band connection, as last asked (and when): see
-    /// [`Recovery::observe`].
-    pub(super) reach: bool,
-    pub(super) reach_at: Option<Instant>,
-    /// The INFO line about waiting for a late but reachable peer was written (this episode).
-    pub(super) told_late: bool,
 }
 
 impl RecLink {
@@ -140,9 +133,6 @@ impl RecLink {
             neigh_since: None,
             neigh_next: now,
             neigh_kicked: false,
-            reach: false,
-            reach_at: None,
-            told_late: false,
         }
     }
 
