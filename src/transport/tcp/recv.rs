@@ -113,10 +113,9 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// Charge the window with the time since the last look if a receive
-    /// waited then and the sender was not known reachable; remember what
-    /// holds now. (The time NCCL spends calling nothing on the comm is
-    /// charged only if it left a receive waiting.)
+    /// Charge the window with the time since the last look: in full if a
+    /// receive waited then and the sender was not known reachable, else a
+    /// tenth; remember what holds now.
     fn charge(&mut self, now: Instant, awaited: bool) {
         let dt = now.saturating_duration_since(self.last);
         // the rest at a tenth: a sender that never comes back (its comm
