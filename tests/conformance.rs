@@ -784,9 +784,9 @@ fn late_byte(i: usize) -> u8 {
 
 fn peer_late_receiver(peer: &mut Peer, _e: &PeerEnv) {
     // A: two 1 MiB receives from B. The first completes with both ends
-    // active (the handshake ends with B's first call); then B's rank is
-    // away for a while and A's second CTS meets a QP error
-    // (RUSTNET_FAULT_QP_ERROR=recv:2 here), so A recovers while B calls nothing
+    // active (on verbs the handshake ends with B's first call); then B's
+    // rank is away for a while, and the case faults the connection while
+    // the second receive waits and B calls nothing
     let (s, r, l) = peer.connect_pair();
     let mut buf = vec![0u8; 1 << 20];
     let mh = peer.p.reg_mr(r, buf.as_mut_ptr(), buf.len()).unwrap();
