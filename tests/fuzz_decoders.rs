@@ -350,11 +350,17 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("short", h.encode()[..20].to_vec());
         }
         "resume" => {
-            use rustnet::proto::resume::{Ack, HelloExt, ResumeHello, ResumeReply, Token};
+            use rustnet::proto::resume::{Ack, HelloExt, ResumeHello, ResumeReply, SenderQuery, Token};
             let tagged = |t: u8, b: &[u8]| [&[t][..], b].concat();
-            add("ext-v4", tagged(0, &HelloExt { token: Token([7; 16]), probe: Some("10.0.0.2:4000".parse().unwrap()) }.encode()));
-            add("ext-v6", tagged(0, &HelloExt { token: Token([9; 16]), probe: Some("[fe80::2%3]:4001".parse().unwrap()) }.encode()));
-            add("ext-none", tagged(0, &HelloExt { token: Token::NONE, probe: None }.encode()));
+            add(
+                "ext-v4",
+                tagged(0, &HelloExt { token: Token([7; 16]), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: true }.encode()),
+            );
+            add(
+                "ext-v6",
+                tagged(0, &HelloExt { token: Token([9; 16]), probe: Some("[fe80::2%3]:4001".parse().unwrap()), answers: false }.encode()),
+            );
+            add("ext-none", tagged(0, &HelloExt { token: Token::NONE, probe: None, answers: false }.encode()));
             let h = ResumeHello {
                 version: PROTO_VERSION,
                 stream: 1,
@@ -368,6 +374,9 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("hello-valid", tagged(1, &h.encode()));
             add("hello-near-epoch-0", tagged(1, &ResumeHello { epoch: 0, ..h }.encode()));
             add("hello-near-stream-eq-n", tagged(1, &ResumeHello { stream: 2, ..h }.encode()));
+            let q = SenderQuery { version: PROTO_VERSION, conn_id: 0xabc, token: Token([5; 16]) };
+            add("query-valid", tagged(1, &q.encode()));
+            add("query-near-old-version", tagged(1, &SenderQuery { version: PROTO_VERSION - 1, ..q }.encode()));
             add("reply-accepted", tagged(2, &ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 12345 }.encode()));
             add("reply-bad-token", tagged(2, &ResumeReply { verdict: Verdict::BadToken, version: PROTO_VERSION, offset: 0 }.encode()));
             let mut ack = tagged(3, &Ack { stream: 1, offset: 500 }.encode());

@@ -21,7 +21,9 @@ use crate::fifo::{self, Cts, FailCode, Imm, ImmKind, PlannedWr, SendFifo, Slot, 
 use crate::handle::{Handle, HANDLE_SIZE, PROTO_VERSION};
 use crate::ib_meta::{Meta, META_LEN};
 use crate::pool::ReqId;
-use crate::resume::{self, Ack, HelloExt, ResumeHello, ResumeReply, ACK_LEN, HELLO_EXT_LEN, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
+use crate::resume::{
+    self, Ack, HelloExt, ResumeHello, ResumeReply, SenderQuery, ACK_LEN, HELLO_EXT_LEN, RESUME_HELLO_LEN, RESUME_REPLY_LEN,
+};
 use crate::wire::{self, Hello, MsgHeader, RecvSpec, Reply, Verdict, HDR_LEN, HELLO_LEN, REPLY_LEN};
 use crate::MAX_RECVS;
 
@@ -162,7 +164,8 @@ pub fn reply(data: &[u8]) {
 
 /// The records of TCP recovery (`proto::resume`), chosen by the first byte:
 /// 0 `HelloExt::decode` (after a TCP stream's hello, from any client of a
-/// listen port), 1 `ResumeHello::decode` (any client of a resume port),
+/// listen port), 1 `ResumeHello::decode` or, by its magic, `SenderQuery::decode`
+/// (any client of a resume port),
 /// 2 `ResumeReply::decode` (whatever answers at a resume port), 3
 /// `Ack::decode` against fuzzed per-stream byte counts (the receiving peer),
 /// then `rewind` over a fuzzed piece and offset. Round trips are stable, a
@@ -183,6 +186,18 @@ pub fn resume_records(data: &[u8]) {
         }
         1 => {
             let b: [u8; RESUME_HELLO_LEN] = r.bytes();
+            if SenderQuery::is_query(&b) {
+                match SenderQuery::decode(&b) {
+                    Ok(q) => {
+                        assert_eq!(q.version, PROTO_VERSION);
+                        let e = q.encode();
+                        assert_eq!((e[..10].to_vec(), &e[16..24], &e[48..]), (b[..10].to_vec(), &b[16..24], &b[48..]));
+                        assert_eq!(SenderQuery::decode(&e), Ok(q));
+                    }
+                    Err(f) => assert!(!f.why.is_empty() && f.verdict != Verdict::Accepted),
+                }
+                return;
+            }
             match ResumeHello::decode(&b) {
                 Ok(h) => {
                     assert_eq!(h.version, PROTO_VERSION);

@@ -9,8 +9,10 @@
 //!   a [`HelloExt`]: a random 128-bit [`Token`] the sender drew for this
 //!   connection and the address of the sender's own resume port (which the
 //!   receiver connects to only to learn whether the sender's process is still
-//!   there). The listener's [`Reply`](crate::wire::Reply) names the port of
-//!   the receiving process's resume listener.
+//!   there, and, when the sender says it answers them, to ask with a
+//!   [`SenderQuery`] whether this connection's send comm is still open). The
+//!   listener's [`Reply`](crate::wire::Reply) names the port of the
+//!   receiving process's resume listener.
 //! - **Acknowledgements.** Per stream, bytes are numbered from 0 after the
 //!   hello. The receiver tells the sender, in [`Ack`] records on the reverse
 //!   direction of stream 0, how many bytes of each stream it has taken from
@@ -81,7 +83,14 @@ pub struct HelloExt {
     /// The sender process's resume port, which the receiver may connect to
     /// while it waits for a reconnection: refused means the process is gone.
     pub probe: Option<SocketAddr>,
+    /// That port answers a [`SenderQuery`] about this connection (builds
+    /// before it close such a connection without a word, and a receiver
+    /// then only learns that the process is there).
+    pub answers: bool,
 }
+
+/// [`HelloExt`]'s flag byte: the sender's resume port answers [`SenderQuery`]s.
+const EXT_ANSWERS: u8 = 1;
 
 impl HelloExt {
     /// Encode.
@@ -89,7 +98,7 @@ impl HelloExt {
     /// ```text
     ///  0 token  [u8; 16]
     /// 16 family u8   0 (no probe address), 4 or 6
-    /// 17 -      u8
+    /// 17 flags  u8   bit 0: the probe port answers a SenderQuery (zero in older builds)
     /// 18 port   u16
     /// 20 scope  u32  IPv6 scope id
     /// 24 addr   [u8; 16]
@@ -98,6 +107,9 @@ impl HelloExt {
     pub fn encode(&self) -> [u8; HELLO_EXT_LEN] {
         let mut b = [0u8; HELLO_EXT_LEN];
         b[0..16].copy_from_slice(&self.token.0);
+        if self.answers {
+            b[17] = EXT_ANSWERS;
+        }
         match self.probe {
             None => {}
             Some(SocketAddr::V4(a)) => {
@@ -132,7 +144,74 @@ impl HelloExt {
         if probe.is_some_and(|p| p.port() == 0) {
             return Err(Refused { verdict: Verdict::Malformed, why: "hello extension with a resume port 0".into() });
         }
-        Ok(HelloExt { token, probe })
+        // other flag bits are a later build's: ignored
+        Ok(HelloExt { token, probe, answers: b[17] & EXT_ANSWERS != 0 && probe.is_some() })
+    }
+}
+
+/// Sender query magic: "RNSNDQRY".
+pub const SENDER_QUERY_MAGIC: u64 = u64::from_le_bytes(*b"RNSNDQRY");
+
+/// A waiting receiver's question to its sender's resume port: "is the send
+/// comm of this connection still open?" The same size as a
+/// [`ResumeHello`], so the port reads either the same way; it answers with
+/// a [`ResumeReply`] whose verdict is [`Verdict::Accepted`] (open, perhaps
+/// reconnecting), [`Verdict::Closed`] (this process closed it, or it failed),
+/// [`Verdict::UnknownComm`] (no such send comm known: never, or forgotten) or
+/// [`Verdict::BadToken`], and closes. Only sent to a port whose
+/// [`HelloExt::answers`] said it understands it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SenderQuery {
+    /// Protocol version (must equal ours).
+    pub version: u16,
+    /// The connection's id.
+    pub conn_id: u64,
+    /// The connection's token (a stranger learns nothing of the comm).
+    pub token: Token,
+}
+
+impl SenderQuery {
+    /// Encode.
+    ///
+    /// ```text
+    ///  0 magic   u64 "RNSNDQRY"
+    ///  8 version u16
+    /// 10..16     zero
+    /// 16 conn_id u64
+    /// 24..48     zero
+    /// 48 token   [u8; 16]
+    /// ```
+    pub fn encode(&self) -> [u8; RESUME_HELLO_LEN] {
+        let mut b = [0u8; RESUME_HELLO_LEN];
+        b[0..8].copy_from_slice(&SENDER_QUERY_MAGIC.to_le_bytes());
+        b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
+        b[48..64].copy_from_slice(&self.token.0);
+        b
+    }
+
+    /// Is this a query (rather than a resume hello or garbage)?
+    pub fn is_query(b: &[u8; RESUME_HELLO_LEN]) -> bool {
+        u64::from_le_bytes(b[0..8].try_into().unwrap()) == SENDER_QUERY_MAGIC
+    }
+
+    /// Decode and check the form (not the token: that is the registry's).
+    pub fn decode(b: &[u8; RESUME_HELLO_LEN]) -> Result<SenderQuery, Refused> {
+        if !SenderQuery::is_query(b) {
+            return Err(Refused { verdict: Verdict::Malformed, why: "not a librustnet sender query".into() });
+        }
+        let q = SenderQuery {
+            version: u16::from_le_bytes([b[8], b[9]]),
+            conn_id: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            token: Token(b[48..64].try_into().unwrap()),
+        };
+        if q.version != PROTO_VERSION {
+            return Err(Refused {
+                verdict: Verdict::Version,
+                why: format!("sender query of protocol {}, we speak {PROTO_VERSION}", q.version),
+            });
+        }
+        Ok(q)
     }
 }
 
@@ -470,14 +549,40 @@ mod tests {
     #[test]
     fn hello_ext_roundtrip_and_checks() {
         for probe in [None, Some("10.0.0.2:4000".parse().unwrap()), Some("[fe80::2%3]:4001".parse::<SocketAddr>().unwrap())] {
-            let e = HelloExt { token: tok(3), probe };
-            assert_eq!(HelloExt::decode(&e.encode()).unwrap(), e);
+            for answers in [false, true] {
+                let e = HelloExt { token: tok(3), probe, answers: answers && probe.is_some() };
+                assert_eq!(HelloExt::decode(&e.encode()).unwrap(), e);
+            }
         }
-        let mut b = HelloExt { token: tok(3), probe: None }.encode();
+        // an older build's extension (flag byte zero): a port that does not answer queries
+        let old = HelloExt { token: tok(3), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: false }.encode();
+        assert_eq!(old[17], 0);
+        assert!(!HelloExt::decode(&old).unwrap().answers);
+        // a later build's other flag bits are ignored
+        let mut later = HelloExt { token: tok(3), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: true }.encode();
+        later[17] |= 0x80;
+        assert!(HelloExt::decode(&later).unwrap().answers);
+        let mut b = HelloExt { token: tok(3), probe: None, answers: false }.encode();
         b[16] = 5;
         assert_eq!(HelloExt::decode(&b).unwrap_err().verdict, Verdict::Malformed);
         b[16] = 4;
         assert!(HelloExt::decode(&b).unwrap_err().why.contains("port 0"));
+    }
+
+    #[test]
+    fn sender_query_roundtrip_and_checks() {
+        let q = SenderQuery { version: PROTO_VERSION, conn_id: 0xfeed_beef, token: tok(5) };
+        let b = q.encode();
+        assert!(SenderQuery::is_query(&b));
+        assert_eq!(SenderQuery::decode(&b).unwrap(), q);
+        // a query is never taken for a resume hello, nor a hello for a query
+        assert_eq!(ResumeHello::decode(&b).unwrap_err().verdict, Verdict::Malformed);
+        let h = ResumeHello { version: PROTO_VERSION, stream: 0, nstreams: 1, conn_id: 1, epoch: 1, sent: 0, elapsed_ms: 0, token: tok(5) };
+        assert!(!SenderQuery::is_query(&h.encode()));
+        assert_eq!(SenderQuery::decode(&h.encode()).unwrap_err().verdict, Verdict::Malformed);
+        let mut v = b;
+        v[8] ^= 0xff;
+        assert_eq!(SenderQuery::decode(&v).unwrap_err().verdict, Verdict::Version);
     }
 
     #[test]

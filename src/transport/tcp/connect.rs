@@ -9,12 +9,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::recv::{RecvComm, RecvResume};
-use super::resume::{self, PortRef};
+use super::resume::{self, PortRef, SenderReg};
 use super::send::{SendComm, SendResume};
 use super::StreamCfg;
 use crate::error::Result;
+use crate::proto::handle::PROTO_VERSION;
 use crate::proto::handle::{Handle, HandleKind};
-use crate::proto::resume::{HelloExt, Token};
+use crate::proto::resume::{HelloExt, SenderQuery, Token};
 use crate::transport::oob::{link_fault, Connector, Cut, Listener};
 
 /// A TCP listening endpoint (the strangers' rules are [`Listener`]'s).
@@ -57,7 +58,11 @@ impl TcpListen {
             // the comm holds the port open itself: NCCL closes this listener soon
             let port = self.cfg.resume_port(p.addr())?.expect("recovery is on");
             match resume::register(inc.conn_id, ext.token, inc.socks.len(), port) {
-                Some(reg) => rs = Some(RecvResume { reg, probe: ext.probe, tos: self.tos }),
+                Some(reg) => {
+                    // a sender whose port answers is asked about its comm, not only its process
+                    let query = ext.answers.then_some(SenderQuery { version: PROTO_VERSION, conn_id: inc.conn_id, token: ext.token });
+                    rs = Some(RecvResume { reg, probe: ext.probe, query, tos: self.tos })
+                }
                 None => tracing::warn!(
                     "TCP connection from {} reuses the id {:#x} of another open comm of this process: it runs without recovery",
                     inc.peer,
@@ -87,6 +92,9 @@ pub struct TcpConnecting {
     cfg: StreamCfg,
     tos: Option<u8>,
     token: Token,
+    /// This dial's place in the registry of send comms (its receiver may
+    /// ask about it), dropped before `port`.
+    sreg: Option<SenderReg>,
     /// Our resume port, held for the comm (recovery on).
     port: Option<PortRef>,
     /// When the first dial started (the connect timeout counts from it).
@@ -123,6 +131,7 @@ impl TcpConnecting {
             cfg,
             tos,
             token,
+            sreg: None,
             port,
             began: Instant::now(),
             redial_at: None,
@@ -156,10 +165,13 @@ impl TcpConnecting {
     /// Open the streams; a link fault while the link is down (no route,
     /// unreachable) schedules another dial.
     fn dial(&mut self) -> Result<()> {
-        let ext = HelloExt { token: self.token, probe: self.port.as_ref().map(PortRef::addr) };
+        let probe = self.port.as_ref().map(PortRef::addr);
+        let ext = HelloExt { token: self.token, probe, answers: probe.is_some() };
         self.dials += 1;
         match Connector::start_ext(&self.handle, self.cfg.nstreams, self.cfg.oob(), self.tos, Some(ext)) {
             Ok(c) => {
+                // (a replaced dial's registration goes: its listener never took it)
+                self.sreg = self.port.as_ref().map(|p| resume::register_sender(c.conn_id(), self.token, p));
                 // one RUSTNET_CONNECT_TIMEOUT for every dial together
                 self.inner = Some(c.started_at(self.began));
                 self.redial_at = None;
@@ -265,7 +277,7 @@ impl TcpConnecting {
         let rs = (self.token.is_set() && resume_port != 0).then(|| {
             let mut addr = self.handle.addr;
             addr.set_port(resume_port);
-            SendResume { conn_id, token: self.token, addr, tos: self.tos, port: self.port, cut: self.resume_cut }
+            SendResume { conn_id, token: self.token, addr, tos: self.tos, reg: self.sreg, port: self.port, cut: self.resume_cut }
         });
         let (socks, peer) = inner.into_streams();
         Ok(SendComm::new(socks, peer, self.cfg, rs))

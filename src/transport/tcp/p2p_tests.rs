@@ -574,6 +574,50 @@ mod recovery_tests {
     }
 
     #[test]
+    fn a_receiver_whose_sender_closed_its_comm_but_lives_on_fails_promptly() {
+        let plan = ResetPlan { send: false, first: 1, every: 0 };
+        let at = |last: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), 0);
+        // the sender's process keeps its resume port open for other comms (as a
+        // rank that aborted one communicator and carries on with others)
+        let other_comms = crate::transport::tcp::resume::PortRef::acquire(at(83), 256, Duration::from_secs(10)).unwrap();
+        // a long window: only the sender's answer can end the wait in time
+        let (s, mut r) = pair_at(at(83), at(82), cfg(1, false, 600, None), cfg(1, false, 600, Some(plan)));
+        let src = vec![1u8; 64 << 20];
+        let mut dst = vec![0u8; 64 << 20];
+        let mut s = s;
+        // SAFETY: src/dst outlive both comms (dropped at the end of the test).
+        let _sq = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: src.len() }, 1) }.unwrap().unwrap();
+        // SAFETY: dst outlives both comms (dropped at the end of the test) and nothing else touches it while the receive is pending.
+        let rq = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: dst.as_mut_ptr(), len: dst.len() }, tag: 1 }]) }.unwrap().unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(1500) {
+            match r.test(rq) {
+                Ok(None) => {}
+                Ok(Some(_)) => panic!("completed without its sender"),
+                Err(e) => panic!("failed after {:?} with its sender's comm open: {e}", t0.elapsed()),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // the sender's NCCL closes this comm; its process and resume port stay
+        drop(s);
+        let t1 = Instant::now();
+        let e = loop {
+            match r.test(rq) {
+                Ok(None) => assert!(
+                    t1.elapsed() < Duration::from_secs(5),
+                    "the receiver waited on a sender whose comm is closed (its process alive)"
+                ),
+                Ok(Some(_)) => panic!("completed without its sender"),
+                Err(e) => break e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(e.contains("its end of this comm failed or was closed") && e.contains("127.0.0.83"), "{e}");
+        drop(r);
+        drop(other_comms);
+    }
+
+    #[test]
     fn a_sender_whose_receiver_closed_fails_promptly() {
         let plan = ResetPlan { send: true, first: 2, every: 0 };
         let (mut s, r) = pair(cfg(1, false, 60, Some(plan)), cfg(1, false, 60, None));

@@ -19,7 +19,7 @@ use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV};
 use crate::proto::handle::PROTO_VERSION;
 use crate::proto::pool::{Pool, ReqId};
-use crate::proto::resume::{fault_of, Ack, AckPolicy, Fault, ResumeReply, ACK_LEN};
+use crate::proto::resume::{fault_of, Ack, AckPolicy, Fault, ResumeReply, SenderQuery, ACK_LEN};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, Verdict, HDR_LEN, MAX_STREAMS};
 use crate::stats::RecoveryStats;
 use crate::transport::sock::{Io, Socket};
@@ -59,6 +59,9 @@ pub struct RecvResume {
     pub reg: Registration,
     /// The sender process's resume port: probed while waiting, refused = gone.
     pub probe: Option<SocketAddr>,
+    /// What to ask that port about the sender's comm (None: a build that
+    /// does not answer; only its process is probed).
+    pub query: Option<SenderQuery>,
     /// IP TOS / IPv6 traffic class of the streams (the listening context's).
     pub tos: Option<u8>,
 }
@@ -669,7 +672,7 @@ impl RecvCore {
         r.waiting = Some(Waiting {
             since: now,
             cause,
-            prober: r.r.probe.map(Prober::new),
+            prober: r.r.probe.map(|a| Prober::new(a, r.r.query)),
             charged: Duration::ZERO,
             last: now,
             // (noticed, perhaps, by the helper pool while NCCL called nothing)
@@ -738,6 +741,16 @@ impl RecvCore {
                 Some(Probe::Gone) => {
                     let e = format!(
                         "its process is gone, or has closed every comm on that address: its resume port {} refused a connection {} after the stream failed ({})",
+                        p.addr(),
+                        secs(waited),
+                        w.cause
+                    );
+                    return self.fail(peer_error(&peer, e));
+                }
+                Some(Probe::CommClosed) => {
+                    let e = format!(
+                        "its process is alive, but its end of this comm failed or was closed (its resume port {} said so {} after \
+                         the stream failed: the sender will not reconnect) ({})",
                         p.addr(),
                         secs(waited),
                         w.cause

@@ -28,6 +28,11 @@
 //!   or on any comm of the process (a rank between two collectives whose
 //!   sender still waits for the acknowledgement of its last messages). The
 //!   comm swaps in the new streams before its next read.
+//! - **Send comms** that may recover are listed too ([`register_sender`]):
+//!   a receiver waiting for its sender asks the sender's resume port about
+//!   its connection ([`SenderQuery`]), and is told whether that send comm is
+//!   still open, or closed or failed (then it fails at once instead of
+//!   waiting out its window for a sender that will never come back).
 //! - **The sender's attempt** ([`Attempt`]) and **the receiver's probe**
 //!   ([`Prober`]) are the non-blocking client sides.
 //!
@@ -42,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::proto::handle::PROTO_VERSION;
-use crate::proto::resume::{ResumeHello, ResumeReply, Token, ATTEMPT_MAX, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
+use crate::proto::resume::{ResumeHello, ResumeReply, SenderQuery, Token, ATTEMPT_MAX, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
 use crate::proto::wire::Verdict;
 use crate::thread::BareThread;
 use crate::transport::sock::{wait_readable, EventFd, Io, Socket};
@@ -206,6 +211,13 @@ struct Entry {
     epoch: u64,
 }
 
+/// A registered send comm (asked about by its waiting receiver).
+struct SenderEntry {
+    token: Token,
+    /// Set once the comm failed (NCCL was told): "closed".
+    failed: Arc<AtomicBool>,
+}
+
 /// The serving thread and how to stop it.
 struct Server {
     thread: BareThread,
@@ -227,6 +239,10 @@ struct Hub {
     /// [`CLOSED_KEPT`]): a resume for one is told [`Verdict::Closed`], not
     /// "no such connection" (which a sender cut during set-up retries).
     closed: VecDeque<u64>,
+    /// Send comms of this process that recover, by connection id.
+    senders: HashMap<u64, SenderEntry>,
+    /// Ids of the send comms closed most recently (at most [`CLOSED_KEPT`]).
+    closed_senders: VecDeque<u64>,
     /// The serving thread (None when it could not start: comms then take
     /// reconnections only while NCCL calls them).
     server: Option<Server>,
@@ -302,6 +318,8 @@ impl PortRef {
             warned: None,
             quiet: 0,
             closed: VecDeque::new(),
+            senders: HashMap::new(),
+            closed_senders: VecDeque::new(),
             server: None,
         });
         if let Some(p) = h.ports.get_mut(&ip) {
@@ -323,6 +341,14 @@ impl PortRef {
     /// The port's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Another hold on the same port.
+    pub fn share(&self) -> PortRef {
+        let mut g = hub();
+        let h = g.as_mut().expect("a PortRef holds the hub");
+        h.ports.get_mut(&self.ip).expect("a PortRef holds its port").refs += 1;
+        PortRef { ip: self.ip, addr: self.addr }
     }
 }
 
@@ -407,6 +433,50 @@ impl Drop for Registration {
     }
 }
 
+/// A send comm's place in the registry: its receiver's [`SenderQuery`] is
+/// answered "open" while it lives and has not failed, "closed" after.
+pub struct SenderReg {
+    conn_id: u64,
+    failed: Arc<AtomicBool>,
+    /// Keeps this process's resume port (where the queries arrive) open.
+    _port: PortRef,
+}
+
+impl SenderReg {
+    /// The comm failed and NCCL was told: its receiver need not wait.
+    pub fn close(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for SenderReg {
+    fn drop(&mut self) {
+        let mut g = hub();
+        let Some(h) = g.as_mut() else { return };
+        if h.senders.get(&self.conn_id).is_some_and(|e| Arc::ptr_eq(&e.failed, &self.failed)) {
+            h.senders.remove(&self.conn_id);
+            if h.closed_senders.len() == CLOSED_KEPT {
+                h.closed_senders.pop_front();
+            }
+            h.closed_senders.push_back(self.conn_id);
+        }
+    }
+}
+
+/// Register a send comm (a dial's connection id, with its token) on
+/// `port`, this process's resume port, where its receiver may ask about it.
+/// A second registration of one id replaces the first (ids are random).
+pub fn register_sender(conn_id: u64, token: Token, port: &PortRef) -> SenderReg {
+    let port = port.share();
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut g = hub();
+    let h = g.as_mut().expect("a PortRef holds the hub");
+    h.closed_senders.retain(|&id| id != conn_id);
+    h.senders.insert(conn_id, SenderEntry { token, failed: failed.clone() });
+    drop(g);
+    SenderReg { conn_id, failed, _port: port }
+}
+
 /// Register a receive comm: reconnections naming `conn_id` with `token` and
 /// `nstreams` streams go to its mailbox. `None` when another comm of this
 /// process already holds that id (two random 64-bit ids: a peer reusing one
@@ -446,6 +516,7 @@ impl Hub {
     fn poll(&mut self, now: Instant) {
         let mut done: Vec<(ResumeHello, PendingConn)> = Vec::new();
         let mut notes: Vec<(SocketAddr, SocketAddr, String)> = Vec::new();
+        let mut queries: Vec<PendingConn> = Vec::new();
         for port in self.ports.values_mut() {
             for _ in 0..ACCEPT_PER_POLL {
                 match port.sock.accept() {
@@ -470,6 +541,10 @@ impl Hub {
             while i < port.pending.len() {
                 let p = &mut port.pending[i];
                 match p.sock.read_on(&mut p.buf, &mut p.got) {
+                    Ok(Io::Done(_)) if SenderQuery::is_query(&p.buf) => {
+                        let p = port.pending.swap_remove(i);
+                        queries.push(p);
+                    }
                     Ok(Io::Done(_)) => {
                         let p = port.pending.swap_remove(i);
                         match ResumeHello::decode(&p.buf) {
@@ -497,11 +572,41 @@ impl Hub {
                 }
             }
         }
+        for p in queries {
+            self.answer_query(p, &mut notes);
+        }
         for (h, p) in done {
             self.take_stream(h, p, now, &mut notes);
         }
         self.groups.retain(|_, g| now.duration_since(g.since) < GROUP_MAX);
         self.warn(now, notes);
+    }
+
+    /// A waiting receiver asks about its send comm: answer and close.
+    fn answer_query(&self, p: PendingConn, notes: &mut Vec<(SocketAddr, SocketAddr, String)>) {
+        let q = match SenderQuery::decode(&p.buf) {
+            Ok(q) => q,
+            Err(r) => {
+                refuse(&p.sock, r.verdict);
+                return notes.push((p.sock.local_addr().unwrap_or(p.peer), p.peer, r.why));
+            }
+        };
+        let verdict = match self.senders.get(&q.conn_id) {
+            Some(e) if !e.token.matches(&q.token) => {
+                notes.push((
+                    p.sock.local_addr().unwrap_or(p.peer),
+                    p.peer,
+                    format!("a question about send comm {:#x} with the wrong token", q.conn_id),
+                ));
+                Verdict::BadToken
+            }
+            Some(e) if e.failed.load(Ordering::Relaxed) => Verdict::Closed,
+            Some(_) => Verdict::Accepted,
+            None if self.closed_senders.contains(&q.conn_id) => Verdict::Closed,
+            None => Verdict::UnknownComm,
+        };
+        // one short write into a fresh socket; the connection closes with `p`
+        refuse(&p.sock, verdict);
     }
 
     /// A well-formed resume hello: check it against the registry, gather its attempt's streams.
@@ -768,26 +873,43 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// What a probe found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
-    /// The port took the connection: the sender's process is there.
+    /// The port took the connection: the sender's process is there (and,
+    /// when asked, its send comm is open, or it did not say).
     Alive,
     /// Refused by its host: the process is gone.
     Gone,
+    /// The process is there, and says that the connection's send comm was
+    /// closed or failed: it will never reconnect.
+    CommClosed,
     /// No answer (a cut link, a host down): nothing learned.
     Unknown,
 }
 
+/// A probe under way.
+struct Open {
+    sock: Socket,
+    since: Instant,
+    connected: bool,
+    sent: usize,
+    reply: [u8; RESUME_REPLY_LEN],
+    got: usize,
+}
+
 /// A waiting receiver's look at its sender's resume port: a connection
-/// opened and closed without a byte (the port closes it without a WARN).
+/// opened and, when the sender said its port answers them, a
+/// [`SenderQuery`] about the connection (otherwise closed without a byte,
+/// which the port closes without a WARN).
 pub struct Prober {
     addr: SocketAddr,
-    open: Option<(Socket, Instant)>,
+    query: Option<[u8; RESUME_HELLO_LEN]>,
+    open: Option<Open>,
     last: Option<Instant>,
 }
 
 impl Prober {
-    /// Probes of `addr`.
-    pub fn new(addr: SocketAddr) -> Prober {
-        Prober { addr, open: None, last: None }
+    /// Probes of `addr`; `query` asks about one send comm there.
+    pub fn new(addr: SocketAddr, query: Option<SenderQuery>) -> Prober {
+        Prober { addr, query: query.map(|q| q.encode()), open: None, last: None }
     }
 
     /// The address probed.
@@ -797,14 +919,9 @@ impl Prober {
 
     /// Move on; `Some` when a probe finished.
     pub fn step(&mut self, now: Instant) -> Option<Probe> {
-        if let Some((s, t)) = &self.open {
-            let r = match s.connect_status() {
-                Ok(None) if now.duration_since(*t) < PROBE_EVERY => return None,
-                Ok(None) => Probe::Unknown,
-                Ok(Some(0)) => Probe::Alive,
-                Ok(Some(e)) | Err(crate::error::Errno(e)) if e == libc::ECONNREFUSED => Probe::Gone,
-                _ => Probe::Unknown,
-            };
+        if let Some(o) = self.open.as_mut() {
+            let late = now.duration_since(o.since) >= PROBE_EVERY;
+            let r = Prober::advance(o, self.query.as_ref(), late)?;
             self.open = None;
             return Some(r);
         }
@@ -813,11 +930,41 @@ impl Prober {
         }
         self.last = Some(now);
         match Socket::connect_start(self.addr) {
-            Ok(s) => self.open = Some((s, now)),
+            Ok(sock) => self.open = Some(Open { sock, since: now, connected: false, sent: 0, reply: [0; RESUME_REPLY_LEN], got: 0 }),
             Err(Error::Sys { errno, .. }) if errno.0 == libc::ECONNREFUSED => return Some(Probe::Gone),
             Err(_) => return Some(Probe::Unknown),
         }
         None
+    }
+
+    /// One non-blocking step of an open probe; `late`: its time is up.
+    fn advance(o: &mut Open, query: Option<&[u8; RESUME_HELLO_LEN]>, late: bool) -> Option<Probe> {
+        if !o.connected {
+            match o.sock.connect_status() {
+                Ok(None) if !late => return None,
+                Ok(None) => return Some(Probe::Unknown),
+                Ok(Some(0)) => o.connected = true,
+                Ok(Some(e)) | Err(crate::error::Errno(e)) if e == libc::ECONNREFUSED => return Some(Probe::Gone),
+                _ => return Some(Probe::Unknown),
+            }
+        }
+        // connected: the process is there; what follows only adds what it says of the comm
+        let Some(q) = query else { return Some(Probe::Alive) };
+        match o.sock.write_on(q, &mut o.sent) {
+            Ok(true) => {}
+            Ok(false) if !late => return None,
+            Ok(false) | Err(_) => return Some(Probe::Alive),
+        }
+        match o.sock.read_on(&mut o.reply, &mut o.got) {
+            Ok(Io::Done(_)) => {}
+            Ok(Io::Again) if !late => return None,
+            _ => return Some(Probe::Alive),
+        }
+        match ResumeReply::decode(&o.reply) {
+            Ok(r) if r.verdict == Verdict::Closed => Some(Probe::CommClosed),
+            // open, not known (never registered, or long forgotten), or not ours to judge
+            _ => Some(Probe::Alive),
+        }
     }
 }
 
@@ -873,6 +1020,49 @@ mod tests {
     }
 
     // The hub is process-wide: one test drives every case in turn.
+    #[test]
+    fn a_senders_resume_port_says_whether_its_comm_is_open() {
+        let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 84)), 0);
+        let port = PortRef::acquire(addr, 16, Duration::from_secs(5)).unwrap();
+        let at = port.addr();
+        let tok = |b| Token([b; 16]);
+        let ask = |id: u64, t: Token| {
+            let mut pr = Prober::new(at, Some(SenderQuery { version: PROTO_VERSION, conn_id: id, token: t }));
+            let t0 = Instant::now();
+            loop {
+                if let Some(p) = pr.step(Instant::now()) {
+                    break p;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(3), "no answer");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let reg = register_sender(0x5e0d, tok(7), &port);
+        assert_eq!(ask(0x5e0d, tok(7)), Probe::Alive, "an open send comm");
+        assert_eq!(ask(0x5e0d, tok(8)), Probe::Alive, "a wrong token learns nothing");
+        assert_eq!(ask(0x0bad, tok(7)), Probe::Alive, "an unknown id is not taken for a closed comm");
+        reg.close();
+        assert_eq!(ask(0x5e0d, tok(7)), Probe::CommClosed, "a failed send comm");
+        drop(reg);
+        assert_eq!(ask(0x5e0d, tok(7)), Probe::CommClosed, "a dropped send comm");
+        // a receiver of an older build only connects: still alive, no WARN
+        let mut pr = Prober::new(at, None);
+        let t0 = Instant::now();
+        let got = loop {
+            if let Some(p) = pr.step(Instant::now()) {
+                break p;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(3));
+        };
+        assert_eq!(got, Probe::Alive);
+        // the registration held the port: the last hold closes it
+        let reg = register_sender(0x5e0e, tok(9), &port);
+        drop(port);
+        assert!(has_port(at), "a registered send comm keeps its resume port open");
+        drop(reg);
+        assert!(!has_port(at));
+    }
+
     #[test]
     fn the_resume_port_takes_only_a_registered_comm_with_its_token() {
         let token = Token([0x5a; 16]);
@@ -930,7 +1120,7 @@ mod tests {
         let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 2, token), hello(0x77, 1, 2, 2, token)], None).unwrap();
         assert!(matches!(finish(&mut a), Step::Retry(why) if why.contains("later reconnection")));
         // a probe of a live port is Alive and leaves no WARN behind (closed without a byte)
-        let mut pr = Prober::new(addr);
+        let mut pr = Prober::new(addr, None);
         let t0 = Instant::now();
         let got = loop {
             if let Some(p) = pr.step(Instant::now()) {
@@ -961,7 +1151,7 @@ mod tests {
         // still be answered; a waiting receiver probes again a second later)
         let t0 = Instant::now();
         let got = loop {
-            let mut pr = Prober::new(addr);
+            let mut pr = Prober::new(addr, None);
             let got = loop {
                 if let Some(p) = pr.step(Instant::now()) {
                     break p;

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use super::helper::{Drive, Helper};
 use super::p2p::{io_error, peer_error, secs, AckWatch, ACK_BUF, ACK_POLL, WRITE_BATCH};
-use super::resume::{Attempt, PortRef, ResetPlan, Step as AttemptStep};
+use super::resume::{Attempt, PortRef, ResetPlan, SenderReg, Step as AttemptStep};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_SEND};
@@ -79,6 +79,10 @@ pub struct SendResume {
     pub addr: SocketAddr,
     /// IP TOS / IPv6 traffic class of the streams.
     pub tos: Option<u8>,
+    /// The comm's place in this process's registry of send comms: a
+    /// receiver waiting for us asks about it (open, or closed once we
+    /// failed). Dropped before `port`.
+    pub reg: Option<SenderReg>,
     /// This process's resume port, held open while the comm lives: a
     /// receiver waiting for us finds it open, so it knows we are alive.
     pub port: Option<PortRef>,
@@ -508,6 +512,7 @@ impl SendCore {
     /// `parent`: NCCL's profiler parent handle; each piece is one event.
     pub unsafe fn isend(&mut self, buf: RawBuf, tag: i32, parent: Option<Parent>) -> Result<Option<ReqId>> {
         if let Some(e) = &self.failed {
+            self.tell_registry();
             return Err(e.clone());
         }
         if buf.len > MAX_P2P_BYTES {
@@ -652,6 +657,7 @@ impl SendCore {
             let e = e.clone();
             let _ = self.reqs.release(id);
             self.stop_events();
+            self.tell_registry();
             return Err(e);
         }
         if !done {
@@ -663,6 +669,14 @@ impl SendCore {
 }
 
 impl SendCore {
+    /// The comm failed and NCCL is told: from now on a receiver that waits
+    /// for us and asks our resume port hears "closed", and fails at once.
+    fn tell_registry(&self) {
+        if let Some(g) = self.rec.as_ref().and_then(|r| r.r.reg.as_ref()) {
+            g.close();
+        }
+    }
+
     /// The comm failed: stop the events of every piece still queued (no
     /// byte of theirs moves any more; NCCL learns of the failure next).
     fn stop_events(&mut self) {
