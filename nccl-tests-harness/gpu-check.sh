@@ -353,7 +353,7 @@ fi
     rep="$OUT/nccl-tests/report.txt"
     if [ -f "$rep" ]; then
       awk '/^median busbw ratio/{on=1} on&&/^$/{exit} on' "$rep"
-      grep -E '^(runs:|MPS:|GOAL|STRETCH|PARTIAL|  below|  incomplete|  lowest|  failed|  timeout|  skipped)' "$rep"
+      grep -E '^(runs:|MPS:|GOAL|A/B RUN|STRETCH|PARTIAL|  below|  incomplete|  lowest|  failed|  timeout|  skipped)' "$rep"
     else
       echo "nccl-tests: no report (see $OUT/gpu-check.log)"
     fi

@@ -54,7 +54,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from . import BUILTIN_NET_NAME, PLUGIN_NET_NAME
 from .collectives import COLLECTIVES, parse_collectives
@@ -89,6 +89,13 @@ class RunSpec:
     net: str
     rep: int
     extra: bool = False
+    # the network's name in reports (None: the name NCCL prints for it);
+    # an A/B run names its second plugin setting here
+    name: Optional[str] = None
+
+    @property
+    def shown(self):
+        return self.name or expected_net_name(self.net)
 
     @property
     def group(self):
@@ -99,7 +106,7 @@ class RunSpec:
         return f"r{self.idx:02d}-{self.collective}-n{self.nranks}-{self.net}-rep{self.rep}"
 
     def label(self):
-        return f"{self.collective} n={self.nranks} {expected_net_name(self.net)} rep {self.rep}"
+        return f"{self.collective} n={self.nranks} {self.shown} rep {self.rep}"
 
 
 @dataclass
@@ -116,22 +123,30 @@ class RunResult:
 
 
 def build_plan(collectives=("all_reduce", "sendrecv"), ranks=(2, 4, 8), repeats=3,
-               extras=("all_gather", "alltoall"), extra_ranks=(8,)):
+               extras=("all_gather", "alltoall"), extra_ranks=(8,), b_name=None):
     """The run order. Repeat-major, so a budget cut leaves fewer repeats of
     everything rather than no data for some groups; within a group the two
-    networks run back to back, the first alternating with the repeat."""
+    networks run back to back, the first alternating with the repeat.
+    `b_name`: an A/B run, whose second network ("builtin") is the plugin
+    again with other settings, shown under this name."""
     plan = []
     for rep in range(1, repeats + 1):
         pair = ("plugin", "builtin") if rep % 2 == 1 else ("builtin", "plugin")
         for coll in collectives:
             for n in ranks:
                 for net in pair:
-                    plan.append(RunSpec(len(plan) + 1, coll, n, net, rep))
+                    plan.append(RunSpec(len(plan) + 1, coll, n, net, rep, name=b_name if net == "builtin" else None))
     for coll in extras:
         for n in extra_ranks:
             for net in ("plugin", "builtin"):
-                plan.append(RunSpec(len(plan) + 1, coll, n, net, 1, extra=True))
+                plan.append(RunSpec(len(plan) + 1, coll, n, net, 1, extra=True,
+                                    name=b_name if net == "builtin" else None))
     return plan
+
+
+def ab_name(pairs):
+    """The name of an A/B run's second network: the plugin and its settings."""
+    return f"{PLUGIN_NET_NAME}[{','.join(pairs)}]"
 
 
 class Scheduler:
@@ -207,7 +222,8 @@ def run_command(args, spec, binary, rank_wrap):
 
 
 def run_env(args, spec, plugin_dir, logdir):
-    env = network_env(spec.net, plugin_dir, dict(os.environ), force_net=True,
+    ab = bool(args.ab_env) and spec.net == "builtin"
+    env = network_env("plugin" if ab else spec.net, plugin_dir, dict(os.environ), force_net=True,
                       rustnet_transport=args.rustnet_transport)
     env.update(one_host_env(args.ifname))
     env["NCCL_DEBUG_FILE"] = os.path.join(logdir, f"{spec.tag}.%h.%p.nccl.log")
@@ -216,6 +232,8 @@ def run_env(args, spec, plugin_dir, logdir):
     # thread from the benchmark's main thread by that name
     env["NCCL_SET_THREAD_NAME"] = "1"
     apply_overrides(env, args.env)
+    if ab:
+        apply_overrides(env, args.ab_env)
     return env
 
 
@@ -249,7 +267,7 @@ def run_one(args, spec, binary, rank_wrap, plugin_dir, logdir, timeout_s):
     logs = [parse_nccl_log(text)]
     for path in sorted(glob.glob(os.path.join(logdir, f"{spec.tag}.*.nccl.log"))):
         logs.append(parse_nccl_log(read_text(path)))
-    want = expected_net_name(spec.net)
+    want = PLUGIN_NET_NAME if args.ab_env else expected_net_name(spec.net)
     expected_procs = [(r["host"], r["pid"]) for r in perf.ranks] or spec.nranks
     proof = check_network(merge_logs(*logs), want, expected_processes=expected_procs, forbid_local=True)
     errors = run_problems(perf, timed_out=proc.timed_out, rc=proc.rc, timeout_desc=f"{timeout_s:.0f}s",
@@ -316,12 +334,13 @@ def write_outputs(out, results, args, elapsed):
                summary_rows(points, goal_collectives=args.tests))
     _write_csv(os.path.join(out, "runs.csv"), RUN_FIELDS, [
         {"idx": r.spec.idx, "collective": r.spec.collective, "nranks": r.spec.nranks, "net": r.spec.net,
-         "network": expected_net_name(r.spec.net), "rep": r.spec.rep, "extra": int(r.spec.extra),
+         "network": r.spec.shown, "rep": r.spec.rep, "extra": int(r.spec.extra),
          "status": r.status, "seconds": f"{r.seconds:.1f}", "timeout_s": f"{r.timeout_s:.0f}",
          "mps_clients": r.mps_clients, "errors": "; ".join(r.errors), "proof": r.proof,
          **cpu_fields(r.cpu)} for r in results])
     files = ["results.csv", "summary.csv", "runs.csv"]
-    title = (f"nccl-tests busbw, one GPU: {PLUGIN_NET_NAME} vs NCCL {BUILTIN_NET_NAME} "
+    b = ab_name(args.ab_env) if args.ab_env else BUILTIN_NET_NAME
+    title = (f"nccl-tests busbw, one GPU: {PLUGIN_NET_NAME} vs {b if args.ab_env else 'NCCL ' + b} "
              f"(median of {args.repeats}, bar = range)")
     series = plot_series(points)
     if series:
@@ -332,9 +351,9 @@ def write_outputs(out, results, args, elapsed):
                 order.append(k)
         svg_plot(os.path.join(out, "busbw.svg"), series, title, order=order)
         files.append("busbw.svg")
-    text = [title, "", format_points(points), ""] if points else [title, "", "no measurements", ""]
+    text = [title, "", format_points(points, builtin=b), ""] if points else [title, "", "no measurements", ""]
     if points:
-        text += [format_ratio_matrix(points), ""]
+        text += [format_ratio_matrix(points, builtin=b), ""]
     ok_runs = sum(r.status == "ok" for r in results)
     text.append(f"runs: {ok_runs} ok, {sum(r.status in ('failed', 'timeout') for r in results)} failed or "
                 f"timed out, {sum(r.status == 'skipped' for r in results)} skipped, of {len(results)}; "
@@ -346,12 +365,16 @@ def write_outputs(out, results, args, elapsed):
     if covers:
         full = sum(1 for c in covers if c.split("/")[0] == c.split("/")[1])
         text.append(f"MPS: every rank a client in {full} of {len(covers)} runs")
-    cpu_rows = [(r.spec.collective, r.spec.nranks, expected_net_name(r.spec.net), r.cpu)
+    cpu_rows = [(r.spec.collective, r.spec.nranks, r.spec.shown, r.cpu)
                 for r in results if r.status == "ok" and r.cpu.get("ranks")]
     if cpu_rows:
         text += ["", cpu_summary_table(cpu_rows), ""]
-    text.append(describe_verdict(v))
-    if (list(args.tests) != list(FULL_PLAN["tests"]) or list(args.ranks) != list(FULL_PLAN["ranks"])
+    if args.ab_env:
+        text.append(f"A/B RUN: {PLUGIN_NET_NAME} as set against {b}, interleaved; no goal verdict "
+                    f"(the goal compares with NCCL's {BUILTIN_NET_NAME})")
+    else:
+        text.append(describe_verdict(v))
+    if not args.ab_env and (list(args.tests) != list(FULL_PLAN["tests"]) or list(args.ranks) != list(FULL_PLAN["ranks"])
             or args.repeats < FULL_PLAN["repeats"]):
         text.append(f"PARTIAL PLAN: {','.join(args.tests)} at {','.join(map(str, args.ranks))} ranks, "
                     f"{args.repeats} repeat(s): the verdict above covers only that; the goal needs "
@@ -405,6 +428,9 @@ def parse_args(argv):
     ap.add_argument("--ifname", default="lo")
     ap.add_argument("--rustnet-transport", default="socket", choices=["auto", "socket", "ib"])
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="extra variable for both networks")
+    ap.add_argument("--ab-env", action="append", default=[], metavar="K=V",
+                    help="an A/B run of two plugin settings: the second network is the plugin again with these "
+                         "variables, in place of NCCL's Socket (interleaved the same way; no goal verdict)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -433,7 +459,8 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.monotonic()
     kp = kit_paths(args.kit)
-    plan = build_plan(args.tests, args.ranks, args.repeats, args.extras, args.extra_ranks)
+    plan = build_plan(args.tests, args.ranks, args.repeats, args.extras, args.extra_ranks,
+                      b_name=ab_name(args.ab_env) if args.ab_env else None)
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
     print(f"kitbench: kit {kp['kit']}; {len(plan)} runs; sizes {format_size(sizes[0])}..{format_size(sizes[-1])} "
           f"x{args.step_factor} ({len(sizes)}), -n {args.iters} -w {args.warmup} -c 1; budget {args.budget:.0f}s",
@@ -483,6 +510,8 @@ def main(argv=None):
     v = write_outputs(args.out, results, args, time.monotonic() - t0)
     if interrupted or any(r.status in ("failed", "timeout") for r in results) or not v.shown:
         return 2
+    if args.ab_env:
+        return 0
     return 0 if v.ok else 1
 
 

@@ -252,6 +252,31 @@ class WithFakeKit(unittest.TestCase):
         self.assertEqual(rc, 2)
         self.assertIn("sendrecv_perf is not an executable file", out)
 
+    def test_an_ab_run_sets_the_plugin_against_itself_with_other_settings(self):
+        """--ab-env: the second network is the plugin again, with those variables only in its runs."""
+        os.environ["FAKE_GBPS_RUSTNET"] = "2.0"
+        rc, out = self.bench("--repeats", "2", "--ab-env", "FAKE_GBPS_RUSTNET=1.0")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("A/B RUN: rustnet as set against rustnet[FAKE_GBPS_RUSTNET=1.0]", out)
+        self.assertNotIn("GOAL", out)
+        self.assertNotIn("PARTIAL PLAN", out)
+        with open(self.record) as f:
+            nets = {line.split()[2] for line in f}
+        self.assertEqual(nets, {"rustnet"}, "both sides of an A/B run go through the plugin")
+        with open(os.path.join(self.out, "summary.csv")) as f:
+            rows = {(r["collective"], int(r["size"])): r for r in csv.DictReader(f)}
+        r = rows[("all_reduce", 16 * M)]
+        self.assertAlmostEqual(float(r["plugin_median"]), 2.0, delta=0.02)
+        self.assertAlmostEqual(float(r["builtin_median"]), 1.0, delta=0.02)
+        shown = [(x["net"], x["network"]) for x in self.runs()]
+        self.assertEqual(shown[:4], [("plugin", "rustnet"), ("builtin", "rustnet[FAKE_GBPS_RUSTNET=1.0]")] * 2)
+        self.assertTrue(all(x["status"] == "ok" for x in self.runs()), "a plugin run proven as the plugin")
+
+    def test_an_ab_run_plan_names_its_second_setting(self):
+        rc, out = self.bench("--dry-run", "--ab-env", "RUSTNET_RECOVERY_TIMEOUT=0")
+        self.assertEqual(rc, 0)
+        self.assertIn("[ 2] all_reduce n=2 rustnet[RUSTNET_RECOVERY_TIMEOUT=0] rep 1", out)
+
     def test_dry_run_prints_the_plan(self):
         rc, out = self.bench("--dry-run", "--ranks", "2,8", "--extras", "alltoall")
         self.assertEqual(rc, 0)
