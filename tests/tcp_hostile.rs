@@ -488,7 +488,7 @@ fn strangers_at_the_resume_port_cannot_take_over_a_comm() {
 #[ignore = "child process of strangers_at_the_resume_port_cannot_take_over_a_comm"]
 fn child_resume_strangers() {
     use rustnet::proto::handle::PROTO_VERSION;
-    use rustnet::proto::resume::{ResumeHello, ResumeReply, Token, RESUME_REPLY_LEN};
+    use rustnet::proto::resume::{ResumeHello, ResumeReply, SenderQuery, Token, RESUME_REPLY_LEN};
     use rustnet::proto::wire::{Hello, Reply, Verdict, REPLY_LEN, TCP_HELLO_LEN};
     if !is_child() {
         return;
@@ -543,6 +543,10 @@ fn child_resume_strangers() {
         token: Token([7; 16]),
     };
     assert_eq!(answer(&forged.encode()), Some(Verdict::UnknownComm));
+    // a stranger's question about a send comm: as for one that never was (it has no token)
+    let q = SenderQuery { version: PROTO_VERSION, conn_id: 0x1234, token: Token([7; 16]) };
+    assert_eq!(answer(&q.encode()), Some(Verdict::UnknownComm));
+    assert_eq!(answer(&SenderQuery { version: PROTO_VERSION + 1, ..q }.encode()), Some(Verdict::Version));
     // the real comm goes on, through resets and reconnections
     for _ in 0..10 {
         transfer(&p, s, r);

@@ -241,8 +241,9 @@ struct Hub {
     closed: VecDeque<u64>,
     /// Send comms of this process that recover, by connection id.
     senders: HashMap<u64, SenderEntry>,
-    /// Ids of the send comms closed most recently (at most [`CLOSED_KEPT`]).
-    closed_senders: VecDeque<u64>,
+    /// Ids and tokens of the send comms closed most recently (at most
+    /// [`CLOSED_KEPT`]; the token: a stranger learns nothing of them).
+    closed_senders: VecDeque<(u64, Token)>,
     /// The serving thread (None when it could not start: comms then take
     /// reconnections only while NCCL calls them).
     server: Option<Server>,
@@ -454,11 +455,11 @@ impl Drop for SenderReg {
         let mut g = hub();
         let Some(h) = g.as_mut() else { return };
         if h.senders.get(&self.conn_id).is_some_and(|e| Arc::ptr_eq(&e.failed, &self.failed)) {
-            h.senders.remove(&self.conn_id);
+            let e = h.senders.remove(&self.conn_id).expect("just looked up");
             if h.closed_senders.len() == CLOSED_KEPT {
                 h.closed_senders.pop_front();
             }
-            h.closed_senders.push_back(self.conn_id);
+            h.closed_senders.push_back((self.conn_id, e.token));
         }
     }
 }
@@ -471,7 +472,7 @@ pub fn register_sender(conn_id: u64, token: Token, port: &PortRef) -> SenderReg 
     let failed = Arc::new(AtomicBool::new(false));
     let mut g = hub();
     let h = g.as_mut().expect("a PortRef holds the hub");
-    h.closed_senders.retain(|&id| id != conn_id);
+    h.closed_senders.retain(|&(id, _)| id != conn_id);
     h.senders.insert(conn_id, SenderEntry { token, failed: failed.clone() });
     drop(g);
     SenderReg { conn_id, failed, _port: port }
@@ -591,19 +592,23 @@ impl Hub {
                 return notes.push((p.sock.local_addr().unwrap_or(p.peer), p.peer, r.why));
             }
         };
+        // without the connection's token the answer is that of an id never
+        // used: a stranger learns nothing of which comms this process has
+        let closed = |id: u64| self.closed_senders.iter().any(|(c, t)| *c == id && t.matches(&q.token));
         let verdict = match self.senders.get(&q.conn_id) {
-            Some(e) if !e.token.matches(&q.token) => {
-                notes.push((
-                    p.sock.local_addr().unwrap_or(p.peer),
-                    p.peer,
-                    format!("a question about send comm {:#x} with the wrong token", q.conn_id),
-                ));
-                Verdict::BadToken
+            Some(e) if e.token.matches(&q.token) && e.failed.load(Ordering::Relaxed) => Verdict::Closed,
+            Some(e) if e.token.matches(&q.token) => Verdict::Accepted,
+            _ if closed(q.conn_id) => Verdict::Closed,
+            known => {
+                if known.is_some() {
+                    notes.push((
+                        p.sock.local_addr().unwrap_or(p.peer),
+                        p.peer,
+                        format!("a question about send comm {:#x} with the wrong token", q.conn_id),
+                    ));
+                }
+                Verdict::UnknownComm
             }
-            Some(e) if e.failed.load(Ordering::Relaxed) => Verdict::Closed,
-            Some(_) => Verdict::Accepted,
-            None if self.closed_senders.contains(&q.conn_id) => Verdict::Closed,
-            None => Verdict::UnknownComm,
         };
         // one short write into a fresh socket; the connection closes with `p`
         refuse(&p.sock, verdict);
@@ -1037,14 +1042,28 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
+        // the port's answer itself (blocking, for the checks of what a stranger learns)
+        let ask_raw = |id: u64, t: Token| {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect(at).unwrap();
+            c.write_all(&SenderQuery { version: PROTO_VERSION, conn_id: id, token: t }.encode()).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut b = [0u8; RESUME_REPLY_LEN];
+            c.read_exact(&mut b).unwrap();
+            ResumeReply::decode(&b).unwrap().verdict
+        };
         let reg = register_sender(0x5e0d, tok(7), &port);
         assert_eq!(ask(0x5e0d, tok(7)), Probe::Alive, "an open send comm");
         assert_eq!(ask(0x5e0d, tok(8)), Probe::Alive, "a wrong token learns nothing");
+        assert_eq!(ask_raw(0x5e0d, tok(8)), Verdict::UnknownComm, "a wrong token is answered as for an unknown id");
+        assert_eq!(ask_raw(0x5e0d, tok(7)), Verdict::Accepted);
         assert_eq!(ask(0x0bad, tok(7)), Probe::Alive, "an unknown id is not taken for a closed comm");
         reg.close();
         assert_eq!(ask(0x5e0d, tok(7)), Probe::CommClosed, "a failed send comm");
+        assert_eq!(ask_raw(0x5e0d, tok(8)), Verdict::UnknownComm);
         drop(reg);
         assert_eq!(ask(0x5e0d, tok(7)), Probe::CommClosed, "a dropped send comm");
+        assert_eq!(ask_raw(0x5e0d, tok(8)), Verdict::UnknownComm, "nor is a closed comm told to a stranger");
         // a receiver of an older build only connects: still alive, no WARN
         let mut pr = Prober::new(at, None);
         let t0 = Instant::now();
