@@ -835,7 +835,17 @@ fn peer_late_sender(peer: &mut Peer, _e: &PeerEnv) {
     };
     while !peer.p.test(first, &mut [0]).unwrap() {}
     peer.say("READY");
-    peer.hear("GO");
+    // GO: send again; CLOSE: this rank's NCCL gives up on the send comm and
+    // carries on with its others (its receive comm keeps the resume port)
+    if peer.hear("") == "CLOSE" {
+        peer.p.dereg_mr(s, mh).unwrap();
+        peer.p.close_send(s).unwrap();
+        peer.say("CLOSED");
+        peer.hear("EXIT");
+        peer.p.close_recv(r).unwrap();
+        peer.p.close_listen(l).unwrap();
+        return peer.say("DONE closed");
+    }
     let t0 = Instant::now();
     let res = 'send: loop {
         match peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh) {
@@ -1786,6 +1796,52 @@ fn tcp_late_sender_case() -> Result<String, String> {
     ))
 }
 
+/// A sender whose rank closes its send comm while the link is cut, its
+/// process and its other comms alive (NCCL gave up on that comm): once the
+/// link is back, the waiting receiver asks the sender's resume port about
+/// the comm, hears "closed" and fails within about a second, instead of
+/// waiting for it as for a late rank (up to ten windows).
+fn tcp_sender_comm_closed_case() -> Result<String, String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let t = Duration::from_secs(30);
+    // a window long enough that only the sender's answer can end the wait in time
+    let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "60"), ("NCCL_SOCKET_IFNAME", ifn)];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &LATE_RECEIVER, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &LATE_SENDER, &env("rnB"));
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("READY", t)?;
+    ns.link(false)?;
+    // past RUSTNET_SOCKET_TIMEOUT: the receiver waits for its sender
+    std::thread::sleep(Duration::from_secs(6));
+    b.send("CLOSE");
+    b.expect("CLOSED", t)?;
+    ns.link(true)?;
+    let up = Instant::now();
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = a.expect("DONE", Duration::from_secs(60)).map_err(|e| format!("A: {e}; its stderr:\n{}", ea.tail(20)))?;
+    let took = up.elapsed();
+    b.send("EXIT");
+    let rb = finish(b).map_err(|e| format!("B: {e}; its stderr:\n{}", eb.tail(20)))?;
+    // A exits after DONE: its stderr (read by another thread) is then complete
+    a.stderr.wait_eof(Duration::from_secs(20));
+    let log = a.stderr.text();
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let said = log.lines().find(|l| l.contains("its end of this comm failed or was closed")).unwrap_or("").to_string();
+    if !ra.contains("failed") || said.is_empty() || !rb.contains("closed") {
+        return Err(format!("expected A to fail saying its sender's comm was closed: A: {ra}; B: {rb}; A's stderr:\n{}", ea.tail(20)));
+    }
+    if !log.contains("waiting for the sender to reconnect") {
+        return Err(format!("the receiver never noticed the cut (the case tests nothing): {}", ea.tail(20)));
+    }
+    if took > Duration::from_secs(10) {
+        return Err(format!("the receiver took {took:?} after the link came back: {said}"));
+    }
+    Ok(format!("the receiver failed {:.1} s after link-up (RUSTNET_RECOVERY_TIMEOUT=60): {said}", took.as_secs_f64()))
+}
+
 /// The killed-during-recovery cases' common part: kill the sender `b`
 /// (`kill_sender`) or the receiver `a`, bring the link back (`link_up`),
 /// wait for the survivor's DONE line, which must report the remote error on
@@ -2409,6 +2465,7 @@ fn main() {
         cases.push(Case::new("tcp_receiver_killed_during_recovery", || killed_during_recovery_case(false)));
         cases.push(Case::new("tcp_sender_killed_during_recovery", || killed_during_recovery_case(true)));
         cases.push(Case::new("tcp_late_sender_after_a_cut_recovers", tcp_late_sender_case));
+        cases.push(Case::new("tcp_sender_comm_closed_during_a_cut_fails_promptly", tcp_sender_comm_closed_case));
         cases.push(Case::new("tcp_ipv6_between_namespaces", ipv6_case));
     }
     let t0 = Instant::now();
