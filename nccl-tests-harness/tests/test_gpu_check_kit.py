@@ -196,6 +196,15 @@ class GpuCheckKit(unittest.TestCase):
         self.assertIn("PARTIAL PLAN: all_reduce,sendrecv at 4 ranks, 3 repeat(s)", summary)
         self.assertEqual(len(self.read(self.record).splitlines()), 12)
 
+    def test_an_ab_run_of_two_plugin_settings(self):
+        rc, out = self.run_check("--ranks", "2", "--repeats", "2", "--no-extras",
+                                 "--kitbench", "-e 4M --ab-env FAKE_GBPS_RUSTNET=1.0", FAKE_GBPS_RUSTNET="2.0")
+        self.assertEqual(rc, 0, out)
+        summary = self.read(os.path.join(self.out, "summary.txt"))
+        self.assertIn("A/B RUN: rustnet as set against rustnet[FAKE_GBPS_RUSTNET=1.0]", summary)
+        self.assertNotIn("GOAL", summary)
+        self.assertNotIn("Socket", self.read(self.record), "no run went over NCCL's Socket")
+
     def test_too_little_time(self):
         rc, out = self.run_check(GPU_CHECK_BUDGET_S="40")
         self.assertEqual(rc, 2, out)
