@@ -57,6 +57,13 @@ options:
   --refused-sends N after the runs, every rank makes N sends the plugin must
                     refuse (maxP2pBytes + 1 bytes, on its first plugin connection):
                     a known error count for the statistics (tests/monitoring)
+  --chain           a rank's send k waits for its receive k-1 (NCCL's ring
+                    all_reduce forwards what it received): a step's latency
+                    and the reuse of a send slot (its completion) are on the
+                    ring's critical path, as under nccl-tests
+  --spin N          N threads per rank spin (yielding) for the whole run, as
+                    nccl-tests' main thread polls its GPU stream: the proxy
+                    loop then competes for the CPUs
   --hold-until PATH after the runs, keep every rank's comms open until PATH
                     exists (at most 600 s), so a scraper reads the open comms'
                     series (RUSTNET_STATS_DIR); each rank gets RANK=i
@@ -106,6 +113,8 @@ pub(crate) struct Opts {
     abi: u32,
     refused: usize,
     hold_until: Option<PathBuf>,
+    chain: bool,
+    spin: usize,
 }
 
 pub(crate) fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
@@ -126,6 +135,8 @@ pub(crate) fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
         abi: 8,
         refused: 0,
         hold_until: None,
+        chain: false,
+        spin: 0,
     };
     let mut nets_given = false;
     let mut it = args.into_iter();
@@ -166,6 +177,8 @@ pub(crate) fn parse(ring: bool, args: Vec<String>) -> Result<Opts, String> {
             "--abi" => o.abi = num(val("--abi")?, "--abi")? as u32,
             "--refused-sends" => o.refused = num(val("--refused-sends")?, "--refused-sends")?,
             "--hold-until" => o.hold_until = Some(val("--hold-until")?.into()),
+            "--chain" => o.chain = true,
+            "--spin" => o.spin = num(val("--spin")?, "--spin")?,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
@@ -209,10 +222,12 @@ impl Opts {
     /// The pattern in words: connections, requests in flight, bytes per run.
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{} connection(s) per neighbour, {} in flight per connection, {} sent per rank per run",
+            "{} connection(s) per neighbour, {} in flight per connection, {} sent per rank per run{}{}",
             self.conns,
             self.inflight,
-            human(self.bytes)
+            human(self.bytes),
+            if self.chain { ", each send after the receive before it (--chain)" } else { "" },
+            if self.spin > 0 { format!(", {} spinning thread(s) per rank", self.spin) } else { String::new() }
         )
     }
     /// Messages per connection and direction in one run.
@@ -308,7 +323,7 @@ struct Bufs {
 /// The proxy loop: `count` messages of `size` each way on every connection,
 /// `w` in flight, the oldest request of each connection tested per pass,
 /// yield when a pass moved nothing.
-fn drive(net: &mut dyn P2p, bufs: &mut Bufs, conns: usize, size: usize, count: usize, w: usize) -> Result<(), String> {
+fn drive(net: &mut dyn P2p, bufs: &mut Bufs, conns: usize, size: usize, count: usize, w: usize, chain: bool) -> Result<(), String> {
     #[derive(Clone, Copy, Default)]
     struct Side {
         posted: usize,
@@ -321,11 +336,13 @@ fn drive(net: &mut dyn P2p, bufs: &mut Bufs, conns: usize, size: usize, count: u
     while left > 0 {
         let mut moved = false;
         for (c, (s, r)) in st.iter_mut().enumerate() {
+            let received = r.done;
             for (send, side) in [(false, &mut *r), (true, &mut *s)] {
                 if side.done == count {
                     continue;
                 }
-                while side.posted < count && side.posted - side.done < w {
+                // --chain: send k forwards receive k-1
+                while side.posted < count && side.posted - side.done < w && !(chain && send && side.posted > received) {
                     let slot = side.posted % w;
                     let b = if send { &mut bufs.send[c] } else { &mut bufs.recv[c] };
                     // SAFETY-free: plain offset into our own Vec
@@ -450,7 +467,41 @@ fn plugin_setup<'a>(k: NetKind, p: &'a Plugin, ctl: &mut Ctl, bufs: &mut Bufs, c
     Ok((PluginNet { p, sends, recvs, smh, rmh }, l))
 }
 
+/// `--spin`: threads that keep a CPU busy until dropped (yielding, as a
+/// thread polling a GPU stream does).
+struct Spinners {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Spinners {
+    fn start(n: usize) -> Spinners {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::yield_now();
+                    }
+                })
+            })
+            .collect();
+        Spinners { stop, threads }
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
+    let _spin = Spinners::start(o.spin);
     let mut ctl = Ctl::new(TcpStream::connect(coord).map_err(|e| format!("connect {coord}: {e}"))?).map_err(|e| e.to_string())?;
     ctl.send(&format!("HELLO {me}")).map_err(|e| e.to_string())?;
     let w = o.inflight;
@@ -522,11 +573,11 @@ fn rank(o: &Opts, coord: &str, me: usize) -> Result<(), String> {
         let r = match k {
             NetKind::Plugin | NetKind::PluginB => {
                 let n = &mut pnets.iter_mut().find(|(kk, _, _)| *kk == k).ok_or("no plugin")?.1;
-                drive(n, &mut bufs, o.conns, size, count, w)
+                drive(n, &mut bufs, o.conns, size, count, w, o.chain)
             }
             NetKind::Nccl0 | NetKind::NcclN => {
                 let n = &mut nccl.iter_mut().find(|(kk, _)| *kk == k).ok_or("no nccl-socket")?.1;
-                drive(n, &mut bufs, o.conns, size, count, w)
+                drive(n, &mut bufs, o.conns, size, count, w, o.chain)
             }
             NetKind::Raw => {
                 let (to, from) = raw.as_ref().ok_or("no raw")?;
@@ -623,6 +674,10 @@ fn start_ring(o: &Opts, n: usize) -> Result<Ring, String> {
         if let Some(b) = &o.plugin_b {
             cmd.arg("--plugin-b").arg(b);
         }
+        if o.chain {
+            cmd.arg("--chain");
+        }
+        cmd.args(["--spin", &o.spin.to_string()]);
         if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
             cmd.env("NCCL_SOCKET_IFNAME", "lo");
         }
@@ -706,11 +761,13 @@ pub(crate) fn loadavg() -> String {
 
 fn coordinate(o: &Opts, ring_mode: bool) -> Result<(), String> {
     println!(
-        "rustnet bench {}: {} connection(s) per neighbour, {} in flight, {} sent per rank per run, {} repeats, plugin {} (ABI v{}), {} CPUs, load {}",
+        "rustnet bench {}: {} connection(s) per neighbour, {} in flight, {} sent per rank per run{}{}, {} repeats, plugin {} (ABI v{}), {} CPUs, load {}",
         if ring_mode { "ring" } else { "step" },
         o.conns,
         o.inflight,
         human(o.bytes),
+        if o.chain { ", each send after the receive before it (--chain)" } else { "" },
+        if o.spin > 0 { format!(", {} spinning thread(s) per rank", o.spin) } else { String::new() },
         o.reps,
         o.plugin.display(),
         o.abi,
