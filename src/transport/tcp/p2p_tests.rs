@@ -536,84 +536,62 @@ mod recovery_tests {
     /// sender is unreachable); once that process's resume port closes (it
     /// exited, or closed every comm on that address) the receiver fails
     /// within a probe or two, naming it.
-    #[test]
-    fn a_receiver_waits_for_an_undriven_live_sender_and_fails_once_it_is_gone() {
+    /// A receiver whose first read resets its stream waits for its
+    /// undriven sender (127.0.0.`tx` -> 127.0.0.`rx`, window `window_s`)
+    /// for `alive_for` without failing (`alive`: what holds the sender
+    /// then), then the sender comm is dropped; returns the receiver's error
+    /// and how long after the drop it came (at most 5 s).
+    fn receiver_outlives_its_sender(tx: u8, rx: u8, window_s: i64, alive_for: Duration, alive: &str) -> (String, Duration) {
         let plan = ResetPlan { send: false, first: 1, every: 0 };
         let at = |last: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), 0);
-        let (s, mut r) = pair_at(at(81), at(80), cfg(1, false, 1, None), cfg(1, false, 1, Some(plan)));
+        let (s, mut r) = pair_at(at(tx), at(rx), cfg(1, false, window_s, None), cfg(1, false, window_s, Some(plan)));
         // more than the socket buffers hold: the undriven sender leaves most unwritten
         let src = vec![1u8; 64 << 20];
         let mut dst = vec![0u8; 64 << 20];
         let mut s = s;
-        // SAFETY: src/dst outlive both comms (dropped at the end of the test).
+        // SAFETY: src/dst outlive both comms (dropped at the end of this fn).
         let _sq = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: src.len() }, 1) }.unwrap().unwrap();
-        // SAFETY: dst outlives both comms (dropped at the end of the test) and nothing else touches it while the receive is pending.
+        // SAFETY: dst outlives both comms (dropped at the end of this fn) and nothing else touches it while the receive is pending.
         let rq = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: dst.as_mut_ptr(), len: dst.len() }, tag: 1 }]) }.unwrap().unwrap();
         let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_millis(2500) {
+        while t0.elapsed() < alive_for {
             match r.test(rq) {
                 Ok(None) => {}
                 Ok(Some(_)) => panic!("completed without its sender"),
-                Err(e) => panic!("failed after {:?} with its sender's process alive: {e}", t0.elapsed()),
+                Err(e) => panic!("failed after {:?} with {alive}: {e}", t0.elapsed()),
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        // the sender's process "exits": its comm goes, and with it its resume port
         drop(s);
         let t1 = Instant::now();
         let e = loop {
             match r.test(rq) {
-                Ok(None) => assert!(t1.elapsed() < Duration::from_secs(5), "the receiver waited on a gone sender"),
+                Ok(None) => assert!(t1.elapsed() < Duration::from_secs(5), "the receiver waited on a sender that will not come back"),
                 Ok(Some(_)) => panic!("completed without its sender"),
                 Err(e) => break e.to_string(),
             }
             std::thread::sleep(Duration::from_millis(1));
         };
+        (e, t1.elapsed())
+    }
+
+    #[test]
+    fn a_receiver_waits_for_an_undriven_live_sender_and_fails_once_it_is_gone() {
+        // the sender's process "exits" after 2.5 s: its comm goes, and with it its resume port
+        let (e, _) = receiver_outlives_its_sender(81, 80, 1, Duration::from_millis(2500), "its sender's process alive");
         assert!(e.contains("its process is gone") && e.contains("127.0.0.1") && e.contains("refused"), "{e}");
-        drop(r);
     }
 
     #[test]
     fn a_receiver_whose_sender_closed_its_comm_but_lives_on_fails_promptly() {
-        let plan = ResetPlan { send: false, first: 1, every: 0 };
         let at = |last: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), 0);
         // the sender's process keeps its resume port open for other comms (as a
         // rank that aborted one communicator and carries on with others)
         let other_comms = crate::transport::tcp::resume::PortRef::acquire(at(83), 256, Duration::from_secs(10)).unwrap();
-        // a long window: only the sender's answer can end the wait in time
-        let (s, mut r) = pair_at(at(83), at(82), cfg(1, false, 600, None), cfg(1, false, 600, Some(plan)));
-        let src = vec![1u8; 64 << 20];
-        let mut dst = vec![0u8; 64 << 20];
-        let mut s = s;
-        // SAFETY: src/dst outlive both comms (dropped at the end of the test).
-        let _sq = unsafe { s.isend(RawBuf { ptr: src.as_ptr() as *mut u8, len: src.len() }, 1) }.unwrap().unwrap();
-        // SAFETY: dst outlives both comms (dropped at the end of the test) and nothing else touches it while the receive is pending.
-        let rq = unsafe { r.irecv(&[RecvBuf { buf: RawBuf { ptr: dst.as_mut_ptr(), len: dst.len() }, tag: 1 }]) }.unwrap().unwrap();
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_millis(1500) {
-            match r.test(rq) {
-                Ok(None) => {}
-                Ok(Some(_)) => panic!("completed without its sender"),
-                Err(e) => panic!("failed after {:?} with its sender's comm open: {e}", t0.elapsed()),
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // the sender's NCCL closes this comm; its process and resume port stay
-        drop(s);
-        let t1 = Instant::now();
-        let e = loop {
-            match r.test(rq) {
-                Ok(None) => assert!(
-                    t1.elapsed() < Duration::from_secs(5),
-                    "the receiver waited on a sender whose comm is closed (its process alive)"
-                ),
-                Ok(Some(_)) => panic!("completed without its sender"),
-                Err(e) => break e.to_string(),
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        // a long window: only the sender's answer can end the wait in time;
+        // after 1.5 s the sender's NCCL closes this comm, its process stays
+        let (e, _) = receiver_outlives_its_sender(83, 82, 600, Duration::from_millis(1500), "its sender's comm open");
         assert!(e.contains("its end of this comm failed or was closed") && e.contains("127.0.0.83"), "{e}");
-        drop(r);
         drop(other_comms);
     }
 
