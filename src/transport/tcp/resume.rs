@@ -978,6 +978,19 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
 
+    /// One probe of `at` (with `query`), stepped until it finishes (at most 5 s).
+    fn probe(at: SocketAddr, query: Option<SenderQuery>) -> Probe {
+        let mut pr = Prober::new(at, query);
+        let t0 = Instant::now();
+        loop {
+            if let Some(p) = pr.step(Instant::now()) {
+                return p;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "no answer from {at}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn reset_plans_parse_and_hit() {
         assert_eq!(ResetPlan::parse("").unwrap(), None);
@@ -1031,17 +1044,7 @@ mod tests {
         let port = PortRef::acquire(addr, 16, Duration::from_secs(5)).unwrap();
         let at = port.addr();
         let tok = |b| Token([b; 16]);
-        let ask = |id: u64, t: Token| {
-            let mut pr = Prober::new(at, Some(SenderQuery { version: PROTO_VERSION, conn_id: id, token: t }));
-            let t0 = Instant::now();
-            loop {
-                if let Some(p) = pr.step(Instant::now()) {
-                    break p;
-                }
-                assert!(t0.elapsed() < Duration::from_secs(3), "no answer");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        };
+        let ask = |id: u64, t: Token| probe(at, Some(SenderQuery { version: PROTO_VERSION, conn_id: id, token: t }));
         // the port's answer itself (blocking, for the checks of what a stranger learns)
         let ask_raw = |id: u64, t: Token| {
             use std::io::{Read, Write};
@@ -1065,15 +1068,7 @@ mod tests {
         assert_eq!(ask(0x5e0d, tok(7)), Probe::CommClosed, "a dropped send comm");
         assert_eq!(ask_raw(0x5e0d, tok(8)), Verdict::UnknownComm, "nor is a closed comm told to a stranger");
         // a receiver of an older build only connects: still alive, no WARN
-        let mut pr = Prober::new(at, None);
-        let t0 = Instant::now();
-        let got = loop {
-            if let Some(p) = pr.step(Instant::now()) {
-                break p;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(3));
-        };
-        assert_eq!(got, Probe::Alive);
+        assert_eq!(probe(at, None), Probe::Alive);
         // the registration held the port: the last hold closes it
         let reg = register_sender(0x5e0e, tok(9), &port);
         drop(port);
@@ -1139,15 +1134,7 @@ mod tests {
         let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 2, token), hello(0x77, 1, 2, 2, token)], None).unwrap();
         assert!(matches!(finish(&mut a), Step::Retry(why) if why.contains("later reconnection")));
         // a probe of a live port is Alive and leaves no WARN behind (closed without a byte)
-        let mut pr = Prober::new(addr, None);
-        let t0 = Instant::now();
-        let got = loop {
-            if let Some(p) = pr.step(Instant::now()) {
-                break p;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(5));
-        };
-        assert_eq!(got, Probe::Alive);
+        assert_eq!(probe(addr, None), Probe::Alive);
         // once the comm is gone, a reconnection is refused as closed, and the port closes with its last hold
         let keep = PortRef::acquire(lo(), 16, Duration::from_secs(5)).unwrap();
         drop(reg);
@@ -1170,13 +1157,7 @@ mod tests {
         // still be answered; a waiting receiver probes again a second later)
         let t0 = Instant::now();
         let got = loop {
-            let mut pr = Prober::new(addr, None);
-            let got = loop {
-                if let Some(p) = pr.step(Instant::now()) {
-                    break p;
-                }
-                assert!(t0.elapsed() < Duration::from_secs(5));
-            };
+            let got = probe(addr, None);
             if got == Probe::Gone || t0.elapsed() > Duration::from_secs(3) {
                 break got;
             }
