@@ -1756,6 +1756,24 @@ fn link_cut_past_window_case() -> Result<String, String> {
     Ok(format!("sender failed {:.1} s after the cut: {}; receiver: {}", tb.as_secs_f64(), line(&eb), line(&ea)))
 }
 
+/// The late-sender cases' start: receiver A and sender B between two
+/// namespaces (`RUSTNET_SOCKET_TIMEOUT=3`, the given recovery window), A's
+/// second receive posted and B away after its first send; then the link is
+/// cut. Returns the namespaces and both peers.
+fn late_pair_cut(window_s: &str) -> Result<(NetnsPair, Proc, Proc), String> {
+    need_netns("to cut a link")?;
+    let ns = NetnsPair::new()?;
+    let t = Duration::from_secs(30);
+    let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", window_s), ("NCCL_SOCKET_IFNAME", ifn)];
+    let mut a = spawn_in(Some(&ns.a), "A", 8, &LATE_RECEIVER, &env("rnA"));
+    let mut b = spawn_in(Some(&ns.b), "B", 8, &LATE_SENDER, &env("rnB"));
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("READY", t)?;
+    ns.link(false)?;
+    Ok((ns, a, b))
+}
+
 /// TCP, issue 20 ("a link flap ends a week-long job"): a link cut of 6 s
 /// (past RUSTNET_SOCKET_TIMEOUT=3) while a receive waits and its sender's
 /// rank is away; the link comes back and the sender stays away 10 s more,
@@ -1765,16 +1783,7 @@ fn link_cut_past_window_case() -> Result<String, String> {
 /// next send and all 1 MiB arrives. (Until stop 33 the receiver failed about
 /// 9.5 s after the cut: "the sender did not reconnect within ...".)
 fn tcp_late_sender_case() -> Result<String, String> {
-    need_netns("to cut a link")?;
-    let ns = NetnsPair::new()?;
-    let t = Duration::from_secs(30);
-    let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "6"), ("NCCL_SOCKET_IFNAME", ifn)];
-    let mut a = spawn_in(Some(&ns.a), "A", 8, &LATE_RECEIVER, &env("rnA"));
-    let mut b = spawn_in(Some(&ns.b), "B", 8, &LATE_SENDER, &env("rnB"));
-    swap_handles(&mut a, &mut b, t)?;
-    a.expect("POSTED", t)?;
-    b.expect("READY", t)?;
-    ns.link(false)?;
+    let (ns, a, mut b) = late_pair_cut("6")?;
     std::thread::sleep(Duration::from_secs(6));
     ns.link(true)?;
     std::thread::sleep(Duration::from_secs(10));
@@ -1802,17 +1811,9 @@ fn tcp_late_sender_case() -> Result<String, String> {
 /// the comm, hears "closed" and fails within about a second, instead of
 /// waiting for it as for a late rank (up to ten windows).
 fn tcp_sender_comm_closed_case() -> Result<String, String> {
-    need_netns("to cut a link")?;
-    let ns = NetnsPair::new()?;
     let t = Duration::from_secs(30);
     // a window long enough that only the sender's answer can end the wait in time
-    let env = |ifn| [("RUSTNET_SOCKET_TIMEOUT", "3"), ("RUSTNET_RECOVERY_TIMEOUT", "60"), ("NCCL_SOCKET_IFNAME", ifn)];
-    let mut a = spawn_in(Some(&ns.a), "A", 8, &LATE_RECEIVER, &env("rnA"));
-    let mut b = spawn_in(Some(&ns.b), "B", 8, &LATE_SENDER, &env("rnB"));
-    swap_handles(&mut a, &mut b, t)?;
-    a.expect("POSTED", t)?;
-    b.expect("READY", t)?;
-    ns.link(false)?;
+    let (ns, mut a, mut b) = late_pair_cut("60")?;
     // past RUSTNET_SOCKET_TIMEOUT: the receiver waits for its sender
     std::thread::sleep(Duration::from_secs(6));
     b.send("CLOSE");
