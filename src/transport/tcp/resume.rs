@@ -508,7 +508,8 @@ pub fn poll() {
     }
 }
 
-/// Refuse a connection: one short write saying why, then close.
+/// Refuse a connection (or answer a sender query): one short write of the
+/// verdict, then close.
 fn refuse(sock: &Socket, verdict: Verdict) {
     let _ = sock.write(&ResumeReply { verdict, version: PROTO_VERSION, offset: 0 }.encode());
 }
