@@ -1969,11 +1969,22 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
 /// comms after read 60 and every 200), traffic both ways, every byte
 /// checked: the comms reconnect and resend; nothing fails, nothing is lost
 /// or delivered twice.
-fn reset_mid_transfer_case() -> Result<String, String> {
+///
+/// `kernel_acks`: B's *send* comms reset instead (after write 60 and every
+/// 200), so no receiver dissolves its own socket and every connection
+/// completes its sends on the receiving kernel's acknowledgement
+/// (`RUSTNET_SOCKET_KERNEL_ACK`, the default): a reset then finds bytes the
+/// receiver's kernel acknowledged but its process has not read, which the
+/// receiver reads from the old stream. (A receive-side reset purges that
+/// queue, so a receiver with that injection does not offer kernel
+/// acknowledgements, and the first variant runs on the receiving
+/// process's acknowledgements.)
+fn reset_mid_transfer_case(kernel_acks: bool) -> Result<String, String> {
     let t = Duration::from_secs(240);
     let common = [("RUSTNET_CONF_CYCLES", "2"), ("RUSTNET_CONF_ROUNDS", "40")];
+    let b_plan = if kernel_acks { "send:60:200" } else { "recv:60:200" };
     let mut a = spawn("A", 8, &TRAFFIC, &[common[0], common[1], ("RUSTNET_FAULT_TCP_RESET", "send:40:150")]);
-    let mut b = spawn("B", 8, &TRAFFIC, &[common[0], common[1], ("RUSTNET_FAULT_TCP_RESET", "recv:60:200")]);
+    let mut b = spawn("B", 8, &TRAFFIC, &[common[0], common[1], ("RUSTNET_FAULT_TCP_RESET", b_plan)]);
     for _ in 0..2 {
         swap_handles(&mut a, &mut b, t)?;
         a.expect("CYCLE", t).map_err(|e| format!("{e}; A: {}", a.stderr.tail(20)))?;
@@ -1990,7 +2001,29 @@ fn reset_mid_transfer_case() -> Result<String, String> {
     if injected == 0 || n == 0 {
         return Err(format!("{injected} resets injected, {n} recoveries: the case tested nothing; A: {}", ea.tail(10)));
     }
-    Ok(format!("{injected} resets injected, {n} send comm recoveries, {bytes} bytes sent again, 0 failures; A: {ra}; B: {rb}"))
+    let on_kernel = |l: &StderrLog| l.text().matches("completing sends on the receiving kernel's acknowledgement").count();
+    let kernel = on_kernel(&ea) + on_kernel(&eb);
+    if kernel_acks != (kernel == n) {
+        return Err(format!(
+            "{kernel} of {n} recovered send comms completed on kernel acknowledgements (expected {})",
+            if kernel_acks { "all" } else { "none" }
+        ));
+    }
+    let held: u64 = [&ea, &eb]
+        .iter()
+        .flat_map(|l| l.text().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|x| {
+            x.split(" byte(s) this host held unread")
+                .next()
+                .filter(|p| p.len() < x.len())
+                .and_then(|p| p.rsplit('(').next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum();
+    Ok(format!(
+        "{injected} resets injected, {n} send comm recoveries ({kernel} on kernel acknowledgements), {bytes} bytes sent again, \
+         {held} read from old streams, 0 failures; A: {ra}; B: {rb}"
+    ))
 }
 
 /// Traffic over IPv6 only (NCCL_SOCKET_FAMILY=AF_INET6) between two namespaces.
@@ -2458,7 +2491,8 @@ fn main() {
     cases.push(Case::new("connect_close_churn_flat", connect_churn_case));
     if std::env::var("RUSTNET_TRANSPORT").map(|t| t != "ib").unwrap_or(true) {
         cases.push(Case::new("tcp_link_cut_silent_peer", link_cut_case));
-        cases.push(Case::new("tcp_reset_mid_transfer_recovers", reset_mid_transfer_case));
+        cases.push(Case::new("tcp_reset_mid_transfer_recovers", || reset_mid_transfer_case(false)));
+        cases.push(Case::new("tcp_reset_mid_transfer_kernel_acks_recovers", || reset_mid_transfer_case(true)));
         cases.push(Case::new("tcp_link_cut_20s_recovers", || link_cut_recovers_case(Duration::from_secs(20))));
         cases.push(Case::new("tcp_link_cut_past_recovery_window_fails", link_cut_past_window_case));
         cases.push(Case::new("tcp_link_cut_during_connect_recovers", || link_cut_during_connect_case(Duration::from_secs(6))));

@@ -18,7 +18,7 @@ use rustnet::proto::fifo::{Cts, FailCode, Imm, ImmKind};
 use rustnet::proto::fuzz::{Target, TARGETS};
 use rustnet::proto::handle::{Handle, HandleKind, HANDLE_SIZE, PROTO_VERSION};
 use rustnet::proto::ib_meta::Meta;
-use rustnet::proto::wire::{Hello, MsgHeader, Reply, Verdict};
+use rustnet::proto::wire::{Hello, MsgHeader, Reply, Verdict, REPLY_QUEUED_OFFSETS};
 
 const FIXED_SEED: u64 = 0x005e_ed0f_f022;
 
@@ -386,10 +386,15 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             add("ack-valid", ack);
         }
         "reply" => {
-            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
-            add("valid-wrong-nonce", Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION, resume_port: 0 }.encode().to_vec());
-            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1, resume_port: 0 }.encode().to_vec());
-            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION, resume_port: 0 }.encode();
+            add("valid-accepted", Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: 0, flags: 0 }.encode().to_vec());
+            let queued = Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: 4242, flags: REPLY_QUEUED_OFFSETS };
+            add("valid-accepted-queued-offsets", queued.encode().to_vec());
+            add(
+                "valid-wrong-nonce",
+                Reply { verdict: Verdict::WrongNonce, version: PROTO_VERSION, resume_port: 0, flags: 0 }.encode().to_vec(),
+            );
+            add("valid-too-many-old-version", Reply { verdict: Verdict::TooMany, version: 1, resume_port: 0, flags: 0 }.encode().to_vec());
+            let mut b = Reply { verdict: Verdict::Inconsistent, version: PROTO_VERSION, resume_port: 0, flags: 0 }.encode();
             b[8] = 7;
             add("near-unknown-verdict", b.to_vec());
             add("http", b"HTTP/1.1 400 Bad".to_vec());

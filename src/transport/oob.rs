@@ -152,6 +152,8 @@ pub struct Listener {
     /// TCP: the port of this process's resume listener, told to every
     /// accepted stream in its reply (0: no recovery).
     resume_port: u16,
+    /// TCP: the reply's flags (`REPLY_QUEUED_OFFSETS`).
+    reply_flags: u16,
 }
 
 impl Listener {
@@ -177,6 +179,7 @@ impl Listener {
             fd_failures: 0,
             tos: None,
             resume_port: 0,
+            reply_flags: 0,
         };
         Ok((l, h))
     }
@@ -195,6 +198,12 @@ impl Listener {
     /// is at `port` on this listener's address (0: no recovery).
     pub fn with_resume_port(mut self, port: u16) -> Listener {
         self.resume_port = port;
+        self
+    }
+
+    /// The flags every TCP acceptance carries (`Reply::flags`).
+    pub fn with_reply_flags(mut self, flags: u16) -> Listener {
+        self.reply_flags = flags;
         self
     }
 
@@ -421,7 +430,7 @@ impl Listener {
 
     /// Tell the connection why (one short write, best effort), close it and note it for the WARN.
     fn refuse(&mut self, p: Pending, verdict: Verdict, why: String) {
-        let _ = p.sock.write(&Reply { verdict, version: PROTO_VERSION, resume_port: 0 }.encode());
+        let _ = p.sock.write(&Reply { verdict, version: PROTO_VERSION, resume_port: 0, flags: 0 }.encode());
         self.rejected.note(p.peer, why);
     }
 
@@ -479,7 +488,8 @@ impl Listener {
         // 16 bytes into a fresh socket's empty buffer: one write; if the
         // peer is already gone, check_groups sees it.
         if self.kind == HandleKind::Tcp {
-            let _ = p.sock.write(&Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: self.resume_port }.encode());
+            let r = Reply { verdict: Verdict::Accepted, version: PROTO_VERSION, resume_port: self.resume_port, flags: self.reply_flags };
+            let _ = p.sock.write(&r.encode());
         }
         g.streams[h.stream as usize] = Some(p.sock);
         Ok(())
@@ -521,6 +531,8 @@ pub struct Connector {
     conn_id: u64,
     /// The resume port the listener named in its reply to stream 0 (TCP).
     resume_port: u16,
+    /// The flags of that reply (0 until it is read).
+    reply_flags: u16,
     /// Set when `progress` failed on a link-class errno (a cut or reset
     /// stream): where the connection stood then.
     cut: Option<Cut>,
@@ -596,6 +608,7 @@ impl Connector {
             started: Instant::now(),
             conn_id,
             resume_port: 0,
+            reply_flags: 0,
             cut: None,
             #[cfg(test)]
             inject_cut: None,
@@ -610,6 +623,11 @@ impl Connector {
     /// TCP, once connected: the resume port the listener named (0: none).
     pub fn resume_port(&self) -> u16 {
         self.resume_port
+    }
+
+    /// TCP, once connected: the flags of the listener's acceptance (0: none read).
+    pub fn reply_flags(&self) -> u16 {
+        self.reply_flags
     }
 
     /// Count the connect timeout from `t` (an earlier dial's start).
@@ -705,6 +723,7 @@ impl Connector {
             }
             if k == 0 {
                 self.resume_port = r.resume_port;
+                self.reply_flags = r.flags;
             }
         }
         if let Some((err, link)) = read_fault {

@@ -486,6 +486,23 @@ impl Socket {
         Ok((ti.tcpi_unacked > 0 || ti.tcpi_probes > 0, ti.tcpi_last_ack_recv))
     }
 
+    /// Bytes the peer's kernel has not acknowledged yet, of those written
+    /// into this TCP socket (`SIOCOUTQ`: sent or still queued).
+    pub fn unacked(&self) -> std::result::Result<u64, Errno> {
+        self.queue_ioctl(libc::TIOCOUTQ)
+    }
+
+    /// Bytes this TCP socket holds that were not read yet (`SIOCINQ`; its
+    /// kernel acknowledged them). Still answers after a reset or a cut: the
+    /// queue stays readable until it is read or the socket closes.
+    pub fn unread(&self) -> std::result::Result<u64, Errno> {
+        self.queue_ioctl(libc::FIONREAD)
+    }
+
+    fn queue_ioctl(&self, req: libc::c_ulong) -> std::result::Result<u64, Errno> {
+        queue_ioctl(self.as_raw_fd(), req)
+    }
+
     /// Has the peer closed (or reset) this connection? Looks without taking
     /// any byte: data waiting to be read is left where it is.
     pub fn peer_closed(&self) -> std::result::Result<bool, Errno> {
@@ -798,6 +815,25 @@ pub fn nofile_limit() -> Option<u64> {
     // SAFETY: r is a valid out-pointer for the call.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
     (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+/// [`Socket::unread`] on a descriptor another thread owns (the resume port
+/// answering for a comm): the caller makes sure it is still that socket
+/// (the comm's gate keeps it from being closed meanwhile).
+pub fn unread_fd(fd: RawFd) -> std::result::Result<u64, Errno> {
+    queue_ioctl(fd, libc::FIONREAD)
+}
+
+fn queue_ioctl(fd: RawFd, req: libc::c_ulong) -> std::result::Result<u64, Errno> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCINQ/SIOCOUTQ write one int through the pointer, which is
+    // valid for the call; on a descriptor that is no socket the kernel
+    // answers with an error.
+    let r = unsafe { libc::ioctl(fd, req as _, &mut n) };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    Ok(n.max(0) as u64)
 }
 
 #[cfg(test)]

@@ -130,8 +130,8 @@ pub fn hello(data: &[u8]) {
         Err(r) => {
             // the refusal the listener answers with must reach the connector intact
             assert!(!r.why.is_empty() && r.verdict != Verdict::Accepted, "{r:?}");
-            let back =
-                Reply::decode(&Reply { verdict: r.verdict, version: PROTO_VERSION, resume_port: 0 }.encode()).expect("our reply decodes");
+            let back = Reply::decode(&Reply { verdict: r.verdict, version: PROTO_VERSION, resume_port: 0, flags: 0 }.encode())
+                .expect("our reply decodes");
             return assert_eq!(back.verdict, r.verdict);
         }
     };

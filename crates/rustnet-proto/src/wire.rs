@@ -121,7 +121,16 @@ pub struct Reply {
     /// address as the listener), where the sender reconnects after a
     /// failure ([`crate::resume`]); 0: that end does not recover.
     pub resume_port: u16,
+    /// Bytes 14-15 (0 from builds before 2026-12-04):
+    /// [`REPLY_QUEUED_OFFSETS`] and nothing else yet.
+    pub flags: u16,
 }
+
+/// [`Reply::flags`]: the receiver's resume offsets count the bytes its
+/// host's kernel holds unread (on the stream that failed), and it reads
+/// those from there before the new stream: its sender may complete a send
+/// once the receiving *kernel* acknowledged it ([`crate::resume`]).
+pub const REPLY_QUEUED_OFFSETS: u16 = 1;
 
 impl Reply {
     /// Encode.
@@ -131,6 +140,7 @@ impl Reply {
         b[8..10].copy_from_slice(&(self.verdict as u16).to_le_bytes());
         b[10..12].copy_from_slice(&self.version.to_le_bytes());
         b[12..14].copy_from_slice(&self.resume_port.to_le_bytes());
+        b[14..16].copy_from_slice(&self.flags.to_le_bytes());
         b
     }
 
@@ -144,7 +154,7 @@ impl Reply {
         let code = u16::from_le_bytes([b[8], b[9]]);
         let version = u16::from_le_bytes([b[10], b[11]]);
         let verdict = Verdict::from_code(code).ok_or(ProtoError::ReplyVerdict { code, version })?;
-        Ok(Reply { verdict, version, resume_port: u16::from_le_bytes([b[12], b[13]]) })
+        Ok(Reply { verdict, version, resume_port: u16::from_le_bytes([b[12], b[13]]), flags: u16::from_le_bytes([b[14], b[15]]) })
     }
 }
 
@@ -315,11 +325,11 @@ mod tests {
             Verdict::Stale,
             Verdict::Closed,
         ] {
-            let r = Reply { verdict: v, version: 3, resume_port: 4242 };
+            let r = Reply { verdict: v, version: 3, resume_port: 4242, flags: REPLY_QUEUED_OFFSETS };
             assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
             assert!(!v.explain().is_empty());
         }
-        let mut b = Reply { verdict: Verdict::Accepted, version: 3, resume_port: 0 }.encode();
+        let mut b = Reply { verdict: Verdict::Accepted, version: 3, resume_port: 0, flags: 0 }.encode();
         b[8] = 99;
         assert_eq!(Reply::decode(&b), Err(ProtoError::ReplyVerdict { code: 99, version: 3 }));
         let http = *b"HTTP/1.0 200 OK\r";

@@ -15,7 +15,7 @@ use super::StreamCfg;
 use crate::error::Result;
 use crate::proto::handle::PROTO_VERSION;
 use crate::proto::handle::{Handle, HandleKind};
-use crate::proto::resume::{HelloExt, SenderQuery, Token};
+use crate::proto::resume::{HelloExt, SenderQuery, Token, REPLY_QUEUED_OFFSETS};
 use crate::transport::oob::{link_fault, Connector, Cut, Listener};
 
 /// A TCP listening endpoint (the strangers' rules are [`Listener`]'s).
@@ -35,7 +35,8 @@ impl TcpListen {
         // named in every acceptance, and in the handle: a connector cut off
         // before our acceptance reached it reconnects there
         h.resume_port = port.as_ref().map_or(0, |p| p.addr().port());
-        let inner = inner.with_resume_port(h.resume_port);
+        let flags = if port.is_some() && cfg.queued_offsets() { REPLY_QUEUED_OFFSETS } else { 0 };
+        let inner = inner.with_resume_port(h.resume_port).with_reply_flags(flags);
         Ok((TcpListen { inner, cfg, tos: None, port }, h))
     }
 
@@ -61,7 +62,8 @@ impl TcpListen {
                 Some(reg) => {
                     // a sender whose port answers is asked about its comm, not only its process
                     let query = ext.answers.then_some(SenderQuery { version: PROTO_VERSION, conn_id: inc.conn_id, token: ext.token });
-                    rs = Some(RecvResume { reg, probe: ext.probe, query, tos: self.tos })
+                    let queued = self.cfg.queued_offsets();
+                    rs = Some(RecvResume { reg, probe: ext.probe, query, tos: self.tos, queued })
                 }
                 None => tracing::warn!(
                     "TCP connection from {} reuses the id {:#x} of another open comm of this process: it runs without recovery",
@@ -274,10 +276,23 @@ impl TcpConnecting {
             p => p,
         };
         let conn_id = inner.conn_id();
+        // the receiver counts what its kernel holds in its resume offsets:
+        // a send may complete on that kernel's acknowledgement (not when
+        // the acceptance was never read: a set-up cut before it)
+        let kernel_acks = self.cfg.kernel_ack && inner.reply_flags() & REPLY_QUEUED_OFFSETS != 0;
         let rs = (self.token.is_set() && resume_port != 0).then(|| {
             let mut addr = self.handle.addr;
             addr.set_port(resume_port);
-            SendResume { conn_id, token: self.token, addr, tos: self.tos, reg: self.sreg, port: self.port, cut: self.resume_cut }
+            SendResume {
+                conn_id,
+                token: self.token,
+                addr,
+                tos: self.tos,
+                reg: self.sreg,
+                port: self.port,
+                cut: self.resume_cut,
+                kernel_acks,
+            }
         });
         let (socks, peer) = inner.into_streams();
         Ok(SendComm::new(socks, peer, self.cfg, rs))

@@ -111,6 +111,10 @@ pub struct StreamCfg {
     pub recovery_s: i64,
     /// Testing: `RUSTNET_FAULT_TCP_RESET`.
     pub fault_reset: Option<resume::ResetPlan>,
+    /// `RUSTNET_SOCKET_KERNEL_ACK`: with recovery, sends complete on the
+    /// receiving kernel's acknowledgement where the receiver counts its
+    /// queues (and, receiving, count them and say so).
+    pub kernel_ack: bool,
 }
 
 impl StreamCfg {
@@ -138,7 +142,18 @@ impl StreamCfg {
             max_strangers: cfg.listen_max_strangers.get() as usize,
             recovery_s: cfg.recovery_timeout.get(),
             fault_reset: resume::ResetPlan::parse(&cfg.fault_tcp_reset)?,
+            kernel_ack: cfg.socket_kernel_ack.get() == 1,
         })
+    }
+
+    /// Receiving: do this end's resume offsets count the bytes its kernel
+    /// holds unread, and say so in its acceptances (`REPLY_QUEUED_OFFSETS`)?
+    /// Not with the receive side of `RUSTNET_FAULT_TCP_RESET`: that
+    /// injection dissolves the connection locally (`connect(AF_UNSPEC)`),
+    /// which purges the receive queue, where a reset from the peer or a
+    /// middlebox, or `ss -K`, leaves it readable.
+    pub fn queued_offsets(&self) -> bool {
+        self.recovery_s > 0 && self.kernel_ack && self.fault_reset.is_none_or(|p| p.send)
     }
 
     /// Hold this process's resume port at `addr`'s address (recovery on).

@@ -9,9 +9,15 @@
 //! tells the sender how many bytes of each stream it has taken, in small
 //! acknowledgement records on the reverse direction of stream 0 (at most
 //! one write per [`ACK_DELAY`](crate::proto::resume::ACK_DELAY) while
-//! receives are pending), and a send completes once all of it is
-//! acknowledged, not once it is written: until then its pieces stay queued.
-//! When a stream is reset, or the receiver is silent past
+//! receives are pending). A send completes once all of it is acknowledged,
+//! not once it is written: until then its pieces stay queued. Where the
+//! receiver's acceptance says its resume offsets count the bytes its kernel
+//! holds unread (`REPLY_QUEUED_OFFSETS`, `RUSTNET_SOCKET_KERNEL_ACK` at both
+//! ends, the default), the receiving *kernel's* acknowledgement is enough
+//! (the sender reads `SIOCOUTQ`), so no send waits for the receiving process
+//! to run; the receiver then reads on after a fault until its sockets are
+//! empty, and after a reconnection reads what the replaced sockets held
+//! before the new ones. When a stream is reset, or the receiver is silent past
 //! `RUSTNET_SOCKET_TIMEOUT`, the send comm reconnects to the receiving
 //! process's resume port with the connection's token, learns the receiver's
 //! byte count per stream, and resends from there; the receive comm takes the

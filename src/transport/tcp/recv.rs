@@ -19,7 +19,7 @@ use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV};
 use crate::proto::handle::PROTO_VERSION;
 use crate::proto::pool::{Pool, ReqId};
-use crate::proto::resume::{fault_of, Ack, AckPolicy, Fault, ResumeReply, SenderQuery, ACK_LEN};
+use crate::proto::resume::{fault_of, resume_offset, Ack, AckPolicy, Fault, OldStreams, ResumeReply, SenderQuery, ACK_LEN};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, Verdict, HDR_LEN, MAX_STREAMS};
 use crate::stats::RecoveryStats;
 use crate::transport::sock::{Io, Socket};
@@ -51,6 +51,37 @@ struct RecvStream {
     /// Bytes taken from this stream in total (into NCCL's buffers or the
     /// staging buffer): what a reconnection resumes from.
     taken: u64,
+    /// Sockets reconnections replaced that still hold bytes their kernel
+    /// acknowledged (counted in the offsets answered): read before `sock`.
+    old: OldStreams<Socket>,
+}
+
+/// Where a read of a stream goes: its oldest replaced socket that still
+/// holds bytes (and at most how many), else its current one.
+fn source(st: &RecvStream) -> (&Socket, usize, bool) {
+    match st.old.source() {
+        Some((s, n)) => (s, usize::try_from(n).unwrap_or(usize::MAX), true),
+        None => (&st.sock, usize::MAX, false),
+    }
+}
+
+/// `n` bytes were read from a replaced socket: close it once it gave all it held.
+fn took_old(st: &mut RecvStream, n: usize) {
+    if let Some(s) = st.old.took(n as u64) {
+        s.set_abortive_close();
+    }
+}
+
+/// A replaced socket ended before the bytes its kernel had acknowledged
+/// were read: they are gone, and the sender completed them.
+fn old_stream_lost(peer: &SocketAddr, k: usize, left: u64, how: &str) -> Error {
+    peer_error(
+        peer,
+        format!(
+            "stream {k}'s earlier connection {how} with {left} byte(s) still to read that this host had acknowledged \
+             (and its sender completed): they are lost"
+        ),
+    )
 }
 
 /// What a receive comm needs to recover (both ends offered recovery at set-up).
@@ -64,6 +95,10 @@ pub struct RecvResume {
     pub query: Option<SenderQuery>,
     /// IP TOS / IPv6 traffic class of the streams (the listening context's).
     pub tos: Option<u8>,
+    /// Resume offsets count the bytes this host holds unread, and those are
+    /// read from the replaced sockets first (`REPLY_QUEUED_OFFSETS`, said in
+    /// the acceptance).
+    pub queued: bool,
 }
 
 /// A receive comm's recovery state.
@@ -113,6 +148,10 @@ struct Waiting {
     reachable: bool,
     /// The INFO line saying so was written.
     told_reachable: bool,
+    /// The sender will not come back (its process is gone, or its comm
+    /// closed), but this host still holds bytes of it: the failure waits
+    /// until they are read (they may complete NCCL's receives).
+    verdict: Option<String>,
 }
 
 impl Waiting {
@@ -196,6 +235,10 @@ impl RecvCore {
 
     /// Build from accepted streams; `resume` when both ends recover.
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg, resume: Option<RecvResume>) -> RecvCore {
+        if let Some(r) = resume.as_ref().filter(|r| r.queued && cfg.recovery_s > 0) {
+            // the resume port, answering for us, counts what these hold unread
+            r.reg.mailbox().publish(socks.iter().map(|s| s.as_raw_fd()));
+        }
         let rec = resume.filter(|_| cfg.recovery_s > 0).map(|r| {
             Box::new(RecvRec {
                 window: Duration::from_secs(cfg.recovery_s as u64),
@@ -216,7 +259,7 @@ impl RecvCore {
         RecvCore {
             streams: socks
                 .into_iter()
-                .map(|sock| RecvStream { sock, q: VecDeque::with_capacity(MAX_REQUESTS * MAX_RECVS), taken: 0 })
+                .map(|sock| RecvStream { sock, q: VecDeque::with_capacity(MAX_REQUESTS * MAX_RECVS), taken: 0, old: OldStreams::default() })
                 .collect(),
             reqs: Pool::new(MAX_REQUESTS),
             order: VecDeque::with_capacity(MAX_REQUESTS),
@@ -261,6 +304,13 @@ impl RecvCore {
     #[inline]
     fn waiting(&self) -> bool {
         self.rec.as_ref().is_some_and(|r| r.waiting.is_some())
+    }
+
+    /// Does this host still hold bytes of the sender's that were not read
+    /// (where the offsets count them: its sends may have completed)?
+    fn unread(&self) -> bool {
+        self.rec.as_ref().is_some_and(|r| r.r.queued)
+            && self.streams.iter().any(|st| !st.old.is_empty() || st.sock.unread().is_ok_and(|n| n > 0))
     }
 
     /// Post a (grouped) receive; `Ok(None)` when all request slots are busy.
@@ -323,7 +373,24 @@ impl RecvCore {
         // a header after a large message: read just the header, its payload
         // then goes straight to NCCL's buffer
         let want = if self.big && self.streams[0].q.is_empty() && hi < HDR_LEN { HDR_LEN - hi } else { STAGE_LEN - hi };
-        match self.streams[0].sock.read(&mut self.stage[hi..hi + want]) {
+        let (sock, limit, old) = source(&self.streams[0]);
+        let want = want.min(limit);
+        let got = sock.read(&mut self.stage[hi..hi + want]);
+        if old {
+            return match got {
+                Ok(Io::Done(n)) => {
+                    self.stage_hi += n;
+                    self.streams[0].taken += n as u64;
+                    self.took = true;
+                    took_old(&mut self.streams[0], n);
+                    Ok(Step::Progress)
+                }
+                Ok(Io::Again) => Ok(Step::Blocked),
+                Ok(Io::Eof) => Err(old_stream_lost(&peer, 0, limit as u64, "closed")),
+                Err(e) => Err(old_stream_lost(&peer, 0, limit as u64, &format!("failed ({e})"))),
+            };
+        }
+        match got {
             Ok(Io::Done(n)) => {
                 self.stage_hi += n;
                 self.streams[0].taken += n as u64;
@@ -332,6 +399,8 @@ impl RecvCore {
                 Ok(Step::Progress)
             }
             Ok(Io::Again) => Ok(Step::Blocked),
+            // a failed stream read on after the fault (its queue counts): its end
+            Ok(Io::Eof) if self.waiting() => Ok(Step::Blocked),
             Ok(Io::Eof) if self.streams[0].q.is_empty() && self.stage_hi == 0 => {
                 Err(peer_error(&peer, "closed the connection while receives were posted (peer process exited or closed its send comm)"))
             }
@@ -343,6 +412,7 @@ impl RecvCore {
     /// Stream 0: headers and chunk 0 of each message.
     fn step_stream0(&mut self) -> Result<Step> {
         let peer = self.peer;
+        let waiting = self.waiting();
         let resumable = self.rec.is_some();
         let st0 = &mut self.streams[0];
         if let Some(x) = st0.q.front_mut() {
@@ -355,7 +425,7 @@ impl RecvCore {
                 unsafe { std::ptr::copy_nonoverlapping(self.stage[self.stage_lo..].as_ptr(), x.ptr.add(x.got), n) };
                 self.stage_lo += n;
                 n
-            } else if need >= DIRECT_READ {
+            } else if need >= DIRECT_READ && st0.old.is_empty() {
                 if self.drained {
                     return Ok(Step::Blocked);
                 }
@@ -376,6 +446,7 @@ impl RecvCore {
                         n.min(need)
                     }
                     Ok(Io::Again) => return Ok(Step::Blocked),
+                    Ok(Io::Eof) if waiting => return Ok(Step::Blocked),
                     Ok(Io::Eof) => return Err(peer_error(&peer, "closed the connection in the middle of a message")),
                     Err(e) => return read_error(resumable, &peer, e),
                 }
@@ -470,11 +541,15 @@ impl RecvCore {
         if m.ready() {
             self.adopt();
         }
-        if !self.waiting() {
+        // where the offsets count the queues, a fault stops nothing: what
+        // this host holds is in order, and its sender may have completed
+        // it (and closed, and exited), so it is read on until the streams
+        // say so (a reconnection then resumes after what was read)
+        if !self.waiting() || self.rec.as_ref().is_some_and(|r| r.r.queued) {
             self.progress_streams();
         }
         if let Some(r) = self.rec.as_deref() {
-            r.r.reg.mailbox().leave(self.streams.iter().map(|s| s.taken));
+            r.r.reg.mailbox().leave(self.streams.iter().map(|s| (s.taken, s.old.held())));
         }
     }
 
@@ -494,18 +569,39 @@ impl RecvCore {
         }
         let peer = self.peer;
         let resumable = self.rec.is_some();
+        let waiting = self.waiting();
         let mut link = None;
-        'streams: for st in self.streams.iter_mut().skip(1) {
+        'streams: for (k, st) in self.streams.iter_mut().enumerate().skip(1) {
             while let Some(x) = st.q.front_mut() {
-                // SAFETY: x.ptr+x.got .. x.ptr+x.len is the rest of this stream's chunk,
-                // inside a posted receive buffer that NCCL keeps writable until the
-                // request completes.
-                match unsafe { st.sock.read_raw(x.ptr.add(x.got), x.len - x.got) } {
+                let (sock, limit, old) = match st.old.source() {
+                    Some((s, n)) => (s, usize::try_from(n).unwrap_or(usize::MAX), true),
+                    None => (&st.sock, usize::MAX, false),
+                };
+                let want = (x.len - x.got).min(limit);
+                // SAFETY: x.ptr+x.got .. +want lies in the rest of this stream's chunk
+                // (want <= x.len - x.got), inside a posted receive buffer that NCCL
+                // keeps writable until the request completes.
+                let got = unsafe { sock.read_raw(x.ptr.add(x.got), want) };
+                if old && !matches!(got, Ok(Io::Done(_)) | Ok(Io::Again)) {
+                    let how = match got {
+                        Err(e) => format!("failed ({e})"),
+                        _ => "closed".to_string(),
+                    };
+                    self.failed = Some(old_stream_lost(&peer, k, limit as u64, &how));
+                    return;
+                }
+                match got {
                     Ok(Io::Done(n)) => {
                         st.taken += n as u64;
                         self.took = true;
-                        let short = n < x.len - x.got;
+                        // (a replaced socket read to its count: the current one is next)
+                        let short = n < want && !old;
                         x.got += n;
+                        if old {
+                            if let Some(s) = st.old.took(n as u64) {
+                                s.set_abortive_close();
+                            }
+                        }
                         if x.got == x.len {
                             let req = x.req;
                             st.q.pop_front();
@@ -520,6 +616,7 @@ impl RecvCore {
                         }
                     }
                     Ok(Io::Again) => break,
+                    Ok(Io::Eof) if waiting => break,
                     Ok(Io::Eof) => {
                         self.failed = Some(peer_error(&peer, "closed a data stream in the middle of a message"));
                         return;
@@ -564,6 +661,21 @@ impl RecvCore {
             self.progress();
             self.note_taken();
         }
+        // a receive whose bytes all arrived is reported as such, even where
+        // the comm failed after (its sender completed, then its process
+        // exited: the receive is whole)
+        let r = self.reqs.get(id).unwrap();
+        if r.unmatched == 0 && r.pieces_left == 0 {
+            let mut c = Completion { n: r.n, sizes: [0; MAX_RECVS] };
+            c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+            self.reqs.release(id).unwrap();
+            if self.rec.is_some() && self.failed.is_none() && self.reqs.is_empty() {
+                // nothing pending: no later call is sure to come, so the
+                // sender hears now what it may complete
+                self.flush_acks(true);
+            }
+            return Ok(Some(c));
+        }
         if let Some(e) = &self.failed {
             let e = e.clone();
             if let Some(r) = self.rec.as_deref() {
@@ -575,18 +687,6 @@ impl RecvCore {
             // no byte moves any more: stop every piece's event before NCCL hears of it
             self.stop_events();
             return Err(e);
-        }
-        let r = self.reqs.get(id).unwrap();
-        if r.unmatched == 0 && r.pieces_left == 0 {
-            let mut c = Completion { n: r.n, sizes: [0; MAX_RECVS] };
-            c.sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
-            self.reqs.release(id).unwrap();
-            if self.rec.is_some() && self.reqs.is_empty() {
-                // nothing pending: no later call is sure to come, so the
-                // sender hears now what it may complete
-                self.flush_acks(true);
-            }
-            return Ok(Some(c));
         }
         Ok(None)
     }
@@ -679,6 +779,7 @@ impl RecvCore {
             awaited: false,
             reachable: false,
             told_reachable: false,
+            verdict: None,
         });
     }
 
@@ -731,32 +832,46 @@ impl RecvCore {
     /// [`Waiting`] for what the window is charged with).
     fn wait_step(&mut self, now: Instant, awaited: bool) {
         let peer = self.peer;
+        let unread = self.unread();
         let Some(r) = self.rec.as_deref_mut() else { return };
         let window = r.window;
         let Some(w) = r.waiting.as_mut() else { return };
         let waited = now.duration_since(w.since);
         w.charge(now, awaited);
+        if let Some(e) = w.verdict.take() {
+            if unread {
+                w.verdict = Some(e);
+                return;
+            }
+            return self.fail(peer_error(&peer, e));
+        }
         if let Some(p) = w.prober.as_mut() {
-            match p.step(now) {
-                Some(Probe::Gone) => {
-                    let e = format!(
-                        "its process is gone, or has closed every comm on that address: its resume port {} refused a connection {} after the stream failed ({})",
-                        p.addr(),
-                        secs(waited),
-                        w.cause
-                    );
-                    return self.fail(peer_error(&peer, e));
+            let probe = p.step(now);
+            let verdict = match probe {
+                Some(Probe::Gone) => Some(format!(
+                    "its process is gone, or has closed every comm on that address: its resume port {} refused a connection {} after the stream failed ({})",
+                    p.addr(),
+                    secs(waited),
+                    w.cause
+                )),
+                Some(Probe::CommClosed) => Some(format!(
+                    "its process is alive, but its end of this comm failed or was closed (its resume port {} said so {} after \
+                     the stream failed: the sender will not reconnect) ({})",
+                    p.addr(),
+                    secs(waited),
+                    w.cause
+                )),
+                _ => None,
+            };
+            if let Some(e) = verdict {
+                if unread {
+                    // what it sent before is read first (its sends completed)
+                    w.verdict = Some(e);
+                    return;
                 }
-                Some(Probe::CommClosed) => {
-                    let e = format!(
-                        "its process is alive, but its end of this comm failed or was closed (its resume port {} said so {} after \
-                         the stream failed: the sender will not reconnect) ({})",
-                        p.addr(),
-                        secs(waited),
-                        w.cause
-                    );
-                    return self.fail(peer_error(&peer, e));
-                }
+                return self.fail(peer_error(&peer, e));
+            }
+            match probe {
                 Some(Probe::Alive) => {
                     w.reachable = true;
                     if !std::mem::replace(&mut w.told_reachable, true) {
@@ -770,7 +885,7 @@ impl RecvCore {
                     }
                 }
                 Some(Probe::Unknown) => w.reachable = false,
-                None => {}
+                Some(Probe::Gone | Probe::CommClosed) | None => {}
             }
         }
         if w.charged >= window {
@@ -786,9 +901,13 @@ impl RecvCore {
         }
     }
 
-    /// A reconnection arrived: answer each new stream with our byte count
-    /// of it (unless the resume port already did, while we stood still)
-    /// and carry on from there. Called under the gate, before any read.
+    /// A reconnection arrived: answer each new stream with where this end
+    /// stands in it (unless the resume port already did, while we stood
+    /// still) and carry on from there. Called under the gate, before any
+    /// read. Where the offsets count the queues (`queued`), a stream stands
+    /// at what it took, plus what its replaced sockets still hold for it,
+    /// plus what the socket being replaced holds unread now; that socket is
+    /// then read up to that count before the new one.
     fn adopt(&mut self) {
         let peer = self.peer;
         let failed = self.failed.is_some();
@@ -803,16 +922,32 @@ impl RecvCore {
             // NCCL will close it: the sender should fail now, not retry
             return answer(&m.socks, Verdict::Closed);
         }
-        if let Some(offs) = &m.answered {
+        if m.socks.len() != self.streams.len() {
+            return answer(&m.socks, Verdict::Inconsistent);
+        }
+        // what each socket being replaced holds unread (the resume port's
+        // figure when it answered: nothing was read since, by the gate)
+        let mut inq = [0u64; MAX_STREAMS];
+        for (k, st) in self.streams.iter().enumerate() {
+            inq[k] = match &m.answered {
+                Some(a) => a.get(k).map_or(0, |x| x.1),
+                // (a socket that cannot say counts nothing: should its sender
+                // have completed those bytes, it fails naming the cause)
+                None if r.r.queued => st.sock.unread().unwrap_or(0),
+                None => 0,
+            };
+        }
+        let offset = |k: usize, st: &RecvStream| resume_offset(st.taken, st.old.held(), inq[k]);
+        if let Some(a) = &m.answered {
             // answered for us: by the gate, nothing was read since
-            if offs.len() != self.streams.len() || self.streams.iter().zip(offs).any(|(st, &o)| st.taken != o) {
-                let have: Vec<u64> = self.streams.iter().map(|s| s.taken).collect();
+            if a.len() != self.streams.len() || self.streams.iter().enumerate().any(|(k, st)| offset(k, st) != a[k].0) {
+                let have: Vec<u64> = self.streams.iter().enumerate().map(|(k, st)| offset(k, st)).collect();
                 return self.fail(Error::Internal(format!(
-                    "TCP receive comm from {peer}: a reconnection was answered with {offs:?} bytes per stream but {have:?} were taken"
+                    "TCP receive comm from {peer}: a reconnection was answered with {a:?} (offset, unread) per stream but this end stands at {have:?}"
                 )));
             }
-        } else if m.socks.len() != self.streams.len() || self.streams.iter().zip(&m.sent).any(|(st, &s)| st.taken > s) {
-            let have: Vec<u64> = self.streams.iter().map(|s| s.taken).collect();
+        } else if self.streams.iter().enumerate().zip(&m.sent).any(|((k, st), &s)| offset(k, st) > s) {
+            let have: Vec<u64> = self.streams.iter().enumerate().map(|(k, st)| offset(k, st)).collect();
             tracing::warn!(
                 "TCP receive comm from {peer}: refused a reconnection from {} that claims to have written {:?} bytes per stream, \
                  less than the {have:?} received",
@@ -824,23 +959,31 @@ impl RecvCore {
         // the answers first: 24 bytes into each fresh socket go in one write,
         // or the attempt is dropped and the sender tries again
         if m.answered.is_none() {
-            for (st, s) in self.streams.iter().zip(&m.socks) {
-                let reply = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: st.taken }.encode();
+            for (k, (st, s)) in self.streams.iter().zip(&m.socks).enumerate() {
+                let reply = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: offset(k, st) }.encode();
                 if !matches!(s.write(&reply), Ok(Io::Done(n)) if n == reply.len()) {
                     return;
                 }
             }
         }
         let mut replayed = 0u64;
+        let mut fds = [-1; MAX_STREAMS];
         for (k, (st, s)) in self.streams.iter_mut().zip(m.socks).enumerate() {
             let _ = s.tune_stream(r.timeout_s, r.bufsize);
             if let Some(t) = r.r.tos {
                 let _ = s.set_tos(peer.is_ipv6(), t);
             }
-            replayed += m.sent[k] - st.taken;
-            st.sock.set_abortive_close();
-            st.sock = s;
+            replayed += m.sent[k] - resume_offset(st.taken, st.old.held(), inq[k]);
+            fds[k] = s.as_raw_fd();
+            let was = std::mem::replace(&mut st.sock, s);
+            // its unread bytes are part of the offset answered: read them first
+            if let Some(gone) = st.old.retire(was, inq[k]) {
+                gone.set_abortive_close();
+            }
             r.acked[k] = st.taken;
+        }
+        if r.r.queued {
+            r.r.reg.mailbox().publish(fds[..self.streams.len()].iter().copied());
         }
         r.ack_lo = 0;
         r.ack_hi = 0;
@@ -852,8 +995,11 @@ impl RecvCore {
         let took = noticed.as_ref().map_or(Duration::from_millis(u64::from(m.elapsed_ms)), |w| w.since.elapsed());
         self.drained = false;
         self.stats.record(took, replayed);
+        let held: u64 = inq.iter().sum();
+        let kept =
+            if held > 0 { format!(" ({held} byte(s) this host held unread are read from the old stream first)") } else { String::new() };
         tracing::warn!(
-            "TCP receive comm from {peer}: recovered after {} ({}); the sender resends {replayed} byte(s) from where this end stood",
+            "TCP receive comm from {peer}: recovered after {} ({}); the sender resends {replayed} byte(s) from where this end stood{kept}",
             secs(took),
             noticed.map_or_else(|| "the sender reconnected before this end noticed".to_string(), |w| w.cause)
         );
@@ -862,6 +1008,16 @@ impl RecvCore {
 
 impl Drop for RecvCore {
     fn drop(&mut self) {
+        if let Some(r) = self.rec.as_deref() {
+            // the resume port must not look at our sockets (SIOCINQ on their
+            // descriptors) while they close: hold the gate for good (the
+            // port holds it for microseconds at a time)
+            let m = r.r.reg.mailbox();
+            while !m.enter() {
+                std::thread::yield_now();
+            }
+            m.publish(std::iter::empty());
+        }
         if self.rec.is_some() {
             // our acknowledgements end with a FIN: the sender tells a closed comm from a fault
             self.streams[0].sock.shutdown_write();
@@ -946,6 +1102,25 @@ impl RecvComm {
         }
     }
 
+    /// Tests: hold (or release) the gate the resume port checks before it
+    /// answers for this comm, as the comm does while it moves bytes: held,
+    /// a reconnection waits for the comm to answer it itself.
+    #[cfg(test)]
+    pub(crate) fn hold_gate(&self, hold: bool) {
+        let g = |c: &RecvCore| {
+            let m = c.rec.as_ref().expect("recovers").r.reg.mailbox();
+            if hold {
+                assert!(m.enter(), "the gate was taken");
+            } else {
+                m.leave(c.streams.iter().map(|s| (s.taken, s.old.held())));
+            }
+        };
+        match self {
+            RecvComm::Direct(c) => g(c),
+            RecvComm::Helper(h) => g(&h.sh.lock_core()),
+        }
+    }
+
     /// Does it recover from a reset or silent stream (both ends said so)?
     pub fn recovers(&self) -> bool {
         match self {
@@ -1017,6 +1192,7 @@ mod window_tests {
             awaited: false,
             reachable: false,
             told_reachable: false,
+            verdict: None,
         }
     }
 

@@ -41,16 +41,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::proto::handle::PROTO_VERSION;
-use crate::proto::resume::{ResumeHello, ResumeReply, SenderQuery, Token, ATTEMPT_MAX, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
+use crate::proto::resume::{resume_offset, ResumeHello, ResumeReply, SenderQuery, Token, ATTEMPT_MAX, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
 use crate::proto::wire::Verdict;
 use crate::thread::BareThread;
-use crate::transport::sock::{wait_readable, EventFd, Io, Socket};
+use crate::transport::sock::{unread_fd, wait_readable, EventFd, Io, Socket};
 
 // ------------------------------------------------------------ fault injection
 
@@ -92,9 +92,10 @@ pub struct Resumed {
     pub elapsed_ms: u32,
     /// Where it came from.
     pub peer: SocketAddr,
-    /// The byte counts the resume port already answered with, for the comm
-    /// (None: the comm was busy; it answers itself).
-    pub answered: Option<Vec<u64>>,
+    /// What the resume port already answered with, for the comm, per
+    /// stream: the offset, and how many of the bytes in it the replaced
+    /// socket held unread (None: the comm was busy; it answers itself).
+    pub answered: Option<Vec<(u64, u64)>>,
 }
 
 /// Gate states: nobody, the comm (moving bytes), the resume port (answering for it).
@@ -111,6 +112,11 @@ pub struct Mailbox {
     gate: AtomicU8,
     /// The comm's byte count per stream, as of its last step.
     taken: Box<[AtomicU64]>,
+    /// Bytes per stream its replaced sockets still hold for it, as of then.
+    held: Box<[AtomicU64]>,
+    /// Its streams' descriptors, when its offsets count what they hold
+    /// unread (`REPLY_QUEUED_OFFSETS`); -1: they do not (or it is closing).
+    fds: Box<[AtomicI32]>,
     /// The comm failed: a reconnection is refused as for a closed comm.
     closed: AtomicBool,
 }
@@ -122,6 +128,8 @@ impl Mailbox {
             slot: Mutex::new(None),
             gate: AtomicU8::new(FREE),
             taken: (0..nstreams).map(|_| AtomicU64::new(0)).collect(),
+            held: (0..nstreams).map(|_| AtomicU64::new(0)).collect(),
+            fds: (0..nstreams).map(|_| AtomicI32::new(-1)).collect(),
             closed: AtomicBool::new(false),
         }
     }
@@ -139,13 +147,25 @@ impl Mailbox {
         self.gate.compare_exchange(FREE, COMM, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
-    /// The comm's step is over; its byte counts now.
+    /// The comm's step is over; its byte counts now (taken, held by replaced sockets).
     #[inline]
-    pub fn leave(&self, taken: impl Iterator<Item = u64>) {
-        for (a, t) in self.taken.iter().zip(taken) {
+    pub fn leave(&self, counts: impl Iterator<Item = (u64, u64)>) {
+        for ((a, h), (t, o)) in self.taken.iter().zip(self.held.iter()).zip(counts) {
             a.store(t, Ordering::Relaxed);
+            h.store(o, Ordering::Relaxed);
         }
         self.gate.store(FREE, Ordering::Release);
+    }
+
+    /// The comm's current stream descriptors (its offsets count what they
+    /// hold unread); the rest -1. Called by the comm at set-up, under its
+    /// gate when it takes new streams, and holding the gate for good when
+    /// it closes (empty: the port looks at none of them any more).
+    pub fn publish(&self, fds: impl Iterator<Item = RawFd>) {
+        let mut fds = fds;
+        for a in self.fds.iter() {
+            a.store(fds.next().unwrap_or(-1), Ordering::Relaxed);
+        }
     }
 
     /// The comm failed: refuse reconnections from now on.
@@ -670,9 +690,17 @@ impl Hub {
         };
         let mut r = Resumed { socks, epoch: h.epoch, sent, elapsed_ms: g.elapsed_ms, peer: g.peer, answered: None };
         if m.gate.compare_exchange(FREE, PORT, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-            // the comm is not reading: its byte counts hold still while we answer
-            let offs: Vec<u64> = m.taken.iter().map(|a| a.load(Ordering::Relaxed)).collect();
-            let ok = if offs.iter().zip(&r.sent).any(|(t, s)| t > s) {
+            // the comm is not reading: its byte counts hold still while we
+            // answer, and its sockets stay open (it closes them only under
+            // the gate); where it counts what they hold unread, so do we
+            let offs: Vec<(u64, u64)> = (0..m.taken.len())
+                .map(|k| {
+                    let fd = m.fds[k].load(Ordering::Relaxed);
+                    let inq = if fd >= 0 { unread_fd(fd).unwrap_or(0) } else { 0 };
+                    (resume_offset(m.taken[k].load(Ordering::Relaxed), m.held[k].load(Ordering::Relaxed), inq), inq)
+                })
+                .collect();
+            let ok = if offs.iter().zip(&r.sent).any(|(t, s)| t.0 > *s) {
                 for s in &r.socks {
                     refuse(s, Verdict::Inconsistent);
                 }
@@ -684,7 +712,7 @@ impl Hub {
                 false
             } else {
                 // 24 bytes into each fresh socket: one write, or the attempt is dropped (the sender retries)
-                r.socks.iter().zip(&offs).all(|(s, &o)| {
+                r.socks.iter().zip(&offs).all(|(s, &(o, _))| {
                     let b = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: o }.encode();
                     matches!(s.write(&b), Ok(Io::Done(n)) if n == b.len())
                 })
@@ -1102,7 +1130,7 @@ mod tests {
         // the right token: both streams reach the mailbox, in order
         // (the comm "holds" the byte counts 50 and 51 and is busy: it answers itself)
         assert!(reg.mailbox().enter());
-        reg.mailbox().leave([50u64, 51].into_iter());
+        reg.mailbox().leave([(50u64, 0u64), (51, 0)].into_iter());
         assert!(reg.mailbox().enter());
         let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 2, token), hello(0x77, 1, 2, 2, token)], None).unwrap();
         until(
@@ -1123,14 +1151,14 @@ mod tests {
             _ => panic!("accepted attempt did not complete"),
         }
         // an idle comm: the port answers for it with its published counts
-        reg.mailbox().leave([60u64, 61].into_iter());
+        reg.mailbox().leave([(60u64, 0u64), (61, 0)].into_iter());
         let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 3, token), hello(0x77, 1, 2, 3, token)], None).unwrap();
         match finish(&mut a) {
             Step::Done(v) => assert_eq!(v.iter().map(|x| x.1).collect::<Vec<_>>(), [60, 61]),
             _ => panic!("an idle comm's reconnection was not answered"),
         }
         let r = reg.mailbox().take().unwrap();
-        assert_eq!(r.answered, Some(vec![60, 61]));
+        assert_eq!(r.answered, Some(vec![(60, 0), (61, 0)]));
         // an older attempt is stale
         let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 2, token), hello(0x77, 1, 2, 2, token)], None).unwrap();
         assert!(matches!(finish(&mut a), Step::Retry(why) if why.contains("later reconnection")));

@@ -19,7 +19,9 @@ use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_SEND};
 use crate::proto::handle::PROTO_VERSION;
 use crate::proto::pool::{Pool, ReqId};
-use crate::proto::resume::{check_resume_offset, fault_of, rewind, Ack, Backoff, Fault, ResumeHello, Rewind, Token, ACK_LEN, ATTEMPT_MAX};
+use crate::proto::resume::{
+    check_resume_offset, fault_of, kernel_acked, rewind, Ack, Backoff, Fault, ResumeHello, Rewind, Token, ACK_LEN, ATTEMPT_MAX,
+};
 use crate::proto::wire::{self, MsgHeader, HDR_LEN, MAX_STREAMS};
 use crate::stats::RecoveryStats;
 use crate::transport::sock::{Io, Socket, MAX_IOV};
@@ -90,6 +92,10 @@ pub struct SendResume {
     /// (why): the comm starts out recovering, and until a reconnection is
     /// taken "no such connection" means "not accepted yet".
     pub cut: Option<String>,
+    /// The receiver's resume offsets count what its kernel holds unread
+    /// (`REPLY_QUEUED_OFFSETS`), and this end has `RUSTNET_SOCKET_KERNEL_ACK`:
+    /// a send completes once the receiving kernel acknowledged it.
+    pub kernel_acks: bool,
 }
 
 /// A send comm's recovery state.
@@ -109,6 +115,8 @@ struct SendRec {
     unconfirmed: bool,
     /// When a look for acknowledgements last found none.
     acks_empty_at: Option<Instant>,
+    /// Retire on the receiving kernel's acknowledgements ([`SendResume::kernel_acks`]).
+    kernel_acks: bool,
 }
 
 /// A send comm between a failure and its reconnection.
@@ -161,6 +169,7 @@ impl SendCore {
         let rec = resume.filter(|_| cfg.recovery_s > 0).map(|mut r| {
             cut = r.cut.take();
             Box::new(SendRec {
+                kernel_acks: r.kernel_acks,
                 unconfirmed: cut.is_some(),
                 window: Duration::from_secs(cfg.recovery_s as u64),
                 r,
@@ -379,7 +388,15 @@ impl SendCore {
         for (k, (_, off)) in socks.iter().enumerate() {
             let st = &self.streams[k];
             if let Err(e) = check_resume_offset(k, st.acked, st.sent, *off) {
-                self.failed = Some(Error::Protocol { peer: self.peer.to_string(), what: e.to_string() });
+                let kernel = self.rec.as_ref().is_some_and(|r| r.kernel_acks) && *off < st.acked;
+                let why = if kernel {
+                    " (this end completed those bytes once the receiving host's kernel had acknowledged them: the receiver's \
+                     socket lost bytes it held unread, which only a reset made on its own host does; RUSTNET_SOCKET_KERNEL_ACK=0 \
+                     waits for the receiving process instead)"
+                } else {
+                    ""
+                };
+                self.failed = Some(Error::Protocol { peer: self.peer.to_string(), what: format!("{e}{why}") });
                 return;
             }
         }
@@ -417,8 +434,13 @@ impl SendCore {
         r.fds_changed = true;
         let took = now.duration_since(rs.since);
         self.stats.record(took, replayed);
+        let mode = if r.kernel_acks {
+            "completing sends on the receiving kernel's acknowledgement"
+        } else {
+            "completing sends on the receiving process's acknowledgement"
+        };
         tracing::warn!(
-            "TCP send comm to {}: recovered after {} (attempt {}; it had failed: {}); {replayed} byte(s) sent again",
+            "TCP send comm to {}: recovered after {} (attempt {}; it had failed: {}; {mode}); {replayed} byte(s) sent again",
             self.peer,
             secs(took),
             r.epoch,
@@ -439,50 +461,66 @@ impl SendCore {
         if r.state.is_some() {
             return;
         }
-        // a look that finds nothing costs a system call: NCCL polls test()
-        // in a loop, so look again only ACK_POLL after an empty one
-        let now = Instant::now();
-        if r.acks_empty_at.is_some_and(|t| now.duration_since(t) < ACK_POLL) {
-            return;
-        }
-        r.acks_empty_at = None;
         let mut fault = None;
-        loop {
-            let got = r.ack_got;
-            match self.streams[0].sock.read(&mut r.ack_in[got..]) {
-                Ok(Io::Done(k)) => {
-                    r.ack_got += k;
-                    let whole = r.ack_got / ACK_LEN * ACK_LEN;
-                    for rec in r.ack_in[..whole].chunks_exact(ACK_LEN) {
-                        match Ack::decode(rec.try_into().expect("ACK_LEN bytes"), &sent[..n]) {
-                            Ok(a) => {
-                                let st = &mut self.streams[usize::from(a.stream)];
-                                st.acked = st.acked.max(a.offset);
-                            }
-                            Err(e) => {
-                                self.failed = Some(Error::Protocol { peer: self.peer.to_string(), what: e.to_string() });
-                                return;
-                            }
-                        }
-                    }
-                    r.ack_in.copy_within(whole..r.ack_got, 0);
-                    r.ack_got -= whole;
-                    if k < ACK_BUF - got {
+        if r.kernel_acks {
+            // what the receiving kernel acknowledged is safe in its socket
+            // queue (the receiver's resume offset counts it): one ioctl per
+            // stream with written pieces waiting
+            for st in self.streams.iter_mut().filter(|st| st.wpos > 0 && st.acked < st.sent) {
+                match st.sock.unacked() {
+                    Ok(q) => st.acked = st.acked.max(kernel_acked(st.sent, q)),
+                    Err(e) => {
+                        fault = Some(e);
                         break;
                     }
                 }
-                Ok(Io::Again) => {
-                    r.acks_empty_at = Some(now);
-                    break;
-                }
-                Ok(Io::Eof) => {
-                    self.failed =
-                        Some(peer_error(&self.peer, "closed the connection (its receive comm was closed, or its process exited)"));
-                    return;
-                }
-                Err(e) => {
-                    fault = Some(e);
-                    break;
+            }
+        }
+        // a look that finds nothing costs a system call: NCCL polls test()
+        // in a loop, so look again only ACK_POLL after an empty one
+        let now = Instant::now();
+        let look = fault.is_none() && r.acks_empty_at.is_none_or(|t| now.duration_since(t) >= ACK_POLL);
+        if look {
+            r.acks_empty_at = None;
+        }
+        if look {
+            loop {
+                let got = r.ack_got;
+                match self.streams[0].sock.read(&mut r.ack_in[got..]) {
+                    Ok(Io::Done(k)) => {
+                        r.ack_got += k;
+                        let whole = r.ack_got / ACK_LEN * ACK_LEN;
+                        for rec in r.ack_in[..whole].chunks_exact(ACK_LEN) {
+                            match Ack::decode(rec.try_into().expect("ACK_LEN bytes"), &sent[..n]) {
+                                Ok(a) => {
+                                    let st = &mut self.streams[usize::from(a.stream)];
+                                    st.acked = st.acked.max(a.offset);
+                                }
+                                Err(e) => {
+                                    self.failed = Some(Error::Protocol { peer: self.peer.to_string(), what: e.to_string() });
+                                    return;
+                                }
+                            }
+                        }
+                        r.ack_in.copy_within(whole..r.ack_got, 0);
+                        r.ack_got -= whole;
+                        if k < ACK_BUF - got {
+                            break;
+                        }
+                    }
+                    Ok(Io::Again) => {
+                        r.acks_empty_at = Some(now);
+                        break;
+                    }
+                    Ok(Io::Eof) => {
+                        self.failed =
+                            Some(peer_error(&self.peer, "closed the connection (its receive comm was closed, or its process exited)"));
+                        return;
+                    }
+                    Err(e) => {
+                        fault = Some(e);
+                        break;
+                    }
                 }
             }
         }
@@ -774,6 +812,17 @@ impl SendComm {
         match self {
             SendComm::Direct(c) => c.recovery_stats(),
             SendComm::Helper(h) => h.sh.lock_core().recovery_stats(),
+        }
+    }
+
+    /// Tests: reset every stream from this end (the receiver gets a reset
+    /// and keeps what its kernel holds, as from a middlebox).
+    #[cfg(test)]
+    pub(crate) fn reset_streams(&self) {
+        let reset = |c: &SendCore| c.streams.iter().for_each(|s| s.sock.reset_now());
+        match self {
+            SendComm::Direct(c) => reset(c),
+            SendComm::Helper(h) => reset(&h.sh.lock_core()),
         }
     }
 
