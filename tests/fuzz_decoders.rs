@@ -354,13 +354,26 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             let tagged = |t: u8, b: &[u8]| [&[t][..], b].concat();
             add(
                 "ext-v4",
-                tagged(0, &HelloExt { token: Token([7; 16]), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: true }.encode()),
+                tagged(
+                    0,
+                    &HelloExt { token: Token([7; 16]), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: true, kernel_acks: true }
+                        .encode(),
+                ),
             );
             add(
                 "ext-v6",
-                tagged(0, &HelloExt { token: Token([9; 16]), probe: Some("[fe80::2%3]:4001".parse().unwrap()), answers: false }.encode()),
+                tagged(
+                    0,
+                    &HelloExt {
+                        token: Token([9; 16]),
+                        probe: Some("[fe80::2%3]:4001".parse().unwrap()),
+                        answers: false,
+                        kernel_acks: false,
+                    }
+                    .encode(),
+                ),
             );
-            add("ext-none", tagged(0, &HelloExt { token: Token::NONE, probe: None, answers: false }.encode()));
+            add("ext-none", tagged(0, &HelloExt { token: Token::NONE, probe: None, answers: false, kernel_acks: false }.encode()));
             let h = ResumeHello {
                 version: PROTO_VERSION,
                 stream: 1,
@@ -377,8 +390,14 @@ fn seeds(name: &str) -> Vec<(String, Vec<u8>)> {
             let q = SenderQuery { version: PROTO_VERSION, conn_id: 0xabc, token: Token([5; 16]) };
             add("query-valid", tagged(1, &q.encode()));
             add("query-near-old-version", tagged(1, &SenderQuery { version: PROTO_VERSION - 1, ..q }.encode()));
-            add("reply-accepted", tagged(2, &ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 12345 }.encode()));
-            add("reply-bad-token", tagged(2, &ResumeReply { verdict: Verdict::BadToken, version: PROTO_VERSION, offset: 0 }.encode()));
+            add(
+                "reply-accepted",
+                tagged(2, &ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 12345, flags: 1 }.encode()),
+            );
+            add(
+                "reply-bad-token",
+                tagged(2, &ResumeReply { verdict: Verdict::BadToken, version: PROTO_VERSION, offset: 0, flags: 0 }.encode()),
+            );
             let mut ack = tagged(3, &Ack { stream: 1, offset: 500 }.encode());
             ack.push(1); // 2 streams
             ack.extend_from_slice(&10u64.to_le_bytes());

@@ -575,7 +575,12 @@ impl Connector {
     /// TOS / IPv6 traffic class byte (the communicator's traffic class),
     /// from the SYN on.
     pub fn start_tos(h: &Handle, nstreams: usize, cfg: OobCfg, tos: Option<u8>) -> Result<Connector> {
-        let ext = (h.kind == HandleKind::Tcp).then_some(HelloExt { token: crate::proto::resume::Token::NONE, probe: None, answers: false });
+        let ext = (h.kind == HandleKind::Tcp).then_some(HelloExt {
+            token: crate::proto::resume::Token::NONE,
+            probe: None,
+            answers: false,
+            kernel_acks: false,
+        });
         Connector::start_ext(h, nstreams, cfg, tos, ext)
     }
 
@@ -592,8 +597,9 @@ impl Connector {
             );
             let hello_len = match (h.kind, ext) {
                 (HandleKind::Tcp, e) => {
-                    hello[HELLO_LEN..]
-                        .copy_from_slice(&e.unwrap_or(HelloExt { token: Default::default(), probe: None, answers: false }).encode());
+                    hello[HELLO_LEN..].copy_from_slice(
+                        &e.unwrap_or(HelloExt { token: Default::default(), probe: None, answers: false, kernel_acks: false }).encode(),
+                    );
                     TCP_HELLO_LEN
                 }
                 _ => HELLO_LEN,
@@ -809,7 +815,7 @@ mod tests {
         use crate::proto::resume::Token;
         for token in [Token([9; 16]), Token::NONE] {
             let (mut l, h) = listener();
-            let ext = HelloExt { token, probe: None, answers: false };
+            let ext = HelloExt { token, probe: None, answers: false, kernel_acks: false };
             let conn_id = 0x5151;
             let mut socks = Vec::new();
             for k in 0..2u16 {

@@ -486,6 +486,13 @@ impl Socket {
         Ok((ti.tcpi_unacked > 0 || ti.tcpi_probes > 0, ti.tcpi_last_ack_recv))
     }
 
+    /// Have this socket's kernel acknowledge what arrives at once for now
+    /// (`TCP_QUICKACK`; it leaves the delayed-acknowledgement "ping-pong"
+    /// mode a write soon after a read puts it in). Best effort.
+    pub fn quickack(&self) {
+        let _ = self.setopt(libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1 as libc::c_int, "TCP_QUICKACK");
+    }
+
     /// Bytes the peer's kernel has not acknowledged yet, of those written
     /// into this TCP socket (`SIOCOUTQ`: sent or still queued).
     pub fn unacked(&self) -> std::result::Result<u64, Errno> {

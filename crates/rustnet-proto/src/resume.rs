@@ -105,10 +105,18 @@ pub struct HelloExt {
     /// before it close such a connection without a word, and a receiver
     /// then only learns that the process is there).
     pub answers: bool,
+    /// The sender completes its sends on the receiving kernel's
+    /// acknowledgement where the receiver's acceptance offers it
+    /// ([`REPLY_QUEUED_OFFSETS`]): the receiver's [`Ack`]s then only keep
+    /// the connection's liveness ([`AckPolicy::liveness`]). Zero in builds
+    /// before 2026-12-04.
+    pub kernel_acks: bool,
 }
 
 /// [`HelloExt`]'s flag byte: the sender's resume port answers [`SenderQuery`]s.
 const EXT_ANSWERS: u8 = 1;
+/// [`HelloExt`]'s flag byte: [`HelloExt::kernel_acks`].
+const EXT_KERNEL_ACKS: u8 = 2;
 
 impl HelloExt {
     /// Encode.
@@ -117,6 +125,7 @@ impl HelloExt {
     ///  0 token  [u8; 16]
     /// 16 family u8   0 (no probe address), 4 or 6
     /// 17 flags  u8   bit 0: the probe port answers a SenderQuery (zero in older builds)
+    ///                bit 1: the sender completes on kernel acknowledgements (idem)
     /// 18 port   u16
     /// 20 scope  u32  IPv6 scope id
     /// 24 addr   [u8; 16]
@@ -126,7 +135,10 @@ impl HelloExt {
         let mut b = [0u8; HELLO_EXT_LEN];
         b[0..16].copy_from_slice(&self.token.0);
         if self.answers {
-            b[17] = EXT_ANSWERS;
+            b[17] |= EXT_ANSWERS;
+        }
+        if self.kernel_acks {
+            b[17] |= EXT_KERNEL_ACKS;
         }
         match self.probe {
             None => {}
@@ -163,7 +175,7 @@ impl HelloExt {
             return Err(Refused { verdict: Verdict::Malformed, why: "hello extension with a resume port 0".into() });
         }
         // other flag bits are a later build's: ignored
-        Ok(HelloExt { token, probe, answers: b[17] & EXT_ANSWERS != 0 && probe.is_some() })
+        Ok(HelloExt { token, probe, answers: b[17] & EXT_ANSWERS != 0 && probe.is_some(), kernel_acks: b[17] & EXT_KERNEL_ACKS != 0 })
     }
 }
 
@@ -336,6 +348,10 @@ pub struct ResumeReply {
     /// Accepted: the bytes of this stream the receiver holds; the sender
     /// resends from here.
     pub offset: u64,
+    /// Bytes 12-13 (0 from builds before 2026-12-04):
+    /// [`REPLY_QUEUED_OFFSETS`], as in the set-up's reply (a sender whose
+    /// set-up was cut before that reply learns it here).
+    pub flags: u16,
 }
 
 impl ResumeReply {
@@ -345,6 +361,7 @@ impl ResumeReply {
         b[0..8].copy_from_slice(&RESUME_REPLY_MAGIC.to_le_bytes());
         b[8..10].copy_from_slice(&(self.verdict as u16).to_le_bytes());
         b[10..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..14].copy_from_slice(&self.flags.to_le_bytes());
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b
     }
@@ -358,7 +375,8 @@ impl ResumeReply {
         let code = u16::from_le_bytes([b[8], b[9]]);
         let version = u16::from_le_bytes([b[10], b[11]]);
         let verdict = Verdict::from_code(code).ok_or(ProtoError::ReplyVerdict { code, version })?;
-        Ok(ResumeReply { verdict, version, offset: u64::from_le_bytes(b[16..24].try_into().unwrap()) })
+        let flags = u16::from_le_bytes([b[12], b[13]]);
+        Ok(ResumeReply { verdict, version, offset: u64::from_le_bytes(b[16..24].try_into().unwrap()), flags })
     }
 }
 
@@ -528,9 +546,25 @@ pub const ACK_DELAY: Duration = Duration::from_micros(50);
 pub struct AckPolicy {
     since: Option<Instant>,
     completed: bool,
+    /// [`AckPolicy::liveness`].
+    liveness: bool,
 }
 
+/// With kernel acknowledgements ([`HelloExt::kernel_acks`]) a receiver
+/// writes an [`Ack`] at most this long after the first byte it has not
+/// acknowledged: its sender completes on its kernel's acknowledgements, and
+/// an occasional record still owes the sender's host an answer, by which a
+/// receiver notices a cut link (`RUSTNET_SOCKET_TIMEOUT`) while data flows.
+pub const ACK_LIVENESS: Duration = Duration::from_millis(50);
+
 impl AckPolicy {
+    /// The policy of a receiver whose sender completes on its kernel's
+    /// acknowledgements: one record per [`ACK_LIVENESS`] of traffic, none
+    /// per message or when idle.
+    pub fn liveness() -> AckPolicy {
+        AckPolicy { liveness: true, ..AckPolicy::default() }
+    }
+
     /// Bytes were taken at `now` (the first unacknowledged ones date the delay).
     pub fn took(&mut self, now: Instant) {
         self.since.get_or_insert(now);
@@ -549,6 +583,9 @@ impl AckPolicy {
 
     /// Write now? `idle`: no receive is pending, so no further call is sure to come.
     pub fn due(&self, now: Instant, idle: bool) -> bool {
+        if self.liveness {
+            return self.since.is_some_and(|t| now.saturating_duration_since(t) >= ACK_LIVENESS);
+        }
         self.since.is_some_and(|t| idle || (self.completed && now.saturating_duration_since(t) >= ACK_DELAY))
     }
 
@@ -647,19 +684,20 @@ mod tests {
     fn hello_ext_roundtrip_and_checks() {
         for probe in [None, Some("10.0.0.2:4000".parse().unwrap()), Some("[fe80::2%3]:4001".parse::<SocketAddr>().unwrap())] {
             for answers in [false, true] {
-                let e = HelloExt { token: tok(3), probe, answers: answers && probe.is_some() };
+                let e = HelloExt { token: tok(3), probe, answers: answers && probe.is_some(), kernel_acks: answers };
                 assert_eq!(HelloExt::decode(&e.encode()).unwrap(), e);
             }
         }
         // an older build's extension (flag byte zero): a port that does not answer queries
-        let old = HelloExt { token: tok(3), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: false }.encode();
+        let old = HelloExt { token: tok(3), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: false, kernel_acks: false }.encode();
         assert_eq!(old[17], 0);
         assert!(!HelloExt::decode(&old).unwrap().answers);
         // a later build's other flag bits are ignored
-        let mut later = HelloExt { token: tok(3), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: true }.encode();
+        let mut later =
+            HelloExt { token: tok(3), probe: Some("10.0.0.2:4000".parse().unwrap()), answers: true, kernel_acks: true }.encode();
         later[17] |= 0x80;
         assert!(HelloExt::decode(&later).unwrap().answers);
-        let mut b = HelloExt { token: tok(3), probe: None, answers: false }.encode();
+        let mut b = HelloExt { token: tok(3), probe: None, answers: false, kernel_acks: false }.encode();
         b[16] = 5;
         assert_eq!(HelloExt::decode(&b).unwrap_err().verdict, Verdict::Malformed);
         b[16] = 4;
@@ -711,10 +749,10 @@ mod tests {
     #[test]
     fn resume_reply_roundtrip_and_checks() {
         for v in [Verdict::Accepted, Verdict::UnknownComm, Verdict::BadToken, Verdict::Stale, Verdict::Inconsistent, Verdict::Closed] {
-            let r = ResumeReply { verdict: v, version: PROTO_VERSION, offset: 77 };
+            let r = ResumeReply { verdict: v, version: PROTO_VERSION, offset: 77, flags: REPLY_QUEUED_OFFSETS };
             assert_eq!(ResumeReply::decode(&r.encode()).unwrap(), r);
         }
-        let mut b = ResumeReply { verdict: Verdict::Accepted, version: 4, offset: 0 }.encode();
+        let mut b = ResumeReply { verdict: Verdict::Accepted, version: 4, offset: 0, flags: 0 }.encode();
         b[8] = 200;
         assert_eq!(ResumeReply::decode(&b), Err(ProtoError::ReplyVerdict { code: 200, version: 4 }));
         b[0] = 0;
@@ -771,6 +809,14 @@ mod tests {
         assert!(p.due(t0 + ACK_DELAY, false));
         p.sent();
         assert!(!p.owed() && !p.due(t0 + ACK_DELAY * 10, true));
+        // kernel acknowledgements: liveness only, whatever completes or idles
+        let mut l = AckPolicy::liveness();
+        l.took(t0);
+        l.completed();
+        assert!(l.owed() && !l.due(t0 + ACK_DELAY * 10, true), "neither a completed piece nor an idle comm writes one");
+        assert!(l.due(t0 + ACK_LIVENESS, false));
+        l.sent();
+        assert!(!l.owed() && !l.due(t0 + ACK_LIVENESS * 10, true));
     }
 
     #[test]

@@ -63,7 +63,9 @@ impl TcpListen {
                     // a sender whose port answers is asked about its comm, not only its process
                     let query = ext.answers.then_some(SenderQuery { version: PROTO_VERSION, conn_id: inc.conn_id, token: ext.token });
                     let queued = self.cfg.queued_offsets();
-                    rs = Some(RecvResume { reg, probe: ext.probe, query, tos: self.tos, queued })
+                    // its sender completes on our kernel's acknowledgements
+                    let kernel_acks = queued && ext.kernel_acks;
+                    rs = Some(RecvResume { reg, probe: ext.probe, query, tos: self.tos, queued, kernel_acks })
                 }
                 None => tracing::warn!(
                     "TCP connection from {} reuses the id {:#x} of another open comm of this process: it runs without recovery",
@@ -168,7 +170,7 @@ impl TcpConnecting {
     /// unreachable) schedules another dial.
     fn dial(&mut self) -> Result<()> {
         let probe = self.port.as_ref().map(PortRef::addr);
-        let ext = HelloExt { token: self.token, probe, answers: probe.is_some() };
+        let ext = HelloExt { token: self.token, probe, answers: probe.is_some(), kernel_acks: self.cfg.kernel_ack };
         self.dials += 1;
         match Connector::start_ext(&self.handle, self.cfg.nstreams, self.cfg.oob(), self.tos, Some(ext)) {
             Ok(c) => {

@@ -46,6 +46,9 @@ pub(super) const ACK_BUF: usize = MAX_STREAMS * ACK_LEN;
 /// A send comm waiting for acknowledgements looks for them at most this
 /// often after a look that found none.
 pub(super) const ACK_POLL: Duration = Duration::from_micros(25);
+/// The same where sends complete on the receiving kernel's
+/// acknowledgements: the records then only tell of a closed receiver.
+pub(super) const ACK_LIVENESS_POLL: Duration = Duration::from_millis(1);
 
 pub(super) fn peer_error(peer: &SocketAddr, what: impl Into<String>) -> Error {
     Error::Remote { peer: peer.to_string(), what: what.into() }

@@ -19,7 +19,9 @@ use crate::error::{Errno, Error, Result};
 use crate::profiler::{Fields, OpenEvent, Parent, Profiler, MAX_EVENTS_PER_PARENT, SOCK_RECV};
 use crate::proto::handle::PROTO_VERSION;
 use crate::proto::pool::{Pool, ReqId};
-use crate::proto::resume::{fault_of, resume_offset, Ack, AckPolicy, Fault, OldStreams, ResumeReply, SenderQuery, ACK_LEN};
+use crate::proto::resume::{
+    fault_of, resume_offset, Ack, AckPolicy, Fault, OldStreams, ResumeReply, SenderQuery, ACK_LEN, REPLY_QUEUED_OFFSETS,
+};
 use crate::proto::wire::{self, MsgHeader, RecvSpec, Verdict, HDR_LEN, MAX_STREAMS};
 use crate::stats::RecoveryStats;
 use crate::transport::sock::{Io, Socket};
@@ -99,6 +101,10 @@ pub struct RecvResume {
     /// read from the replaced sockets first (`REPLY_QUEUED_OFFSETS`, said in
     /// the acceptance).
     pub queued: bool,
+    /// Its sender completes on this host's kernel acknowledgements (it said
+    /// so in its hello, and `queued`): our acknowledgements only keep the
+    /// connection's liveness ([`AckPolicy::liveness`]).
+    pub kernel_acks: bool,
 }
 
 /// A receive comm's recovery state.
@@ -238,8 +244,16 @@ impl RecvCore {
         if let Some(r) = resume.as_ref().filter(|r| r.queued && cfg.recovery_s > 0) {
             // the resume port, answering for us, counts what these hold unread
             r.reg.mailbox().publish(socks.iter().map(|s| s.as_raw_fd()));
+            if r.kernel_acks {
+                // our acceptance was written soon after the hello arrived, which
+                // puts a stream's delayed acknowledgements into "ping-pong"
+                // mode: the kernel would then hold back the acknowledgement our
+                // sender completes on (40 ms on Linux, per message)
+                socks.iter().for_each(Socket::quickack);
+            }
         }
         let rec = resume.filter(|_| cfg.recovery_s > 0).map(|r| {
+            let policy = if r.kernel_acks { AckPolicy::liveness() } else { AckPolicy::default() };
             Box::new(RecvRec {
                 window: Duration::from_secs(cfg.recovery_s as u64),
                 r,
@@ -249,7 +263,7 @@ impl RecvCore {
                 ack_out: [0; ACK_BUF],
                 ack_lo: 0,
                 ack_hi: 0,
-                policy: AckPolicy::default(),
+                policy,
                 waiting: None,
                 epoch: 0,
                 fds_changed: false,
@@ -719,7 +733,7 @@ impl RecvCore {
             return;
         }
         if r.ack_lo == r.ack_hi {
-            if !r.policy.owed() || !(idle || r.policy.due(Instant::now(), false)) {
+            if !r.policy.owed() || !r.policy.due(Instant::now(), idle) {
                 return;
             }
             let mut n = 0;
@@ -735,6 +749,7 @@ impl RecvCore {
             r.ack_hi = n;
         }
         let mut fault = None;
+        let wrote = r.ack_lo < r.ack_hi;
         while r.ack_lo < r.ack_hi {
             match self.streams[0].sock.write(&r.ack_out[r.ack_lo..r.ack_hi]) {
                 Ok(Io::Done(k)) => r.ack_lo += k,
@@ -745,6 +760,13 @@ impl RecvCore {
                     break;
                 }
             }
+        }
+        if wrote && r.r.kernel_acks {
+            // a write soon after a read puts the stream's delayed
+            // acknowledgements into "ping-pong" mode, which holds back the
+            // kernel acknowledgements our sender completes on (up to 40 ms
+            // on Linux when this process does not read meanwhile): out of it
+            self.streams[0].sock.quickack();
         }
         if let Some(e) = fault {
             match read_error(true, &self.peer, e) {
@@ -915,7 +937,7 @@ impl RecvCore {
         let Some(m) = r.r.reg.mailbox().take() else { return };
         let answer = |socks: &[Socket], v: Verdict| {
             for s in socks {
-                let _ = s.write(&ResumeReply { verdict: v, version: PROTO_VERSION, offset: 0 }.encode());
+                let _ = s.write(&ResumeReply { verdict: v, version: PROTO_VERSION, offset: 0, flags: 0 }.encode());
             }
         };
         if failed {
@@ -960,7 +982,8 @@ impl RecvCore {
         // or the attempt is dropped and the sender tries again
         if m.answered.is_none() {
             for (k, (st, s)) in self.streams.iter().zip(&m.socks).enumerate() {
-                let reply = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: offset(k, st) }.encode();
+                let flags = if r.r.queued { REPLY_QUEUED_OFFSETS } else { 0 };
+                let reply = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: offset(k, st), flags }.encode();
                 if !matches!(s.write(&reply), Ok(Io::Done(n)) if n == reply.len()) {
                     return;
                 }
@@ -974,6 +997,10 @@ impl RecvCore {
                 let _ = s.set_tos(peer.is_ipv6(), t);
             }
             replayed += m.sent[k] - resume_offset(st.taken, st.old.held(), inq[k]);
+            if r.r.kernel_acks {
+                // (the resume reply was written soon after the hello: as at set-up)
+                s.quickack();
+            }
             fds[k] = s.as_raw_fd();
             let was = std::mem::replace(&mut st.sock, s);
             // its unread bytes are part of the offset answered: read them first

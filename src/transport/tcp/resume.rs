@@ -47,7 +47,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::proto::handle::PROTO_VERSION;
-use crate::proto::resume::{resume_offset, ResumeHello, ResumeReply, SenderQuery, Token, ATTEMPT_MAX, RESUME_HELLO_LEN, RESUME_REPLY_LEN};
+use crate::proto::resume::{
+    resume_offset, ResumeHello, ResumeReply, SenderQuery, Token, ATTEMPT_MAX, REPLY_QUEUED_OFFSETS, RESUME_HELLO_LEN, RESUME_REPLY_LEN,
+};
 use crate::proto::wire::Verdict;
 use crate::thread::BareThread;
 use crate::transport::sock::{unread_fd, wait_readable, EventFd, Io, Socket};
@@ -531,7 +533,7 @@ pub fn poll() {
 /// Refuse a connection (or answer a sender query): one short write of the
 /// verdict, then close.
 fn refuse(sock: &Socket, verdict: Verdict) {
-    let _ = sock.write(&ResumeReply { verdict, version: PROTO_VERSION, offset: 0 }.encode());
+    let _ = sock.write(&ResumeReply { verdict, version: PROTO_VERSION, offset: 0, flags: 0 }.encode());
 }
 
 impl Hub {
@@ -693,6 +695,8 @@ impl Hub {
             // the comm is not reading: its byte counts hold still while we
             // answer, and its sockets stay open (it closes them only under
             // the gate); where it counts what they hold unread, so do we
+            // (descriptors published: the comm counts its queues, and says so)
+            let flags = if m.fds.iter().all(|f| f.load(Ordering::Relaxed) >= 0) { REPLY_QUEUED_OFFSETS } else { 0 };
             let offs: Vec<(u64, u64)> = (0..m.taken.len())
                 .map(|k| {
                     let fd = m.fds[k].load(Ordering::Relaxed);
@@ -713,7 +717,7 @@ impl Hub {
             } else {
                 // 24 bytes into each fresh socket: one write, or the attempt is dropped (the sender retries)
                 r.socks.iter().zip(&offs).all(|(s, &(o, _))| {
-                    let b = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: o }.encode();
+                    let b = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: o, flags }.encode();
                     matches!(s.write(&b), Ok(Io::Done(n)) if n == b.len())
                 })
             };
@@ -787,6 +791,8 @@ pub struct Attempt {
     /// the acceptance arrived): "no such connection" may mean "not accepted
     /// yet", so it is retried.
     unconfirmed: bool,
+    /// The flags of the receiver's answer, once accepted (`REPLY_QUEUED_OFFSETS`).
+    flags: u16,
 }
 
 /// Where an attempt stands.
@@ -823,7 +829,7 @@ impl Attempt {
             };
             streams.push(AStream { sock, connected: false, hello: h.encode(), sent: 0, reply: [0; RESUME_REPLY_LEN], got: 0 });
         }
-        Ok(Attempt { streams, began: Instant::now(), addr, unconfirmed: false })
+        Ok(Attempt { streams, began: Instant::now(), addr, unconfirmed: false, flags: 0 })
     }
 
     /// For a comm whose acceptance was never read: the receiver's process
@@ -886,11 +892,19 @@ impl Attempt {
             return Step::Pending;
         }
         let mut out = Vec::with_capacity(self.streams.len());
-        for s in self.streams.drain(..) {
+        for (k, s) in self.streams.drain(..).enumerate() {
             let r = ResumeReply::decode(&s.reply).expect("checked above");
+            if k == 0 {
+                self.flags = r.flags;
+            }
             out.push((s.sock, r.offset));
         }
         Step::Done(out)
+    }
+
+    /// The flags of the receiver's answer (after [`Step::Done`]).
+    pub fn flags(&self) -> u16 {
+        self.flags
     }
 
     /// Over [`ATTEMPT_MAX`] without an answer?
@@ -1144,7 +1158,7 @@ mod tests {
         assert_eq!((r.epoch, r.sent.clone(), r.elapsed_ms, r.socks.len(), r.answered.is_some()), (2, vec![100, 101], 7, 2, false));
         // the comm answers each stream with its offset; the attempt completes
         for (k, s) in r.socks.iter().enumerate() {
-            s.write(&ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 50 + k as u64 }.encode()).unwrap();
+            s.write(&ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: 50 + k as u64, flags: 0 }.encode()).unwrap();
         }
         match finish(&mut a) {
             Step::Done(v) => assert_eq!(v.iter().map(|x| x.1).collect::<Vec<_>>(), [50, 51]),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use std::os::fd::{AsRawFd, RawFd};
 
 use super::helper::{Drive, Helper};
-use super::p2p::{io_error, peer_error, secs, AckWatch, ACK_BUF, ACK_POLL, WRITE_BATCH};
+use super::p2p::{io_error, peer_error, secs, AckWatch, ACK_BUF, ACK_LIVENESS_POLL, ACK_POLL, WRITE_BATCH};
 use super::resume::{Attempt, PortRef, ResetPlan, SenderReg, Step as AttemptStep};
 use super::StreamCfg;
 use crate::error::{Errno, Error, Result};
@@ -21,6 +21,7 @@ use crate::proto::handle::PROTO_VERSION;
 use crate::proto::pool::{Pool, ReqId};
 use crate::proto::resume::{
     check_resume_offset, fault_of, kernel_acked, rewind, Ack, Backoff, Fault, ResumeHello, Rewind, Token, ACK_LEN, ATTEMPT_MAX,
+    REPLY_QUEUED_OFFSETS,
 };
 use crate::proto::wire::{self, MsgHeader, HDR_LEN, MAX_STREAMS};
 use crate::stats::RecoveryStats;
@@ -117,6 +118,10 @@ struct SendRec {
     acks_empty_at: Option<Instant>,
     /// Retire on the receiving kernel's acknowledgements ([`SendResume::kernel_acks`]).
     kernel_acks: bool,
+    /// `RUSTNET_SOCKET_KERNEL_ACK` here: a reconnection's answer saying the
+    /// receiver counts its queues turns `kernel_acks` on (a set-up cut
+    /// before its acceptance learns it there).
+    kernel_ack_knob: bool,
 }
 
 /// A send comm between a failure and its reconnection.
@@ -170,6 +175,7 @@ impl SendCore {
             cut = r.cut.take();
             Box::new(SendRec {
                 kernel_acks: r.kernel_acks,
+                kernel_ack_knob: cfg.kernel_ack,
                 unconfirmed: cut.is_some(),
                 window: Duration::from_secs(cfg.recovery_s as u64),
                 r,
@@ -307,6 +313,7 @@ impl SendCore {
             st.next = now;
         }
         let mut outcome = None;
+        let mut flags = 0;
         if let Some(a) = st.attempt.as_mut() {
             let began = a.began;
             match a.step() {
@@ -327,7 +334,10 @@ impl SendCore {
                     st.attempt = None;
                 }
                 AttemptStep::Fatal(why) => outcome = Some(Outcome::Fail(why)),
-                AttemptStep::Done(s) => outcome = Some(Outcome::Resume(s)),
+                AttemptStep::Done(s) => {
+                    flags = a.flags();
+                    outcome = Some(Outcome::Resume(s));
+                }
             }
         }
         if outcome.is_none() && st.attempt.is_none() {
@@ -361,7 +371,7 @@ impl SendCore {
         }
         match outcome {
             None => {}
-            Some(Outcome::Resume(s)) => self.resume_with(s, now),
+            Some(Outcome::Resume(s)) => self.resume_with(s, flags, now),
             Some(Outcome::Fail(why)) => {
                 let st = r.state.as_ref().expect("recovering");
                 let waited = secs(now.duration_since(st.since));
@@ -384,7 +394,7 @@ impl SendCore {
     /// The receiver took the reconnection: each stream restarts from the
     /// receiver's byte count; what it holds counts as acknowledged, the
     /// rest is sent again.
-    fn resume_with(&mut self, socks: Vec<(Socket, u64)>, now: Instant) {
+    fn resume_with(&mut self, socks: Vec<(Socket, u64)>, flags: u16, now: Instant) {
         for (k, (_, off)) in socks.iter().enumerate() {
             let st = &self.streams[k];
             if let Err(e) = check_resume_offset(k, st.acked, st.sent, *off) {
@@ -403,6 +413,9 @@ impl SendCore {
         let Some(r) = self.rec.as_deref_mut() else { return };
         let rs = r.state.take().expect("recovering");
         r.unconfirmed = false;
+        if r.kernel_ack_knob && flags & REPLY_QUEUED_OFFSETS != 0 {
+            r.kernel_acks = true;
+        }
         let mut replayed = 0u64;
         for (k, (sock, off)) in socks.into_iter().enumerate() {
             if let Err(e) = sock.tune_stream(self.timeout_s, r.bufsize) {
@@ -462,6 +475,7 @@ impl SendCore {
             return;
         }
         let mut fault = None;
+        let mut closed = false;
         if r.kernel_acks {
             // what the receiving kernel acknowledged is safe in its socket
             // queue (the receiver's resume offset counts it): one ioctl per
@@ -479,7 +493,10 @@ impl SendCore {
         // a look that finds nothing costs a system call: NCCL polls test()
         // in a loop, so look again only ACK_POLL after an empty one
         let now = Instant::now();
-        let look = fault.is_none() && r.acks_empty_at.is_none_or(|t| now.duration_since(t) >= ACK_POLL);
+        // (with kernel acknowledgements the records only tell of liveness,
+        // and of a closed receiver: a look every ACK_LIVENESS_POLL)
+        let poll = if r.kernel_acks { ACK_LIVENESS_POLL } else { ACK_POLL };
+        let look = fault.is_none() && r.acks_empty_at.is_none_or(|t| now.duration_since(t) >= poll);
         if look {
             r.acks_empty_at = None;
         }
@@ -513,14 +530,22 @@ impl SendCore {
                         break;
                     }
                     Ok(Io::Eof) => {
-                        self.failed =
-                            Some(peer_error(&self.peer, "closed the connection (its receive comm was closed, or its process exited)"));
-                        return;
+                        closed = true;
+                        break;
                     }
                     Err(e) => {
                         fault = Some(e);
                         break;
                     }
+                }
+            }
+        }
+        if closed && r.kernel_acks {
+            // the receiver read what it had and closed its comm: its FIN
+            // acknowledged everything its kernel took, so look once more
+            for st in self.streams.iter_mut().filter(|st| st.wpos > 0 && st.acked < st.sent) {
+                if let Ok(q) = st.sock.unacked() {
+                    st.acked = st.acked.max(kernel_acked(st.sent, q));
                 }
             }
         }
@@ -532,6 +557,11 @@ impl SendCore {
                     q.pieces_left -= 1;
                 }
             }
+        }
+        if closed {
+            // (sends it took in full still complete: test reports them first)
+            self.failed = Some(peer_error(&self.peer, "closed the connection (its receive comm was closed, or its process exited)"));
+            return;
         }
         if let Some(e) = fault {
             self.stream_fault("reading acknowledgements", e);
@@ -691,6 +721,11 @@ impl SendCore {
         if !done && !self.recovering() {
             self.watch_acks();
         }
+        if done {
+            // whole before any failure (a receiver that took it all and closed)
+            self.reqs.release(id).unwrap();
+            return Ok(Some(Completion::one(size)));
+        }
         if let Some(e) = &self.failed {
             let e = e.clone();
             let _ = self.reqs.release(id);
@@ -698,11 +733,7 @@ impl SendCore {
             self.tell_registry();
             return Err(e);
         }
-        if !done {
-            return Ok(None);
-        }
-        self.reqs.release(id).unwrap();
-        Ok(Some(Completion::one(size)))
+        Ok(None)
     }
 }
 
