@@ -58,11 +58,14 @@ impl TcpListen {
         if let (Some(p), Some(ext)) = (&self.port, inc.ext.filter(|e| e.token.is_set())) {
             // the comm holds the port open itself: NCCL closes this listener soon
             let port = self.cfg.resume_port(p.addr())?.expect("recovery is on");
-            match resume::register(inc.conn_id, ext.token, inc.socks.len(), port) {
+            // where our offsets count what the streams hold unread, the port
+            // knows their descriptors before it can answer for the comm
+            let fds: Vec<std::os::fd::RawFd> = inc.socks.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+            let queued = self.cfg.queued_offsets();
+            match resume::register(inc.conn_id, ext.token, inc.socks.len(), port, queued.then_some(&fds[..])) {
                 Some(reg) => {
                     // a sender whose port answers is asked about its comm, not only its process
                     let query = ext.answers.then_some(SenderQuery { version: PROTO_VERSION, conn_id: inc.conn_id, token: ext.token });
-                    let queued = self.cfg.queued_offsets();
                     // its sender completes on our kernel's acknowledgements
                     let kernel_acks = queued && ext.kernel_acks;
                     rs = Some(RecvResume { reg, probe: ext.probe, query, tos: self.tos, queued, kernel_acks })

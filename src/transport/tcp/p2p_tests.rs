@@ -717,6 +717,77 @@ mod recovery_tests {
         }
     }
 
+    /// Two resets in a row while the receiving rank calls nothing: the
+    /// resume port answers the first reconnection for it; the sender then
+    /// completes a send on that new stream (its kernel acknowledged it) and
+    /// is reset again. The port must not answer the second from counts that
+    /// leave out the first's stream: it leaves it to the comm, which takes
+    /// the first, then answers the second, when it runs. (Review of this
+    /// change: the port answered from stale counts and replaced the first
+    /// reconnection, and the sender failed with "resume from byte ...
+    /// outside the ... bytes it acknowledged".)
+    #[test]
+    fn two_resets_while_the_receiver_is_idle_lose_nothing() {
+        for (n, helper) in [(1, false), (2, false), (2, true)] {
+            let what = format!("{n} streams, helper {helper}");
+            let (mut s, mut r) = pair(kcfg(n, helper, true), kcfg(n, helper, true));
+            const LEN: usize = 5000;
+            let src: Vec<u8> = (0..4 * LEN).map(|i| (i * 29 + i / 331) as u8).collect();
+            let send = |s: &mut SendComm, k: usize| {
+                // SAFETY: src outlives every send (each tested to completion or failure below).
+                unsafe { s.isend(RawBuf { ptr: src[k * LEN..].as_ptr() as *mut u8, len: LEN }, 1) }.unwrap().unwrap()
+            };
+            let t0 = Instant::now();
+            for k in 0..2 {
+                let id = send(&mut s, k);
+                while s.test(id).unwrap().is_none() {
+                    assert!(t0.elapsed() < Duration::from_secs(5), "{what}: send {k}");
+                }
+                // the next send finds its streams reset
+                s.reset_streams();
+            }
+            // the second reconnection waits for the comm: the send stays pending
+            let id = send(&mut s, 2);
+            let t1 = Instant::now();
+            while t1.elapsed() < Duration::from_millis(300) {
+                assert!(s.test(id).unwrap().is_none(), "{what}: answered without the comm's count of the first reconnection");
+            }
+            let mut dst = vec![0u8; 3 * LEN];
+            let mut ids = Vec::new();
+            for k in 0..3 {
+                let b = RecvBuf { buf: RawBuf { ptr: dst[k * LEN..].as_mut_ptr(), len: LEN }, tag: 1 };
+                // SAFETY: dst outlives the receives (tested to completion below).
+                ids.push(unsafe { r.irecv(&[b]) }.unwrap().unwrap());
+            }
+            let (mut sdone, mut rdone) = (false, 0);
+            while !sdone || rdone < 3 {
+                sdone = sdone || s.test(id).unwrap().is_some();
+                if rdone < 3 && r.test(ids[rdone]).unwrap().is_some() {
+                    rdone += 1;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(15), "{what}: stuck (send done {sdone}, {rdone} received)");
+            }
+            assert!(dst[..] == src[..3 * LEN], "{what}: the bytes differ from byte {:?}", dst.iter().zip(&src).position(|(a, b)| a != b));
+            assert_eq!(resets(&s, &r).0, 2, "{what}: two recoveries");
+        }
+    }
+
+    /// A receive comm whose step panicked keeps its resume-port gate (the
+    /// panic unwound between taking and leaving it): closing it must not
+    /// wait for that gate. (Review of this change: the close spun forever.)
+    #[test]
+    fn closing_a_receive_comm_whose_step_panicked_does_not_hang() {
+        let (s, r) = pair(kcfg(1, false, true), kcfg(1, false, true));
+        r.hold_gate(true);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(r);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5)).expect("the close hung on the comm's own gate");
+        drop(s);
+    }
+
     /// Every byte survives resets injected mid-transfer, from either side,
     /// on one or several streams, with or without the helper pool; the
     /// counters say how often and how much was sent again.

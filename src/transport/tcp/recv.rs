@@ -131,6 +131,10 @@ struct RecvRec {
 
 /// A receive comm whose streams failed, until its sender reconnects.
 ///
+/// How long a receive comm whose sender is gone waits for NCCL to take the
+/// bytes this host still holds of it, with nothing taken meanwhile.
+const VERDICT_GRACE: Duration = Duration::from_secs(1);
+
 /// The recovery window is charged in full only while NCCL waits on this
 /// comm (a receive not yet reported) *and* the sender's process is not
 /// known to be reachable (its resume port did not answer the last probe):
@@ -156,8 +160,10 @@ struct Waiting {
     told_reachable: bool,
     /// The sender will not come back (its process is gone, or its comm
     /// closed), but this host still holds bytes of it: the failure waits
-    /// until they are read (they may complete NCCL's receives).
-    verdict: Option<String>,
+    /// until they are read (they may complete NCCL's receives), or until
+    /// nothing was read of them for [`VERDICT_GRACE`]: the error, when the
+    /// comm last took a byte (or the verdict came), its byte count then.
+    verdict: Option<(String, Instant, u64)>,
 }
 
 impl Waiting {
@@ -241,9 +247,8 @@ impl RecvCore {
 
     /// Build from accepted streams; `resume` when both ends recover.
     pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: StreamCfg, resume: Option<RecvResume>) -> RecvCore {
+        // (the resume port has our descriptors from the registration)
         if let Some(r) = resume.as_ref().filter(|r| r.queued && cfg.recovery_s > 0) {
-            // the resume port, answering for us, counts what these hold unread
-            r.reg.mailbox().publish(socks.iter().map(|s| s.as_raw_fd()));
             if r.kernel_acks {
                 // our acceptance was written soon after the hello arrived, which
                 // puts a stream's delayed acknowledgements into "ping-pong"
@@ -552,7 +557,8 @@ impl RecvCore {
             // the resume port is answering for us right now: next time
             return;
         }
-        if m.ready() {
+        // (oldest first: one the port answered for us, then a newer one)
+        while self.rec.as_ref().is_some_and(|r| r.r.reg.mailbox().ready()) {
             self.adopt();
         }
         // where the offsets count the queues, a fault stops nothing: what
@@ -855,17 +861,27 @@ impl RecvCore {
     fn wait_step(&mut self, now: Instant, awaited: bool) {
         let peer = self.peer;
         let unread = self.unread();
+        let taken: u64 = self.streams.iter().map(|s| s.taken).sum();
         let Some(r) = self.rec.as_deref_mut() else { return };
         let window = r.window;
         let Some(w) = r.waiting.as_mut() else { return };
         let waited = now.duration_since(w.since);
         w.charge(now, awaited);
-        if let Some(e) = w.verdict.take() {
-            if unread {
-                w.verdict = Some(e);
+        if let Some((e, at, seen)) = w.verdict.take() {
+            if unread && taken > seen {
+                w.verdict = Some((e, now, taken));
                 return;
             }
-            return self.fail(peer_error(&peer, e));
+            if unread && now.duration_since(at) < VERDICT_GRACE {
+                w.verdict = Some((e, at, seen));
+                return;
+            }
+            let left = if unread {
+                format!("; this host still holds bytes it sent, which no receive took for {}", secs(VERDICT_GRACE))
+            } else {
+                String::new()
+            };
+            return self.fail(peer_error(&peer, format!("{e}{left}")));
         }
         if let Some(p) = w.prober.as_mut() {
             let probe = p.step(now);
@@ -888,7 +904,7 @@ impl RecvCore {
             if let Some(e) = verdict {
                 if unread {
                     // what it sent before is read first (its sends completed)
-                    w.verdict = Some(e);
+                    w.verdict = Some((e, now, taken));
                     return;
                 }
                 return self.fail(peer_error(&peer, e));
@@ -1037,13 +1053,8 @@ impl Drop for RecvCore {
     fn drop(&mut self) {
         if let Some(r) = self.rec.as_deref() {
             // the resume port must not look at our sockets (SIOCINQ on their
-            // descriptors) while they close: hold the gate for good (the
-            // port holds it for microseconds at a time)
-            let m = r.r.reg.mailbox();
-            while !m.enter() {
-                std::thread::yield_now();
-            }
-            m.publish(std::iter::empty());
+            // descriptors) while they close: hold the gate for good
+            r.r.reg.mailbox().close_gate();
         }
         if self.rec.is_some() {
             // our acknowledgements end with a FIN: the sender tells a closed comm from a fault

@@ -109,7 +109,9 @@ const PORT: u8 = 2;
 /// may read of the comm to answer for it.
 pub struct Mailbox {
     ready: AtomicBool,
-    slot: Mutex<Option<Resumed>>,
+    /// Reconnections not taken yet, oldest first: at most one the port
+    /// answered for the comm, then at most one it did not.
+    slot: Mutex<VecDeque<Resumed>>,
     /// Who may touch the comm's byte counts now ([`FREE`], [`COMM`], [`PORT`]).
     gate: AtomicU8,
     /// The comm's byte count per stream, as of its last step.
@@ -127,7 +129,7 @@ impl Mailbox {
     fn new(nstreams: usize) -> Mailbox {
         Mailbox {
             ready: AtomicBool::new(false),
-            slot: Mutex::new(None),
+            slot: Mutex::new(VecDeque::new()),
             gate: AtomicU8::new(FREE),
             taken: (0..nstreams).map(|_| AtomicU64::new(0)).collect(),
             held: (0..nstreams).map(|_| AtomicU64::new(0)).collect(),
@@ -175,21 +177,50 @@ impl Mailbox {
         self.closed.store(true, Ordering::Relaxed);
     }
 
-    /// Take what waits.
+    /// Take the oldest that waits (call again until `None`).
     pub fn take(&self) -> Option<Resumed> {
         let mut s = lock(&self.slot);
-        self.ready.store(false, Ordering::Relaxed);
-        s.take()
+        let r = s.pop_front();
+        self.ready.store(!s.is_empty(), Ordering::Relaxed);
+        r
     }
 
-    /// A newer attempt replaces an older one not yet taken (its streams close).
+    /// A newer attempt replaces an older one not yet taken and not yet
+    /// answered (its streams close: its sender wrote nothing on them). One
+    /// the port answered stays, to be taken first: its sender may have
+    /// written on its streams, and completed what this host's kernel
+    /// acknowledged there, so the comm must take those streams before the
+    /// newer ones.
     fn put(&self, r: Resumed) {
         let mut s = lock(&self.slot);
-        if s.as_ref().is_some_and(|old| old.epoch > r.epoch) {
+        if s.back().is_some_and(|old| old.epoch > r.epoch) {
             return;
         }
-        *s = Some(r);
+        if s.back().is_some_and(|old| old.answered.is_none()) {
+            s.pop_back();
+        }
+        s.push_back(r);
         self.ready.store(true, Ordering::Release);
+    }
+
+    /// Is a reconnection the port answered still waiting for the comm?
+    /// Then the port answers no other: the comm's counts do not include
+    /// that reconnection's streams yet.
+    fn answered_pending(&self) -> bool {
+        lock(&self.slot).iter().any(|r| r.answered.is_some())
+    }
+
+    /// The comm is closing: keep the port away from its sockets from now on.
+    /// Waits while the port answers for it (microseconds); a gate the comm
+    /// itself still holds (a panic inside its step) is simply kept.
+    pub fn close_gate(&self) {
+        loop {
+            match self.gate.compare_exchange(FREE, COMM, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) | Err(COMM) => break,
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+        self.publish(std::iter::empty());
     }
 }
 
@@ -504,8 +535,14 @@ pub fn register_sender(conn_id: u64, token: Token, port: &PortRef) -> SenderReg 
 /// `nstreams` streams go to its mailbox. `None` when another comm of this
 /// process already holds that id (two random 64-bit ids: a peer reusing one
 /// on purpose), which then goes without recovery.
-pub fn register(conn_id: u64, token: Token, nstreams: usize, port: PortRef) -> Option<Registration> {
+///
+/// `fds`: the comm's stream descriptors, where its offsets count what they
+/// hold unread (published before the port can answer for it).
+pub fn register(conn_id: u64, token: Token, nstreams: usize, port: PortRef, fds: Option<&[RawFd]>) -> Option<Registration> {
     let mailbox = Arc::new(Mailbox::new(nstreams));
+    if let Some(f) = fds {
+        mailbox.publish(f.iter().copied());
+    }
     let mut g = hub();
     let h = g.as_mut().expect("a PortRef holds the hub");
     if h.comms.get(&conn_id).is_some_and(|e| e.mailbox.strong_count() > 0) {
@@ -691,7 +728,10 @@ impl Hub {
             return;
         };
         let mut r = Resumed { socks, epoch: h.epoch, sent, elapsed_ms: g.elapsed_ms, peer: g.peer, answered: None };
-        if m.gate.compare_exchange(FREE, PORT, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        if m.answered_pending() {
+            // the comm has not taken the last one we answered: it answers this one
+            m.put(r);
+        } else if m.gate.compare_exchange(FREE, PORT, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             // the comm is not reading: its byte counts hold still while we
             // answer, and its sockets stay open (it closes them only under
             // the gate); where it counts what they hold unread, so do we
@@ -1125,8 +1165,8 @@ mod tests {
         let token = Token([0x5a; 16]);
         let port = PortRef::acquire(lo(), 16, Duration::from_secs(5)).unwrap();
         let addr = port.addr();
-        let reg = register(0x77, token, 2, port).unwrap();
-        assert!(register(0x77, token, 2, PortRef::acquire(lo(), 16, Duration::from_secs(5)).unwrap()).is_none(), "an id taken twice");
+        let reg = register(0x77, token, 2, port, None).unwrap();
+        assert!(register(0x77, token, 2, PortRef::acquire(lo(), 16, Duration::from_secs(5)).unwrap(), None).is_none(), "an id taken twice");
 
         // a stranger with a wrong token is refused, and nothing reaches the comm
         let mut a = Attempt::start(addr, &[hello(0x77, 0, 2, 1, Token([1; 16])), hello(0x77, 1, 2, 1, Token([1; 16]))], None).unwrap();

@@ -401,8 +401,8 @@ impl SendCore {
                 let kernel = self.rec.as_ref().is_some_and(|r| r.kernel_acks) && *off < st.acked;
                 let why = if kernel {
                     " (this end completed those bytes once the receiving host's kernel had acknowledged them: the receiver's \
-                     socket lost bytes it held unread, which only a reset made on its own host does; RUSTNET_SOCKET_KERNEL_ACK=0 \
-                     waits for the receiving process instead)"
+                     socket lost bytes it held unread, which only a reset made on its own host does, or a TCP proxy on the way \
+                     acknowledged them in its place; RUSTNET_SOCKET_KERNEL_ACK=0 waits for the receiving process instead)"
                 } else {
                     ""
                 };
