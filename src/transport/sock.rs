@@ -483,6 +483,11 @@ impl Socket {
         if r != 0 {
             return Err(Errno::last());
         }
+        // a connection dissolved on this host (`ss -K`, a local reset) whose
+        // owner has nothing to write learns it here: it delivers nothing more
+        if ti.tcpi_state == TCP_STATE_CLOSE {
+            return Err(Errno(libc::ECONNRESET));
+        }
         Ok((ti.tcpi_unacked > 0 || ti.tcpi_probes > 0, ti.tcpi_last_ack_recv))
     }
 
@@ -823,6 +828,9 @@ pub fn nofile_limit() -> Option<u64> {
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
     (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
+
+/// `TCP_CLOSE` of `tcpi_state` (include/net/tcp_states.h).
+const TCP_STATE_CLOSE: u8 = 7;
 
 /// [`Socket::unread`] on a descriptor another thread owns (the resume port
 /// answering for a comm): the caller makes sure it is still that socket

@@ -109,8 +109,9 @@ const PORT: u8 = 2;
 /// may read of the comm to answer for it.
 pub struct Mailbox {
     ready: AtomicBool,
-    /// Reconnections not taken yet, oldest first: at most one the port
-    /// answered for the comm, then at most one it did not.
+    /// Reconnections not taken yet, oldest first: those the port answered
+    /// for the comm (each newer one from where the one before stood), then
+    /// at most one it did not.
     slot: Mutex<VecDeque<Resumed>>,
     /// Who may touch the comm's byte counts now ([`FREE`], [`COMM`], [`PORT`]).
     gate: AtomicU8,
@@ -190,9 +191,12 @@ impl Mailbox {
     /// the port answered stays, to be taken first: its sender may have
     /// written on its streams, and completed what this host's kernel
     /// acknowledged there, so the comm must take those streams before the
-    /// newer ones.
+    /// newer ones (whose answers count what they hold unread).
     fn put(&self, r: Resumed) {
-        let mut s = lock(&self.slot);
+        Mailbox::put_locked(&mut lock(&self.slot), r, &self.ready);
+    }
+
+    fn put_locked(s: &mut VecDeque<Resumed>, r: Resumed, ready: &AtomicBool) {
         if s.back().is_some_and(|old| old.epoch > r.epoch) {
             return;
         }
@@ -200,14 +204,7 @@ impl Mailbox {
             s.pop_back();
         }
         s.push_back(r);
-        self.ready.store(true, Ordering::Release);
-    }
-
-    /// Is a reconnection the port answered still waiting for the comm?
-    /// Then the port answers no other: the comm's counts do not include
-    /// that reconnection's streams yet.
-    fn answered_pending(&self) -> bool {
-        lock(&self.slot).iter().any(|r| r.answered.is_some())
+        ready.store(true, Ordering::Release);
     }
 
     /// The comm is closing: keep the port away from its sockets from now on.
@@ -573,6 +570,32 @@ fn refuse(sock: &Socket, verdict: Verdict) {
     let _ = sock.write(&ResumeReply { verdict, version: PROTO_VERSION, offset: 0, flags: 0 }.encode());
 }
 
+/// Answer a reconnection for its comm with these (offset, unread) per
+/// stream: false when refused (the sender claims fewer bytes) or when a
+/// reply did not go out whole (the sender retries).
+fn answer_for(r: &mut Resumed, offs: Vec<(u64, u64)>, flags: u16, notes: &mut Vec<(SocketAddr, SocketAddr, String)>) -> bool {
+    if offs.len() != r.socks.len() || offs.iter().zip(&r.sent).any(|(t, s)| t.0 > *s) {
+        for s in &r.socks {
+            refuse(s, Verdict::Inconsistent);
+        }
+        notes.push((
+            r.socks[0].local_addr().unwrap_or(r.peer),
+            r.peer,
+            format!("the sender claims {:?} bytes written per stream, fewer than the {offs:?} received", r.sent),
+        ));
+        return false;
+    }
+    // 24 bytes into each fresh socket: one write, or the attempt is dropped (the sender retries)
+    let ok = r.socks.iter().zip(&offs).all(|(s, &(o, _))| {
+        let b = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: o, flags }.encode();
+        matches!(s.write(&b), Ok(Io::Done(n)) if n == b.len())
+    });
+    if ok {
+        r.answered = Some(offs);
+    }
+    ok
+}
+
 impl Hub {
     fn poll(&mut self, now: Instant) {
         let mut done: Vec<(ResumeHello, PendingConn)> = Vec::new();
@@ -728,15 +751,34 @@ impl Hub {
             return;
         };
         let mut r = Resumed { socks, epoch: h.epoch, sent, elapsed_ms: g.elapsed_ms, peer: g.peer, answered: None };
-        if m.answered_pending() {
-            // the comm has not taken the last one we answered: it answers this one
-            m.put(r);
-        } else if m.gate.compare_exchange(FREE, PORT, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        // (descriptors published: the comm counts its queues, and says so)
+        let flags = if m.fds.iter().all(|f| f.load(Ordering::Relaxed) >= 0) { REPLY_QUEUED_OFFSETS } else { 0 };
+        let mut slot = lock(&m.slot);
+        if let Some(last) = slot.iter().rev().find(|x| x.answered.is_some()) {
+            // the comm has not taken the last reconnection we answered for it
+            // (it reads nothing of those streams before it does): this one
+            // replaces those streams, so it stands where that answer stood
+            // plus what they hold unread now (the comm takes both, in order)
+            let before = last.answered.as_deref().unwrap_or_default();
+            let offs: Vec<(u64, u64)> = last
+                .socks
+                .iter()
+                .zip(before)
+                .map(|(s, &(o, _))| {
+                    let inq = if flags != 0 { s.unread().unwrap_or(0) } else { 0 };
+                    (o + inq, inq)
+                })
+                .collect();
+            if answer_for(&mut r, offs, flags, notes) {
+                Mailbox::put_locked(&mut slot, r, &m.ready);
+            }
+            return;
+        }
+        drop(slot);
+        if m.gate.compare_exchange(FREE, PORT, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             // the comm is not reading: its byte counts hold still while we
             // answer, and its sockets stay open (it closes them only under
             // the gate); where it counts what they hold unread, so do we
-            // (descriptors published: the comm counts its queues, and says so)
-            let flags = if m.fds.iter().all(|f| f.load(Ordering::Relaxed) >= 0) { REPLY_QUEUED_OFFSETS } else { 0 };
             let offs: Vec<(u64, u64)> = (0..m.taken.len())
                 .map(|k| {
                     let fd = m.fds[k].load(Ordering::Relaxed);
@@ -744,25 +786,7 @@ impl Hub {
                     (resume_offset(m.taken[k].load(Ordering::Relaxed), m.held[k].load(Ordering::Relaxed), inq), inq)
                 })
                 .collect();
-            let ok = if offs.iter().zip(&r.sent).any(|(t, s)| t.0 > *s) {
-                for s in &r.socks {
-                    refuse(s, Verdict::Inconsistent);
-                }
-                notes.push((
-                    r.socks[0].local_addr().unwrap_or(r.peer),
-                    r.peer,
-                    format!("the sender claims {:?} bytes written per stream, fewer than the {offs:?} received", r.sent),
-                ));
-                false
-            } else {
-                // 24 bytes into each fresh socket: one write, or the attempt is dropped (the sender retries)
-                r.socks.iter().zip(&offs).all(|(s, &(o, _))| {
-                    let b = ResumeReply { verdict: Verdict::Accepted, version: PROTO_VERSION, offset: o, flags }.encode();
-                    matches!(s.write(&b), Ok(Io::Done(n)) if n == b.len())
-                })
-            };
-            if ok {
-                r.answered = Some(offs);
+            if answer_for(&mut r, offs, flags, notes) {
                 m.put(r);
             }
             m.gate.store(FREE, Ordering::Release);

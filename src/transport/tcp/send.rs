@@ -850,7 +850,14 @@ impl SendComm {
     /// and keeps what its kernel holds, as from a middlebox).
     #[cfg(test)]
     pub(crate) fn reset_streams(&self) {
-        let reset = |c: &SendCore| c.streams.iter().for_each(|s| s.sock.reset_now());
+        self.reset_stream(None)
+    }
+
+    /// Tests: [`Self::reset_streams`], of stream `k` only (`Some(k)`).
+    #[cfg(test)]
+    pub(crate) fn reset_stream(&self, k: Option<usize>) {
+        let reset =
+            |c: &SendCore| c.streams.iter().enumerate().filter(|(i, _)| k.is_none_or(|k| k == *i)).for_each(|(_, s)| s.sock.reset_now());
         match self {
             SendComm::Direct(c) => reset(c),
             SendComm::Helper(h) => reset(&h.sh.lock_core()),
