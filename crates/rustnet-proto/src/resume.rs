@@ -890,6 +890,32 @@ mod tests {
         ReadPastCount,
     }
 
+    /// A reconnection in the model: the receiver answers with its offset
+    /// (by `rule`), the sender checks it against what it completed, the
+    /// replaced connection keeps its unread bytes, and a new one starts
+    /// there (`cur` becomes it). Returns the offset.
+    fn reconnect(
+        conns: &mut Vec<Conn>,
+        old: &mut OldStreams<usize>,
+        cur: &mut usize,
+        taken: u64,
+        retired: u64,
+        sent: u64,
+        rule: Mutation,
+    ) -> Result<u64, ProtoError> {
+        let k = &conns[*cur];
+        let inq = k.delivered - k.read;
+        let off = match rule {
+            Mutation::OffsetWithoutQueue => taken,
+            _ => resume_offset(taken, old.held(), inq),
+        };
+        check_resume_offset(0, retired, sent, off)?;
+        old.retire(*cur, inq);
+        conns.push(Conn { base: off, ..Conn::default() });
+        *cur = conns.len() - 1;
+        Ok(off)
+    }
+
     /// Random writes, deliveries, reads, resets, cuts, late retransmissions
     /// and reconnections of one stream whose sender completes on the
     /// receiving kernel's acknowledgement; returns the first broken
@@ -964,16 +990,8 @@ mod tests {
                 }
                 // the sender reconnects; the receiver answers (its comm, or its resume port for it)
                 89..=99 if recovering => {
-                    let k = &conns[r_cur];
-                    let inq = k.delivered - k.read;
-                    let off = match m {
-                        Mutation::OffsetWithoutQueue => taken,
-                        _ => resume_offset(taken, old.held(), inq),
-                    };
-                    check_resume_offset(0, retired, sent, off).map_err(|e| format!("seed {seed}: {e}"))?;
-                    old.retire(r_cur, inq);
-                    conns.push(Conn { base: off, ..Conn::default() });
-                    r_cur = conns.len() - 1;
+                    let off =
+                        reconnect(&mut conns, &mut old, &mut r_cur, taken, retired, sent, m).map_err(|e| format!("seed {seed}: {e}"))?;
                     s_cur = r_cur;
                     sent = off;
                     retired = retired.max(off);
@@ -985,14 +1003,9 @@ mod tests {
         }
         // the fabric heals: everything is written, delivered and read
         if recovering {
-            let inq = conns[r_cur].delivered - conns[r_cur].read;
-            let off = resume_offset(taken, old.held(), inq);
-            check_resume_offset(0, retired, sent, off).map_err(|e| format!("seed {seed}: {e}"))?;
-            old.retire(r_cur, inq);
-            conns.push(Conn { base: off, ..Conn::default() });
-            r_cur = conns.len() - 1;
+            sent = reconnect(&mut conns, &mut old, &mut r_cur, taken, retired, sent, Mutation::None)
+                .map_err(|e| format!("seed {seed}: {e}"))?;
             s_cur = r_cur;
-            sent = off;
         }
         conns[s_cur].written += N - sent;
         conns[s_cur].delivered = conns[s_cur].written;
