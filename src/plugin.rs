@@ -444,12 +444,27 @@ pub struct Comm {
     failed: OnceCell<String>,
     /// Its counters in the statistics file (`RUSTNET_STATS_DIR`), if on.
     stats: Option<std::sync::Arc<stats::CommStats>>,
+    /// Its watch by the verbs recovery keeper (a verbs comm that may
+    /// recover, once NCCL holds its handle); ended before the comm goes.
+    /// (std's lock: see crate::thread.)
+    keeping: std::sync::Mutex<Option<ib::keeper::Registration>>,
     /// The context it was made under (declared last: dropped after the body).
     ctx: Member,
 }
 
+/// A comm's address, for the keeper's thread.
+struct KeptComm(*const Comm);
+
+// SAFETY: a Comm is Sync (its body behind a lock, its other fields
+// immutable or atomic), so its address may be used from another thread;
+// the keeper uses it only while the comm's registration lives, which
+// `stop_keeping` ends before the comm is freed.
+unsafe impl Send for KeptComm {}
+
 impl Drop for Comm {
     fn drop(&mut self) {
+        // (closeSend/closeRecv ended it already, before taking the box)
+        self.stop_keeping();
         if let Some(s) = &self.stats {
             // its counts join the device totals; the last comm's close writes the file
             stats::close_comm(s);
@@ -534,7 +549,75 @@ pub enum Dir {
 
 impl Comm {
     fn new(body: CommBody, ctx: Member) -> Comm {
-        Comm { body, failed: OnceCell::new(), stats: None, ctx }
+        Comm { body, failed: OnceCell::new(), stats: None, keeping: std::sync::Mutex::new(None), ctx }
+    }
+
+    /// NCCL holds this comm now, at this address until its close: a verbs
+    /// comm that may recover is watched by the recovery keeper
+    /// ([`ib::keeper`]), so that it recovers even while NCCL calls nothing
+    /// on it.
+    ///
+    /// # Safety
+    /// `self` stays at this address until [`Comm::stop_keeping`] returned
+    /// (the handle table's close calls it before it frees the comm).
+    pub unsafe fn start_keeping(&self) {
+        let fds = match &self.body {
+            CommBody::Send(s) => match &*s.lock() {
+                AnySend::Ib(c) => c.keeper_fds(),
+                AnySend::Tcp(_) => None,
+            },
+            CommBody::Recv(r) => match &*r.lock() {
+                AnyRecv::Ib(c) => c.keeper_fds(),
+                AnyRecv::Tcp(_) => None,
+            },
+        };
+        let Some(fds) = fds else { return };
+        let me = KeptComm(self);
+        let mut seen = ib::keeper::Seen::default();
+        let look: ib::keeper::Look = Box::new(move |now| {
+            let me = &me;
+            // SAFETY: the registration this closure belongs to is dropped
+            // by stop_keeping before the comm is freed (this fn's
+            // contract), and the keeper calls it only while it lives.
+            let c = unsafe { &*me.0 };
+            c.keep(&mut seen, now)
+        });
+        let reg = ib::keeper::register(fds, look);
+        *self.keeping.lock().unwrap_or_else(|p| p.into_inner()) = reg;
+    }
+
+    /// End the keeper's watch (waits for a look in progress).
+    pub fn stop_keeping(&self) {
+        let reg = self.keeping.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(reg);
+    }
+
+    /// The keeper's look: the comm's lock without waiting (NCCL is in the
+    /// comm otherwise), then the transport's. A panic fails the comm as one
+    /// in NCCL's call would.
+    fn keep(&self, seen: &mut ib::keeper::Seen, now: std::time::Instant) -> ib::keeper::Kept {
+        use ib::keeper::Kept;
+        if self.failed.get().is_some() {
+            return Kept::Done;
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &self.body {
+            CommBody::Send(s) => match s.try_lock().as_deref_mut() {
+                Some(AnySend::Ib(c)) => c.keep(seen, now),
+                Some(AnySend::Tcp(_)) => Kept::Done,
+                None => Kept::Busy,
+            },
+            CommBody::Recv(r) => match r.try_lock().as_deref_mut() {
+                Some(AnyRecv::Ib(c)) => c.keep(seen, now),
+                Some(AnyRecv::Tcp(_)) => Kept::Done,
+                None => Kept::Busy,
+            },
+        }));
+        r.unwrap_or_else(|p| {
+            let msg = crate::error::panic_text(&*p);
+            tracing::warn!("the verbs recovery keeper panicked on a comm ({msg}); the comm is failed");
+            self.fail_after_panic("the recovery keeper", &msg);
+            Kept::Done
+        })
     }
 
     /// The context it belongs to.

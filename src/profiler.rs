@@ -125,6 +125,19 @@ pub(crate) fn install(cb: usize, sink: Sink) {
     CB.store(cb, Ordering::Release);
 }
 
+thread_local! {
+    // (a Cell<bool> needs no destructor: reading it from NCCL's threads
+    // leaves them no thread-local state of ours, see crate::thread)
+    static MUTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Start no profiler events from the calling thread: one of the plugin's
+/// own (the verbs recovery keeper, which may resend for a comm NCCL is not
+/// calling); NCCL's profiler hears of events from NCCL's threads only.
+pub(crate) fn mute_this_thread() {
+    MUTED.set(true);
+}
+
 /// The process-wide profiler facade.
 pub struct Profiler;
 
@@ -140,6 +153,9 @@ impl Profiler {
     #[inline]
     pub fn start(parent: Parent, f: &Fields) -> Option<OpenEvent> {
         let cb = NonZeroUsize::new(CB.load(Ordering::Acquire))?;
+        if MUTED.get() {
+            return None;
+        }
         let handle = (SINK.get()?.start)(cb, parent, f)?;
         Some(OpenEvent { cb, handle })
     }

@@ -1928,24 +1928,13 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
     std::thread::sleep(Duration::from_millis(300));
     // the interface's routes (the VM's policy routes are not put back by the
     // kernel when it comes up), then down
-    let routes = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("ip -o route show table all | grep ' dev {dev}' || true"))
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+    let routes = routes_of(&dev);
     if !sh(&format!("ip link set {dev} down")) {
         return Err(format!("could not take {dev} down"));
     }
     // both ends see PORT_ERR with requests outstanding and stop their QPs
     std::thread::sleep(Duration::from_secs(2));
-    let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || {
-        let up_ok = sh(&format!("ip link set {dev} up"));
-        for r in routes.lines() {
-            sh(&format!("ip route replace {}", r.trim()));
-        }
-        up_ok.then_some(()).ok_or_else(|| format!("could not bring {dev} back up"))
-    })?;
+    let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || link_up_with(&dev, &routes))?;
     let recovering = log.lines().find(|l| l.contains("recovering in place")).unwrap_or("").to_string();
     let failed = log.lines().find(|l| l.contains("while recovering")).unwrap_or("").to_string();
     if recovering.is_empty() || failed.is_empty() {
@@ -1961,6 +1950,77 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
         if kill_sender { "sender" } else { "receiver" },
         took.as_secs_f64(),
         failed.trim()
+    ))
+}
+
+/// The routes through interface `dev` (the VM's policy routes are not put
+/// back by the kernel when it comes up).
+fn routes_of(dev: &str) -> String {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ip -o route show table all | grep ' dev {dev}' || true"))
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Bring `dev` up and put its `routes` back.
+fn link_up_with(dev: &str, routes: &str) -> Result<(), String> {
+    let up_ok = sh(&format!("ip link set {dev} up"));
+    for r in routes.lines() {
+        sh(&format!("ip route replace {}", r.trim()));
+    }
+    up_ok.then_some(()).ok_or_else(|| format!("could not bring {dev} back up"))
+}
+
+/// Verbs, issue 20 (a flap while a rank writes a checkpoint): receiver A
+/// waits on a 1 MiB receive whose CTS is out; sender B's rank is away (its
+/// NCCL calls nothing on any comm) for 14 s; the link goes down for 2 s
+/// meanwhile. A's comm sees the flap with its receive pending, stops its
+/// QPs and sends Halt. B's comm is not called, so the process's recovery
+/// keeper thread must answer for it (new QPs, State, Go) within about a
+/// second of link-up; A's window (RUSTNET_RECOVERY_TIMEOUT=4, charged in
+/// full since A's NCCL waits) would otherwise end A's comm 4 s after the
+/// flap, long before B is back. When B returns it sends, on the recovered
+/// QPs, and A gets all 1 MiB, every byte right.
+fn verbs_late_rank_flap_case() -> Result<String, String> {
+    let Ok(dev) = std::env::var("RUSTNET_CONF_FLAP_IF") else {
+        return Err("SKIPPED: needs RUSTNET_CONF_FLAP_IF, an interface under the verbs devices to take down (the VM suite sets it)".into());
+    };
+    let t = Duration::from_secs(60);
+    let env = [("RUSTNET_RECOVERY_TIMEOUT", "4")];
+    let mut a = spawn("A", 8, &LATE_RECEIVER, &env);
+    let mut b = spawn("B", 8, &LATE_SENDER, &env);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("POSTED", t)?;
+    b.expect("READY", t)?;
+    let away = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let routes = routes_of(&dev);
+    if !sh(&format!("ip link set {dev} down")) {
+        return Err(format!("could not take {dev} down"));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    link_up_with(&dev, &routes)?;
+    std::thread::sleep(Duration::from_secs(14).saturating_sub(away.elapsed()));
+    b.send("GO");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a).map_err(|e| format!("A: {e}; its stderr:\n{}", ea.tail(20)))?;
+    let rb = finish(b).map_err(|e| format!("B: {e}; its stderr:\n{}", eb.tail(20)))?;
+    let ok = |l: &str| l.trim_start().starts_with("ok ");
+    if !ok(&ra) || !ok(&rb) || field(&ra, "bad_bytes") != 0 || field(&ra, "size") != 1 << 20 {
+        return Err(format!("A: {ra}; B: {rb}; A's stderr:\n{}\nB's stderr:\n{}", ea.tail(20), eb.tail(20)));
+    }
+    eb.wait_eof(Duration::from_secs(5));
+    let kept = eb.text().lines().filter(|l| l.contains(" recovered in ") && l.contains("by the keeper thread")).count();
+    if kept == 0 {
+        return Err(format!("B's comm did not recover by the keeper (the case tests nothing without it): {}", eb.tail(20)));
+    }
+    let secs: Vec<f64> =
+        ea.text().lines().filter_map(|l| l.split(" recovered in ").nth(1)?.split_whitespace().next()?.parse().ok()).collect();
+    Ok(format!(
+        "B away 14 s, a 2 s flap meanwhile: A's comm recovered in {secs:.2?} s with B's answered by the keeper ({kept} comm(s)); A got all 1 MiB, every byte right, {:.1} s after posting",
+        field(&ra, "waited_ms") as f64 / 1e3
     ))
 }
 
@@ -2476,6 +2536,7 @@ fn main() {
     if on_verbs() {
         cases.push(Case::new("verbs_receiver_killed_during_recovery", || verbs_killed_during_recovery_case(false)));
         cases.push(Case::new("verbs_sender_killed_during_recovery", || verbs_killed_during_recovery_case(true)));
+        cases.push(Case::new("verbs_late_rank_flap_recovers", verbs_late_rank_flap_case));
     }
     cases.push(Case::new("garbage_on_listen_port", garbage_case));
     cases.push(Case::new("invalid_env_values", bad_env_case));

@@ -391,6 +391,11 @@ pub(crate) unsafe fn test(request: VoidPtr, done: *mut c_int, sizes: *mut c_int)
 fn close_comm(comm: VoidPtr, d: Dir, slot: &'static str) -> ncclResult_t {
     guard(slot, || {
         nonnull(comm, slot, "comm")?;
+        // the recovery keeper's thread lets go of the comm first (a look in
+        // progress ends), while the comm is still only shared
+        if let Ok(c) = handles::comm_ref_dir(comm, d, slot) {
+            c.stop_keeping();
+        }
         // a comm failed by a panic closes like any other: its drop frees
         // whatever state the panic left
         drop(handles::comm_take(comm, d, slot)?);

@@ -272,11 +272,15 @@ pub(crate) fn listen_take(h: *mut c_void, slot_name: &str) -> Result<Box<ListenC
 pub(crate) fn comm_new(c: Comm) -> Result<*mut c_void> {
     let k = comm_kind(c.dir());
     let p = Box::into_raw(Box::new(c));
-    insert(k, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| {
+    let v = insert(k, p as *mut c_void).map(|v| v as *mut c_void).inspect_err(|_| {
         // SAFETY: p came from Box::into_raw just above, and insert failed, so
         // no slot holds it: this is its only owner.
         drop(unsafe { Box::from_raw(p) })
-    })
+    })?;
+    // SAFETY: the slot owns the box until comm_take, and close_comm ends
+    // the keeper's watch before it takes it; nothing holds a &mut to it.
+    unsafe { (*p).start_keeping() };
+    Ok(v)
 }
 
 /// The comm behind `h`, of either direction.

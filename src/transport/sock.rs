@@ -803,12 +803,49 @@ impl Poller {
         let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, s.as_raw_fd(), &mut ev) };
     }
 
+    /// Watch descriptor `fd` (owned by the caller, who removes it before
+    /// closing it) for input or hang-up, reported as `token`; `once`: only
+    /// until it is reported, then again after [`Poller::rearm_fd`].
+    pub fn add_fd(&self, fd: RawFd, token: u64, once: bool) -> Result<()> {
+        self.ctl_fd(libc::EPOLL_CTL_ADD, fd, token, once, "epoll_ctl(ADD)")
+    }
+
+    /// Watch a descriptor added with `once` again.
+    pub fn rearm_fd(&self, fd: RawFd, token: u64) -> Result<()> {
+        self.ctl_fd(libc::EPOLL_CTL_MOD, fd, token, true, "epoll_ctl(MOD)")
+    }
+
+    fn ctl_fd(&self, op: libc::c_int, fd: RawFd, token: u64, once: bool, what: &str) -> Result<()> {
+        let flags = libc::EPOLLIN | libc::EPOLLRDHUP | if once { libc::EPOLLONESHOT } else { 0 };
+        let mut ev = libc::epoll_event { events: flags as u32, u64: token };
+        // SAFETY: ev is valid for the call; a descriptor that is not open is
+        // answered with EBADF, not undefined behaviour.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) }, || what.to_string()).map(|_| ())
+    }
+
+    /// Stop watching descriptor `fd`.
+    pub fn remove_fd(&self, fd: RawFd) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: ev is valid (kernels before 2.6.9 want non-NULL); a failure
+        // leaves nothing to undo: the descriptor was not in the set.
+        let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
     /// Tokens of the sockets with something to read (or closed), without waiting.
     pub fn ready(&self, out: &mut [u64; POLL_BATCH]) -> Result<usize> {
+        self.wait(out, 0)
+    }
+
+    /// [`Poller::ready`], waiting up to `timeout_ms` (-1: until one is).
+    /// 0 on a timeout or a signal.
+    pub fn wait(&self, out: &mut [u64; POLL_BATCH], timeout_ms: i32) -> Result<usize> {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; POLL_BATCH];
         loop {
-            // SAFETY: evs has room for POLL_BATCH events; zero timeout.
-            let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), POLL_BATCH as libc::c_int, 0) };
+            // SAFETY: evs has room for POLL_BATCH events.
+            let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), POLL_BATCH as libc::c_int, timeout_ms) };
+            if r < 0 && Errno::last().0 == libc::EINTR && timeout_ms != 0 {
+                return Ok(0);
+            }
             if r < 0 && Errno::last().0 == libc::EINTR {
                 continue;
             }

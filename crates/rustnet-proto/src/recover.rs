@@ -562,6 +562,25 @@ impl Recovery {
         self.observed = true;
     }
 
+    /// A step made without NCCL's call: the executor's keeper moves on a
+    /// comm NCCL has not called for a while (a rank away, e.g. writing a
+    /// checkpoint). From the episode's first such step its time is charged
+    /// as a silence of NCCL's (one [`CALL_GAP`] in full, the rest at
+    /// 1/[`LATE_RATE`] while recovering, nothing once resumed), as if
+    /// NCCL's last call had been now; an episode NCCL already called in
+    /// is unchanged (its silence runs from that call). Without this, an
+    /// episode only the keeper moved would be charged in full, its idle
+    /// time after the resume included, and the rank's first fault after
+    /// it came back would find the window spent.
+    pub fn unattended(&mut self, now: Instant) {
+        if (!self.active() && !self.unsettled) || self.observed {
+            return;
+        }
+        self.charged = self.charged(now);
+        self.look = Some(now);
+        self.observed = true;
+    }
+
     fn restart(&mut self, now: Instant, epoch: u32) {
         if self.since.is_some() {
             // the episode goes on: the time up to now is charged as the
@@ -1025,6 +1044,52 @@ mod tests {
         a.r.observe(s(64));
         a.run(s(64));
         assert!(matches!(a.failed, Some(GiveUpWhy::Window { phase: Phase::WaitPort, .. })), "{:?}", a.failed);
+    }
+
+    /// A rank away (NCCL calls nothing on the comm): the executor's keeper
+    /// moves its recovery on. Its time counts as NCCL's silence, not in
+    /// full: a long port wait is charged at a tenth, and the idle time
+    /// after the resume is not charged, so a fault after the rank is back
+    /// does not find the window spent.
+    #[test]
+    fn an_unattended_recovery_is_charged_as_a_silence() {
+        let t = Instant::now();
+        let s = |x: u64| t + Duration::from_secs(x);
+        let (mut a, mut b) = (End::new(), End::new());
+        b.port_up = false;
+        a.r.fault(t);
+        a.run(t);
+        deliver(&mut a, &mut b, t);
+        // b's first step by the keeper (a's Halt came in)
+        b.r.unattended(t);
+        converge(&mut a, &mut b, t);
+        assert_eq!(b.r.phase(), Phase::WaitPort);
+        // b's port is down 9 s, nobody calls b: one second, then a tenth
+        // (a, whose NCCL waits, is charged in full: 9 s of its 10)
+        assert_eq!(b.r.charged(s(9)), Duration::from_millis(1800));
+        b.run(s(9));
+        b.port_up = true;
+        converge(&mut a, &mut b, s(9));
+        assert_eq!((a.resumed, b.resumed, a.failed, b.failed), (1, 1, None, None));
+        // an hour later b's rank is back, and its first post faults
+        b.r.observe(s(3609));
+        assert!(b.r.charged(s(3609)) < Duration::from_secs(3), "the idle hour after the resume: {:?}", b.r.charged(s(3609)));
+        b.r.fault(s(3609));
+        b.run(s(3609));
+        assert_eq!(b.failed, None, "a fault after the rank came back has its window");
+        // without the keeper's word the same episode counts in full
+        let mut c = End::new();
+        c.port_up = false;
+        c.r.fault(t);
+        c.run(s(11));
+        assert!(matches!(c.failed, Some(GiveUpWhy::Window { .. })), "{:?}", c.failed);
+        // and an episode NCCL called in keeps the silence from that call
+        let mut d = End::new();
+        d.port_up = false;
+        d.r.fault(t);
+        d.r.observe(t);
+        d.r.unattended(s(30));
+        assert_eq!(d.r.charged(s(30)), Duration::from_millis(3900));
     }
 
     #[test]

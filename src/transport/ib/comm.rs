@@ -7,12 +7,16 @@
 //! counter tables for the statistics file are decided here.
 //!
 //! [`vdev`]: super::vdev
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::device::IbDev;
 use super::establish::{IbConnecting, IbListen};
 use super::handshake::ConnCfg;
+use super::keeper::{Kept, Seen};
 use super::p2p::{RecvComm, SendComm};
+use super::reconnect::{self, Side as ReconnectSide};
 use super::reg::IbMr;
 use super::topo::NumaScope;
 use super::vdev::{MultiRecv, MultiSend, MAX_MEMBERS};
@@ -234,6 +238,24 @@ impl IbSend {
             IbSend::Multi(c) => c.rails(),
         }
     }
+
+    fn rails_mut(&mut self) -> &mut [SendComm] {
+        match self {
+            IbSend::One(c) => std::slice::from_mut(&mut **c),
+            IbSend::Multi(c) => c.rails_mut(),
+        }
+    }
+
+    /// Does the comm recover in place (the keeper then watches it)? Its
+    /// out-of-band sockets, one per rail; `None`: it does not.
+    pub fn keeper_fds(&self) -> Option<Vec<RawFd>> {
+        keeper_fds(self.rails().iter().map(|r| &r.io.link))
+    }
+
+    /// The recovery keeper's look ([`super::keeper`]), under the comm's lock.
+    pub fn keep(&mut self, seen: &mut Seen, now: Instant) -> Kept {
+        keep_rails(self.rails_mut(), seen, now)
+    }
 }
 
 impl IbRecv {
@@ -290,6 +312,47 @@ impl IbRecv {
             IbRecv::Multi(c) => c.rails(),
         }
     }
+
+    fn rails_mut(&mut self) -> &mut [RecvComm] {
+        match self {
+            IbRecv::One(c) => std::slice::from_mut(&mut **c),
+            IbRecv::Multi(c) => c.rails_mut(),
+        }
+    }
+
+    /// As [`IbSend::keeper_fds`].
+    pub fn keeper_fds(&self) -> Option<Vec<RawFd>> {
+        keeper_fds(self.rails().iter().map(|r| &r.io.link))
+    }
+
+    /// As [`IbSend::keep`].
+    pub fn keep(&mut self, seen: &mut Seen, now: Instant) -> Kept {
+        keep_rails(self.rails_mut(), seen, now)
+    }
+}
+
+fn keeper_fds<'a>(links: impl Iterator<Item = &'a super::link::Link>) -> Option<Vec<RawFd>> {
+    let mut fds = Vec::new();
+    for l in links {
+        // (a send comm may get its recovery state only at the end of its
+        // handshake, in one of NCCL's later calls: the look waits for it)
+        let may = l.rec.is_some() || (l.handshake && l.cc.recovery_s > 0 && !l.cc.notices);
+        if !may {
+            return None;
+        }
+        fds.push(l.oob.as_raw_fd());
+    }
+    (!fds.is_empty()).then_some(fds)
+}
+
+fn keep_rails<S: ReconnectSide>(rails: &mut [S], seen: &mut Seen, now: Instant) -> Kept {
+    let calls = |rails: &mut [S]| rails.iter_mut().fold(0u64, |a, r| a.wrapping_add(r.link().calls()));
+    if !seen.idle(calls(rails), now) {
+        return Kept::Busy;
+    }
+    let k = rails.iter_mut().map(|r| reconnect::keep(r)).fold(Kept::Quiet, Kept::and);
+    seen.ours(calls(rails));
+    k
 }
 
 /// What registration and the counters need of one member comm, either way.

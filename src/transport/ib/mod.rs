@@ -34,6 +34,7 @@ pub mod gdr;
 pub mod gid;
 pub mod handshake;
 pub mod iwarp;
+pub mod keeper;
 pub mod link;
 pub mod neigh;
 pub mod notice_path;
@@ -65,6 +66,10 @@ use crate::transport::{DeviceProps, MemKind, RawBuf};
 /// # Safety
 /// As [`crate::unload::Global::clear`].
 pub(crate) unsafe fn release() {
+    // (first: its thread may be in the middle of a look at verbs state)
+    // SAFETY: our caller guarantees that no comm is alive, so no
+    // registration is used again.
+    unsafe { keeper::release() };
     // SAFETY: our caller guarantees Global::clear's contract for all verbs
     // state (no reference into it is alive or used again), which is verbs::release's.
     unsafe { verbs::release() };

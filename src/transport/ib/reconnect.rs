@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::caps::RECV_WRS;
 use super::device::LINK_ETH;
 use super::handshake;
+use super::keeper::Kept;
 use super::link::Link;
 use super::p2p::{Flush, RecvComm, SendComm};
 use super::verbs::{Access, Cq, Qp, RtrParams, RtsParams};
@@ -288,12 +289,24 @@ impl Link {
 /// [`Side::recovering`] of a halted comm.
 #[inline(never)]
 fn still_recovering<S: Side>(s: &mut S) -> Result<bool> {
-    progress(s)?;
+    progress(s, By::Nccl)?;
     Ok(s.link().halted())
 }
 
+/// Who moves a recovery on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum By {
+    /// One of NCCL's calls on the comm: NCCL waits on it (a request
+    /// pending, or an isend the comm cannot take yet), so the window counts
+    /// in full ([`crate::proto::recover::Recovery::observe`]).
+    Nccl,
+    /// The keeper ([`super::keeper`]), for a comm NCCL has not called for a
+    /// while: the window goes on as NCCL's silence has it.
+    Keeper,
+}
+
 /// Move a comm's recovery on as far as it goes now. `Err`: the comm failed.
-pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
+pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
     if let Some(e) = &s.link().failed {
         return Err(e.clone());
     }
@@ -302,9 +315,13 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
         let now = Instant::now();
         let link = s.link();
         let Some(r) = link.rec.as_mut() else { return Ok(()) };
-        // (we are inside one of NCCL's calls on the comm: it waits on it, with
-        // a request pending or with an isend the comm cannot take yet)
-        r.m.observe(now);
+        if by == By::Nccl {
+            r.m.observe(now);
+            // (the keeper reads it: a comm NCCL calls is left to NCCL)
+            r.nccl_calls = r.nccl_calls.wrapping_add(1);
+        } else {
+            r.m.unattended(now);
+        }
         match r.m.step(now) {
             Do::Wait => return Ok(()),
             Do::Halt(msg) => {
@@ -456,7 +473,7 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 r.m.resumed();
                 // (until the new QPs complete something the window counts
                 // while NCCL waits on the comm: Recovery::settled)
-                if let Some(r) = s.link().rec.as_mut() {
+                if let Some(r) = s.link().rec.as_mut().filter(|_| by == By::Nccl) {
                     r.m.observe(now);
                 }
                 let bytes = match s.resume(&point) {
@@ -468,12 +485,13 @@ pub(super) fn progress<S: Side>(s: &mut S) -> Result<()> {
                 link.stats.replayed_bytes.add(bytes);
                 link.stats.last_recovery_us.store(took.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
-                    "{}: comm to {} recovered in {:.3} s ({} stop(s)): new QPs {:x?}, {bytes} byte(s) written again",
+                    "{}: comm to {} recovered in {:.3} s ({} stop(s)): new QPs {:x?}, {bytes} byte(s) written again{}",
                     link.dev.name,
                     link.peer_name(),
                     took.as_secs_f64(),
                     halts,
-                    link.qps.iter().map(|q| q.qpn()).collect::<Vec<_>>()
+                    link.qps.iter().map(|q| q.qpn()).collect::<Vec<_>>(),
+                    if by == By::Keeper { " (by the keeper thread: NCCL was not calling this comm)" } else { "" }
                 );
             }
             Do::Fail { why, tell } => {
@@ -630,6 +648,62 @@ fn connect(link: &mut Link) -> Result<std::result::Result<(), Error>> {
     link.peer_gid = peer.gid;
     link.local_gid = local.gid;
     Ok(Ok(()))
+}
+
+// ---------------------------------------------------------------- the keeper's look
+
+impl Link {
+    /// What the keeper compares to tell whether NCCL calls the comm: its
+    /// CQ polls (every `test` of an unfinished request makes one) and its
+    /// recovery steps made in NCCL's calls. Read under the comm's lock.
+    pub(super) fn calls(&self) -> u64 {
+        self.stats.work.polls.get().wrapping_add(self.rec.as_ref().map_or(0, |r| r.nccl_calls))
+    }
+}
+
+/// The keeper's look at one end (one rail) of a comm NCCL has left alone
+/// for [`super::keeper::KEEP_IDLE`]: if a recovery message waits on its
+/// out-of-band socket, or it recovers, move the recovery on as NCCL's call
+/// would. Nothing else: its CQ is not read outside a recovery, and a socket
+/// that only says "closed" is left to NCCL's next call (which may still
+/// have completed requests to hand out before it reports the peer gone).
+pub(super) fn keep<S: Side>(s: &mut S) -> Kept {
+    let link = s.link();
+    if link.handshake && link.failed.is_none() {
+        // (its last bytes arrive on this socket, read by the handshake in
+        // NCCL's call, which also decides whether the comm recovers)
+        return Kept::Busy;
+    }
+    if link.failed.is_some() || link.rec.is_none() {
+        return Kept::Done;
+    }
+    let was = link.halted();
+    if !was {
+        match link.oob.unread() {
+            Ok(0) => return if link.oob.peer_closed().unwrap_or(true) { Kept::Done } else { Kept::Quiet },
+            Ok(_) => {}
+            Err(_) => return Kept::Done,
+        }
+    }
+    let res = progress(s, By::Keeper);
+    let link = s.link();
+    if res.is_err() {
+        // (the comm failed: its error waits for NCCL's next call)
+        return Kept::Done;
+    }
+    if link.halted() {
+        if !was {
+            tracing::info!(
+                "{}: comm to {}: NCCL has not called this comm for {} ms or more; the keeper thread moves its recovery on",
+                link.dev.name,
+                link.peer_name(),
+                super::keeper::KEEP_IDLE.as_millis()
+            );
+        }
+        Kept::Recovering
+    } else {
+        Kept::Quiet
+    }
 }
 
 // ---------------------------------------------------------------- the two ends

@@ -102,6 +102,9 @@ pub(super) struct RecLink {
     pub(super) neigh_since: Option<Instant>,
     pub(super) neigh_next: Instant,
     pub(super) neigh_kicked: bool,
+    /// Recovery steps made in NCCL's calls (the keeper's sign that NCCL
+    /// calls the comm, beside its CQ polls).
+    pub(super) nccl_calls: u64,
 }
 
 impl RecLink {
@@ -133,6 +136,7 @@ impl RecLink {
             neigh_since: None,
             neigh_next: now,
             neigh_kicked: false,
+            nccl_calls: 0,
         }
     }
 

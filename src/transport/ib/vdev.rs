@@ -292,6 +292,11 @@ impl MultiSend {
         &self.rails
     }
 
+    /// The member comms, to change (the recovery keeper).
+    pub(super) fn rails_mut(&mut self) -> &mut [SendComm] {
+        &mut self.rails
+    }
+
     /// Per member: its name and QP counters.
     pub fn member_stats(&self) -> Vec<(usize, Vec<QpStat>)> {
         self.rails.iter().map(|r| (r.dev(), r.qp_stats())).collect()
@@ -410,6 +415,11 @@ impl MultiRecv {
     /// The member comms.
     pub fn rails(&self) -> &[RecvComm] {
         &self.rails
+    }
+
+    /// The member comms, to change (the recovery keeper).
+    pub(super) fn rails_mut(&mut self) -> &mut [RecvComm] {
+        &mut self.rails
     }
 
     /// Per member: its device index and QP counters.
