@@ -202,6 +202,9 @@ pub struct QpTable {
     pub replayed_bytes: Counter,
     /// The last recovery's length, microseconds (0: none yet).
     pub last_recovery_us: AtomicU64,
+    /// Of the recoveries, those the recovery keeper thread completed while
+    /// NCCL was not calling the comm (its rank away).
+    pub unattended: Counter,
     /// What the comm asked of the NIC (its recoveries' QPs included).
     pub work: Work,
 }
@@ -328,6 +331,8 @@ struct Totals {
     comms: u64,
     recoveries: u64,
     replayed: u64,
+    /// Verbs: recoveries the keeper completed for a comm NCCL was not calling.
+    unattended: u64,
     /// Verbs work of the comms' QP sets.
     work: WorkSnap,
 }
@@ -345,6 +350,7 @@ impl Totals {
         self.replayed += b;
         for (_, t) in &c.qps {
             self.work.add(&t.work.snapshot());
+            self.unattended += t.unattended.get();
         }
     }
 }
@@ -614,7 +620,7 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
         *open.entry((c.device.clone(), c.transport, c.way)).or_default() += 1;
     }
     type Get = fn(&Totals) -> u64;
-    let dev_metrics: [(&'static str, &'static str, Get); 7] = [
+    let dev_metrics: [(&'static str, &'static str, Get); 8] = [
         ("rustnet_device_bytes_total", "Payload bytes of completed requests, per device and direction (closed comms included).", |t| {
             t.bytes
         }),
@@ -628,6 +634,11 @@ fn render(r: &Registry, s: &Setup, now: SystemTime) -> String {
             |t| t.recoveries,
         ),
         ("rustnet_device_replayed_bytes_total", "Payload bytes those recoveries wrote again, per device and direction.", |t| t.replayed),
+        (
+            "rustnet_device_unattended_recoveries_total",
+            "Verbs: of those recoveries, the ones the recovery keeper thread completed while NCCL was not calling the comm (its rank away), per device and direction.",
+            |t| t.unattended,
+        ),
     ];
     for (name, help, get) in dev_metrics {
         let mut f = Family::counter(name, help);
@@ -755,6 +766,7 @@ mod tests {
         qt.recoveries.add(1);
         qt.replayed_bytes.add(4096);
         qt.last_recovery_us.store(250_000, Ordering::Relaxed);
+        qt.unattended.add(1);
         qt.work.post(2, 1);
         qt.work.post(1, 0);
         qt.work.poll(0);
@@ -789,6 +801,7 @@ mod tests {
                 comms: 1,
                 recoveries: 2,
                 replayed: 10,
+                unattended: 1,
                 work: WorkSnap { doorbells: 5, ..WorkSnap::default() },
             },
         );
@@ -812,6 +825,7 @@ mod tests {
         assert_eq!(e.first("rustnet_comm_last_recovery_seconds"), Some(0.25));
         assert_eq!(e.sum("rustnet_device_recoveries_total", &[("device", "mlx5_0")]), 3.0, "closed and open comms");
         assert_eq!(e.sum("rustnet_device_replayed_bytes_total", &[]), 4106.0);
+        assert_eq!(e.sum("rustnet_device_unattended_recoveries_total", &[("device", "mlx5_0")]), 2.0, "closed and open comms");
         let op = |o: &str| e.sum("rustnet_device_verbs_work_total", &[("device", "mlx5_0"), ("dir", "send"), ("op", o)]);
         assert_eq!(op("doorbell"), 7.0, "open and closed comms");
         assert_eq!((op("send_wr"), op("signaled_wr"), op("recv_wr")), (3.0, 1.0, 3.0));

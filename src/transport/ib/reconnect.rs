@@ -484,6 +484,9 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                 link.stats.recoveries.add(1);
                 link.stats.replayed_bytes.add(bytes);
                 link.stats.last_recovery_us.store(took.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+                if by == By::Keeper {
+                    link.stats.unattended.add(1);
+                }
                 tracing::warn!(
                     "{}: comm to {} recovered in {:.3} s ({} stop(s)): new QPs {:x?}, {bytes} byte(s) written again{}",
                     link.dev.name,
