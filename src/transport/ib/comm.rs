@@ -336,7 +336,7 @@ fn keeper_fds<'a>(links: impl Iterator<Item = &'a super::link::Link>) -> Option<
     for l in links {
         // (a send comm may get its recovery state only at the end of its
         // handshake, in one of NCCL's later calls: the look waits for it)
-        let may = l.rec.is_some() || (l.handshake && l.cc.recovery_s > 0 && !l.cc.notices);
+        let may = l.cc.keeper && (l.rec.is_some() || (l.handshake && l.cc.recovery_s > 0 && !l.cc.notices));
         if !may {
             return None;
         }
@@ -348,7 +348,13 @@ fn keeper_fds<'a>(links: impl Iterator<Item = &'a super::link::Link>) -> Option<
 fn keep_rails<S: ReconnectSide>(rails: &mut [S], seen: &mut Seen, now: Instant) -> Kept {
     let calls = |rails: &mut [S]| rails.iter_mut().fold(0u64, |a, r| a.wrapping_add(r.link().calls()));
     if !seen.idle(calls(rails), now) {
-        return Kept::Busy;
+        // NCCL calls it, and its calls move whatever there is to move: look
+        // again only while something is (else its sockets are watched again)
+        let due = rails.iter_mut().any(|r| {
+            let l = r.link();
+            l.halted() || l.handshake || l.oob.unread().is_ok_and(|n| n > 0)
+        });
+        return if due { Kept::Busy } else { Kept::Quiet };
     }
     let k = rails.iter_mut().map(|r| reconnect::keep(r)).fold(Kept::Quiet, Kept::and);
     seen.ours(calls(rails));

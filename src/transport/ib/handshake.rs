@@ -79,6 +79,9 @@ pub struct ConnCfg {
     /// RUSTNET_RECOVERY_TIMEOUT: seconds a comm may recover after a fabric
     /// fault (0: it fails at the first).
     pub recovery_s: u32,
+    /// RUSTNET_IB_RECOVERY_KEEPER: the keeper thread moves the recovery of
+    /// a comm NCCL is not calling ([`super::keeper`]).
+    pub keeper: bool,
 }
 
 impl ConnCfg {
@@ -116,6 +119,7 @@ impl ConnCfg {
             stream: OobCfg::from_config(cfg),
             notices: false,
             recovery_s: cfg.recovery_timeout.get() as u32,
+            keeper: cfg.ib_recovery_keeper.get() == 1,
         }
     }
 }

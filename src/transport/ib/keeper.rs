@@ -24,8 +24,10 @@
 //! requests it concerns.
 //!
 //! Why a comm is left alone while NCCL calls it: it recovers there anyway,
-//! and NCCL's thread must not wait for ours (it would park on the comm's
-//! lock, see `crate::thread`). Whether NCCL called it is read from the
+//! and NCCL's thread should not wait for ours (it would park on the comm's
+//! lock, see `crate::thread`). A call that arrives in the middle of a look
+//! does wait for it: microseconds, or at most one `ibv_modify_qp` of the
+//! reconnect. Whether NCCL called it is read from the
 //! comm's own counters (its CQ polls, its recovery steps), which the keeper
 //! compares under the lock from one look to the next: nothing on the data
 //! path is added for it.
