@@ -34,6 +34,12 @@ const LIVENESS_EVERY: u32 = 64;
 /// system call per few idle polls cost ~30% of rxe's bandwidth at 1 MiB
 /// under emulation, where the kernel side of the NIC shares the CPUs).
 const LIVENESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+/// A peer that closed its end while we had requests outstanding fails the
+/// comm only once this long has passed since we saw the close: a peer that
+/// took everything and closed at once (NCCL ends a job rank by rank) may
+/// still have its last acknowledgements on the wire behind the close, and
+/// the completions they make are the requests' rightful ends.
+pub(super) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 static STATS_DUMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -94,6 +100,10 @@ pub(super) struct Link {
     /// The out-of-band socket still carries the connection handshake (the
     /// receiver's metadata, READY): liveness probes must not read it.
     pub(super) handshake: bool,
+    /// When a liveness probe first read the peer's close (outside a
+    /// recovery): the comm fails [`CLOSE_GRACE`] later if its requests
+    /// have not completed by then.
+    pub(super) peer_closed: Option<std::time::Instant>,
     /// Open profiler events by request slot (None: profiling off when the
     /// comm was built). Declared after the QPs: dropped (stopped) last.
     pub(super) ev: Option<EventSlots>,
@@ -155,6 +165,7 @@ impl Link {
             eager_stats: (0, 0),
             ctl_posts: 0,
             handshake: true,
+            peer_closed: None,
             ev: None,
             parents: [None; MAX_RECVS],
             nparents: 0,
@@ -381,6 +392,9 @@ impl Link {
                 self.fail(Error::Protocol { peer: self.peer_name(), what });
             }
             Ok(Io::Eof) => {
+                if self.close_grace(now) {
+                    return;
+                }
                 let what = format!("closed its connection (process exited or closed its comm) with {pending} request(s) of ours pending");
                 self.fail(Error::Remote { peer: self.peer_name(), what });
             }
@@ -389,6 +403,14 @@ impl Link {
                 self.fail(Error::Remote { peer: self.peer_name(), what });
             }
         }
+    }
+
+    /// The peer's close was read now (outside a recovery): is it still
+    /// within [`CLOSE_GRACE`] of the first time (then the comm goes on, so
+    /// that completions already on their way end its requests)?
+    pub(super) fn close_grace(&mut self, now: std::time::Instant) -> bool {
+        let first = *self.peer_closed.get_or_insert(now);
+        now.saturating_duration_since(first) < CLOSE_GRACE
     }
 
     #[inline(always)]

@@ -116,7 +116,14 @@ impl Link {
                 Ok(Io::Done(n)) => r.inbuf.extend_from_slice(&b[..n]),
                 Ok(Io::Again) => break,
                 Ok(Io::Eof) => {
-                    let what = if r.m.active() {
+                    let active = r.m.active();
+                    if !active && self.close_grace(Instant::now()) {
+                        // (a peer that took everything and closed: our last
+                        // completions may still be on their way)
+                        break;
+                    }
+                    let Some(r) = self.rec.as_mut() else { return Err(self.fail_with(no_rec())) };
+                    let what = if active {
                         format!("closed its connection (process exited or closed its comm) while recovering from: {}", r.cause)
                     } else {
                         "closed its connection (process exited or closed its comm)".to_string()
