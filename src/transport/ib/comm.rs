@@ -252,7 +252,7 @@ impl IbSend {
         keeper_fds(self.rails().iter().map(|r| &r.io.link))
     }
 
-    /// The recovery keeper's look ([`super::keeper`]), under the comm's lock.
+    /// The recovery keeper's look (`transport::ib::keeper`), under the comm's lock.
     pub fn keep(&mut self, seen: &mut Seen, now: Instant) -> Kept {
         keep_rails(self.rails_mut(), seen, now)
     }
