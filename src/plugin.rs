@@ -208,8 +208,8 @@ impl Plugin {
             Ok(true) => {
                 Handle::set_stage(handle, 0);
                 let mut c = match st {
-                    Connecting::Tcp(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Tcp(c.into_send_comm()?))), ctx.member()),
-                    Connecting::Ib(c) => Comm::new(CommBody::Send(Mutex::new(AnySend::Ib(c.into_send()?))), ctx.member()),
+                    Connecting::Tcp(c) => Comm::new(CommBody::Send(CommLock::new(AnySend::Tcp(c.into_send_comm()?))), ctx.member()),
+                    Connecting::Ib(c) => Comm::new(CommBody::Send(CommLock::new(AnySend::Ib(c.into_send()?))), ctx.member()),
                 };
                 c.stats = self.comm_stats(&c.body, dev, ctx.comm_id());
                 Ok(Some(c))
@@ -242,8 +242,8 @@ impl Plugin {
         ctx.check_live("accept")?;
         let mut g = l.inner.lock();
         let c = match &mut *g {
-            AnyListen::Tcp(t) => t.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Tcp(r))), ctx.member())),
-            AnyListen::Ib(l) => l.accept()?.map(|r| Comm::new(CommBody::Recv(Mutex::new(AnyRecv::Ib(r))), ctx.member())),
+            AnyListen::Tcp(t) => t.accept()?.map(|r| Comm::new(CommBody::Recv(CommLock::new(AnyRecv::Tcp(r))), ctx.member())),
+            AnyListen::Ib(l) => l.accept()?.map(|r| Comm::new(CommBody::Recv(CommLock::new(AnyRecv::Ib(r))), ctx.member())),
         };
         drop(g);
         Ok(c.map(|mut c| {
@@ -475,9 +475,39 @@ impl Drop for Comm {
 /// Send or receive side.
 pub enum CommBody {
     /// Sending end.
-    Send(Mutex<AnySend>),
+    Send(CommLock<AnySend>),
     /// Receiving end.
-    Recv(Mutex<AnyRecv>),
+    Recv(CommLock<AnyRecv>),
+}
+
+/// A comm's lock. std's, not parking_lot's: the recovery keeper's thread
+/// takes it too (`try_lock`), and an NCCL thread that waits for a lock held
+/// by a thread of ours must not park in parking_lot, which would give it
+/// thread-local state of ours and keep the library mapped after `dlclose`
+/// (`crate::thread`). A panic under it fails the comm (`Comm::failed`), so
+/// poisoning adds nothing and is ignored.
+pub struct CommLock<T>(std::sync::Mutex<T>);
+
+impl<T> CommLock<T> {
+    fn new(v: T) -> CommLock<T> {
+        CommLock(std::sync::Mutex::new(v))
+    }
+
+    /// Wait for it.
+    #[inline]
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take it if free.
+    #[inline]
+    pub fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, T>> {
+        match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// Transport-specific sending end: one arm per transport, each the
@@ -717,7 +747,7 @@ impl Comm {
     /// As [`Comm::irecv`].
     unsafe fn irecv_inner(
         &self,
-        r: &Mutex<AnyRecv>,
+        r: &CommLock<AnyRecv>,
         bufs: &[RecvBuf],
         mrs: &[Option<&MemHandle>],
         parents: &[Option<Parent>],

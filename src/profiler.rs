@@ -131,11 +131,19 @@ thread_local! {
     static MUTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Start no profiler events from the calling thread: one of the plugin's
-/// own (the verbs recovery keeper, which may resend for a comm NCCL is not
-/// calling); NCCL's profiler hears of events from NCCL's threads only.
+/// Start or stop no profiler events from the calling thread: one of the
+/// plugin's own (the verbs recovery keeper, which may reap and resend for a
+/// comm NCCL is not calling). A comm's events it would start stay as they
+/// are; those it would stop wait in the comm's [`EventSlots`] until NCCL's
+/// next call on it (or its close), so NCCL's profiler hears of events from
+/// NCCL's threads only.
 pub(crate) fn mute_this_thread() {
     MUTED.set(true);
+}
+
+#[inline]
+fn muted() -> bool {
+    MUTED.get()
 }
 
 /// The process-wide profiler facade.
@@ -188,6 +196,18 @@ pub struct EventSlots {
     open: Box<[Option<(u8, OpenEvent)>]>,
     /// `nreq * MAX_RECVS`.
     parents: Box<[Option<Parent>]>,
+    /// Events stopped on a muted thread ([`mute_this_thread`]): their stop
+    /// goes to NCCL at the comm's next call from one of NCCL's threads.
+    deferred: Vec<OpenEvent>,
+}
+
+/// Stop `ev` now, or (on a muted thread) at the next call from NCCL's.
+fn release(deferred: &mut Vec<OpenEvent>, ev: Option<(u8, OpenEvent)>) {
+    if let Some((_, e)) = ev {
+        if muted() {
+            deferred.push(e);
+        }
+    }
 }
 
 impl EventSlots {
@@ -201,12 +221,27 @@ impl EventSlots {
             per: per.max(1),
             open: (0..nreq * per.max(1)).map(|_| None).collect(),
             parents: vec![None; nreq * MAX_RECVS].into_boxed_slice(),
+            deferred: Vec::new(),
         })
+    }
+
+    /// On NCCL's thread: the stops a muted thread left (nothing to do, the
+    /// common case, is one thread-local read and a length check).
+    #[inline]
+    fn catch_up(&mut self) -> bool {
+        if muted() {
+            return false;
+        }
+        if !self.deferred.is_empty() {
+            self.deferred.clear();
+        }
+        true
     }
 
     /// Remember the parents of a request just posted (stops anything a
     /// previous request of the slot left open).
     pub fn set_parents(&mut self, id: ReqId, parents: &[Option<Parent>]) {
+        self.catch_up();
         self.stop_slot(id.slot as usize);
         let base = id.slot as usize * MAX_RECVS;
         if base + MAX_RECVS > self.parents.len() {
@@ -227,7 +262,8 @@ impl EventSlots {
     /// Start event `k` of request `id` under its parent `i` (stops one
     /// left open in that slot first: never two events in one slot).
     pub fn start(&mut self, id: ReqId, k: usize, i: usize, f: &Fields) {
-        if k >= self.per {
+        // (a muted thread leaves the slot's event as it is)
+        if k >= self.per || !self.catch_up() {
             return;
         }
         let Some(parent) = self.parent(id, i) else { return };
@@ -245,23 +281,25 @@ impl EventSlots {
 
     /// Stop event `k` of request `id` if it is open (and still `id`'s).
     pub fn stop(&mut self, id: ReqId, k: usize) {
+        self.catch_up();
         if k >= self.per {
             return;
         }
         if let Some(slot) = self.open.get_mut(id.slot as usize * self.per + k) {
             if matches!(slot, Some((g, _)) if *g == id.gen) {
-                *slot = None;
+                release(&mut self.deferred, slot.take());
             }
         }
     }
 
     /// Stop every open event of request `id` (it completed or failed).
     pub fn stop_req(&mut self, id: ReqId) {
+        self.catch_up();
         let base = id.slot as usize * self.per;
         if let Some(s) = self.open.get_mut(base..base + self.per) {
             for slot in s {
                 if matches!(slot, Some((g, _)) if *g == id.gen) {
-                    *slot = None;
+                    release(&mut self.deferred, slot.take());
                 }
             }
         }
@@ -270,13 +308,14 @@ impl EventSlots {
     fn stop_slot(&mut self, slot: usize) {
         let base = slot * self.per;
         if let Some(s) = self.open.get_mut(base..base + self.per) {
-            s.iter_mut().for_each(|x| *x = None);
+            s.iter_mut().for_each(|x| release(&mut self.deferred, x.take()));
         }
     }
 
     /// Stop everything (the comm failed or closes).
     pub fn stop_all(&mut self) {
-        self.open.iter_mut().for_each(|x| *x = None);
+        self.catch_up();
+        self.open.iter_mut().for_each(|x| release(&mut self.deferred, x.take()));
     }
 
     /// Events open now.
@@ -347,12 +386,34 @@ mod tests {
             s.start(b, 9, 0, &f);
             // b stays open: dropping the table stops it
         }
+        // a muted thread (the recovery keeper) starts and stops nothing
+        // itself: its stops reach NCCL at the comm's next call from another
+        {
+            let mut s = EventSlots::new(4, 2).expect("on");
+            s.set_parents(a, &[Some(p)]);
+            s.start(a, 0, 0, &f);
+            let calls = || (STARTS.load(Ordering::SeqCst), STOPS.load(Ordering::SeqCst));
+            let before = calls();
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    mute_this_thread();
+                    s.start(a, 0, 0, &f); // (a resend: the open event stays)
+                    s.start(a, 1, 0, &f);
+                    assert_eq!(s.open_count(), 1);
+                    s.stop_req(a);
+                });
+            });
+            assert_eq!(calls(), before, "nothing from the muted thread");
+            assert_eq!(s.open_count(), 0);
+            s.stop(b, 0); // the comm's next call: the deferred stop goes out
+            assert_eq!(calls(), (before.0, before.1 + 1));
+        }
         // a plain event, stopped by drop
         drop(Profiler::start(p, &Fields::Qp { device: 0, qpn: 0x11, opcode: OP_RDMA_WRITE, wr_id: 1, len: 4 }));
         crate::abi::profiler::set_callback(None);
         assert!(!Profiler::enabled());
         assert!(Profiler::start(p, &f).is_none());
-        assert_eq!(STARTS.load(Ordering::SeqCst), 5);
-        assert_eq!(STOPS.load(Ordering::SeqCst), 5);
+        assert_eq!(STARTS.load(Ordering::SeqCst), 6);
+        assert_eq!(STOPS.load(Ordering::SeqCst), 6);
     }
 }

@@ -349,12 +349,23 @@ fn keep_rails<S: ReconnectSide>(rails: &mut [S], seen: &mut Seen, now: Instant) 
     let calls = |rails: &mut [S]| rails.iter_mut().fold(0u64, |a, r| a.wrapping_add(r.link().calls()));
     if !seen.idle(calls(rails), now) {
         // NCCL calls it, and its calls move whatever there is to move: look
-        // again only while something is (else its sockets are watched again)
-        let due = rails.iter_mut().any(|r| {
+        // again only while something is (else its sockets are watched
+        // again); a socket that only says "closed" would wake us at once
+        // after every re-arm, so that watch ends (NCCL's calls report it)
+        let mut k = Kept::Quiet;
+        for r in rails.iter_mut() {
             let l = r.link();
-            l.halted() || l.handshake || l.oob.unread().is_ok_and(|n| n > 0)
-        });
-        return if due { Kept::Busy } else { Kept::Quiet };
+            let unread = l.oob.unread();
+            let closed = unread.is_err() || (unread == Ok(0) && l.oob.peer_closed().unwrap_or(true));
+            k = k.and(if l.failed.is_some() || (closed && !l.halted()) {
+                Kept::Done
+            } else if l.halted() || l.handshake || unread.is_ok_and(|n| n > 0) {
+                Kept::Busy
+            } else {
+                Kept::Quiet
+            });
+        }
+        return k;
     }
     let k = rails.iter_mut().map(|r| reconnect::keep(r)).fold(Kept::Quiet, Kept::and);
     seen.ours(calls(rails));

@@ -21,13 +21,17 @@
 //! [`KEEP_TICK`] until it has resumed. It never reads a comm's CQ outside a
 //! recovery and never fails a comm on its own: a socket that only says
 //! "closed" is left to NCCL's next call, which reports it with the
-//! requests it concerns.
+//! requests it concerns (and is not watched again: it would wake the
+//! thread after every re-arm).
 //!
 //! Why a comm is left alone while NCCL calls it: it recovers there anyway,
-//! and NCCL's thread should not wait for ours (it would park on the comm's
-//! lock, see `crate::thread`). A call that arrives in the middle of a look
-//! does wait for it: microseconds, or at most one `ibv_modify_qp` of the
-//! reconnect. Whether NCCL called it is read from the
+//! and NCCL's thread should not wait for ours. A call that arrives in the
+//! middle of a look does wait for it (microseconds, or at most one
+//! `ibv_modify_qp` of the reconnect), on a std lock (`plugin::CommLock`:
+//! a parking_lot one would leave NCCL's thread with thread-local state of
+//! ours, see `crate::thread`). Profiler events are NCCL's threads' business:
+//! the thread is muted, and the stops of the events whose requests its
+//! drain completes reach NCCL at the comm's next call (`EventSlots`). Whether NCCL called it is read from the
 //! comm's own counters (its CQ polls, its recovery steps), which the keeper
 //! compares under the lock from one look to the next: nothing on the data
 //! path is added for it.
@@ -37,7 +41,7 @@
 //! [`super::reconnect::keep`].
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -130,7 +134,6 @@ struct Server {
 
 struct Keeper {
     entries: HashMap<u64, Arc<Entry>>,
-    next: u64,
     /// The comms' sockets (one-shot: re-armed after a quiet look) and the
     /// wake-up descriptor (token 0). Registering adds to it directly, so
     /// thousands of comms cost the thread nothing until one has news.
@@ -163,8 +166,10 @@ pub fn register(fds: Vec<RawFd>, look: Look) -> Option<Registration> {
         *g = Some(start()?);
     }
     let k = g.as_mut()?;
-    k.next += 1;
-    let id = k.next;
+    // (process-wide, never reused: a thread being joined may still look up
+    // an id it was woken for, and must not find a newer comm under it)
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
     for (n, &fd) in fds.iter().enumerate() {
         if let Err(e) = k.poller.add_fd(fd, id, true) {
             for &f in &fds[..n] {
@@ -202,7 +207,7 @@ fn start() -> Option<Keeper> {
     let stop = Arc::new(AtomicBool::new(false));
     let (p2, w2, s2) = (poller.clone(), wake.clone(), stop.clone());
     match BareThread::spawn(c"rustnet-keeper", move || serve(&p2, &w2, &s2)) {
-        Ok(thread) => Some(Keeper { entries: HashMap::new(), next: 0, poller, server: Some(Server { thread, wake, stop }) }),
+        Ok(thread) => Some(Keeper { entries: HashMap::new(), poller, server: Some(Server { thread, wake, stop }) }),
         Err(e) => {
             warn_once(format!("no thread ({e})"));
             None
