@@ -480,35 +480,11 @@ pub enum CommBody {
     Recv(CommLock<AnyRecv>),
 }
 
-/// A comm's lock. std's, not parking_lot's: the recovery keeper's thread
-/// takes it too (`try_lock`), and an NCCL thread that waits for a lock held
-/// by a thread of ours must not park in parking_lot, which would give it
-/// thread-local state of ours and keep the library mapped after `dlclose`
-/// (`crate::thread`). A panic under it fails the comm (`Comm::failed`), so
-/// poisoning adds nothing and is ignored.
-pub struct CommLock<T>(std::sync::Mutex<T>);
-
-impl<T> CommLock<T> {
-    fn new(v: T) -> CommLock<T> {
-        CommLock(std::sync::Mutex::new(v))
-    }
-
-    /// Wait for it.
-    #[inline]
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Take it if free.
-    #[inline]
-    pub fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, T>> {
-        match self.0.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
-    }
-}
+/// A comm's lock ([`crate::thread::Lock`]): the recovery keeper's thread
+/// takes it too (`try_lock`), and an NCCL thread that waits for it must not
+/// park in parking_lot, which would give it thread-local state of ours and
+/// keep the library mapped after `dlclose` (`crate::thread`).
+pub type CommLock<T> = crate::thread::Lock<T>;
 
 /// Transport-specific sending end: one arm per transport, each the
 /// transport's own comm (the verbs one hides plain and merged devices).
