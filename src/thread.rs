@@ -9,7 +9,8 @@
 //! new thread's own thread-locals are destroyed when it ends, and the caller
 //! is left with nothing of ours. Locks shared with such a thread must not
 //! park the caller in parking_lot either (a parked thread gets thread-local
-//! state with a destructor): use std's locks there.
+//! state with a destructor): use std's locks there, or [`Lock`] where the
+//! data path takes it (a comm's lock).
 use std::ffi::CStr;
 
 /// A started thread that must be joined ([`BareThread::join`]); dropping it
