@@ -791,6 +791,14 @@ fn peer_late_receiver(peer: &mut Peer, _e: &PeerEnv) {
     // active (on verbs the handshake ends with B's first call); then B's
     // rank is away for a while, and the case faults the connection while
     // the second receive waits and B calls nothing
+    two_receives(peer, false);
+}
+
+/// The late-rank receivers: two 1 MiB receives of `late_byte`s, the first
+/// with both ends active; the second is posted (its CTS goes out in that
+/// call), "POSTED", then waited for at once, or (`away`) only after the
+/// harness's GO, the rank calling nothing meanwhile.
+fn two_receives(peer: &mut Peer, away: bool) {
     let (s, r, l) = peer.connect_pair();
     let mut buf = vec![0u8; 1 << 20];
     let mh = peer.p.reg_mr(r, buf.as_mut_ptr(), buf.len()).unwrap();
@@ -804,12 +812,15 @@ fn peer_late_receiver(peer: &mut Peer, _e: &PeerEnv) {
     buf.fill(0);
     let q = post(&peer.p, &mut buf);
     peer.say("POSTED");
+    if away {
+        peer.hear("GO");
+    }
     let t0 = Instant::now();
     let mut sizes = [0i32; 8];
     let res = loop {
         match peer.p.test(q, &mut sizes) {
             Ok(true) => break Ok(()),
-            Ok(false) if t0.elapsed() > Duration::from_secs(60) => break Err("no data 60 s after posting".to_string()),
+            Ok(false) if t0.elapsed() > Duration::from_secs(60) => break Err("no data 60 s after waiting began".to_string()),
             Ok(false) => std::thread::sleep(Duration::from_micros(200)),
             Err(e) => break Err(format!("error {}", e.code)),
         }
@@ -877,42 +888,8 @@ fn peer_late_sender(peer: &mut Peer, _e: &PeerEnv) {
 }
 
 fn peer_away_receiver(peer: &mut Peer, _e: &PeerEnv) {
-    // B: two 1 MiB receives from A. The first completes with both ends
-    // active; the second is posted (its CTS goes out in this call), then
-    // B's rank is away until the harness says GO
-    let (s, r, l) = peer.connect_pair();
-    let mut buf = vec![0u8; 1 << 20];
-    let mh = peer.p.reg_mr(r, buf.as_mut_ptr(), buf.len()).unwrap();
-    let post = |p: &Plugin, buf: &mut Vec<u8>| loop {
-        if let Some(q) = p.irecv(r, &[(buf.as_mut_ptr(), buf.len(), 100, mh)]).unwrap() {
-            break q;
-        }
-    };
-    let first = post(&peer.p, &mut buf);
-    while !peer.p.test(first, &mut [0; 8]).unwrap() {}
-    buf.fill(0);
-    let q = post(&peer.p, &mut buf);
-    peer.say("POSTED");
-    peer.hear("GO");
-    let t0 = Instant::now();
-    let mut sizes = [0i32; 8];
-    let res = loop {
-        match peer.p.test(q, &mut sizes) {
-            Ok(true) => break Ok(()),
-            Ok(false) if t0.elapsed() > Duration::from_secs(60) => break Err("not done 60 s after coming back".to_string()),
-            Ok(false) => {}
-            Err(e) => break Err(format!("error {}", e.code)),
-        }
-    };
-    let bad = buf.iter().enumerate().filter(|&(i, &b)| b != late_byte(i)).count();
-    peer.p.dereg_mr(r, mh).unwrap();
-    peer.p.close_recv(r).unwrap();
-    peer.p.close_send(s).unwrap();
-    peer.p.close_listen(l).unwrap();
-    match res {
-        Ok(()) => peer.say(&format!("DONE ok size={} bad_bytes={bad}", sizes[0])),
-        Err(e) => peer.say(&format!("DONE failed: {e}")),
-    }
+    // B: its rank is away after posting the second receive, until GO
+    two_receives(peer, true);
 }
 
 fn peer_flap_sender(peer: &mut Peer, _e: &PeerEnv) {
