@@ -48,7 +48,11 @@ impl SendComm {
     /// answered.
     pub fn peek_cap(&mut self, tag: i32) -> Result<Option<usize>> {
         self.io.link.check()?;
-        if !self.up()? || self.recovering()? {
+        if !self.up()? {
+            return Ok(None);
+        }
+        self.io.link.flap_before_post(self.tx.live());
+        if self.recovering()? {
             return Ok(None);
         }
         self.tx.peek(&mut self.io, tag).map_err(|f| self.io.link.fail_by(f, "send"))
@@ -75,7 +79,11 @@ impl SendComm {
     pub unsafe fn isend_p(&mut self, buf: RawBuf, tag: i32, mr: Option<&IbMr>, parent: Option<Parent>) -> Result<Option<ReqId>> {
         self.io.link.check()?;
         let lkey = check_buf("isend", buf, mr, &self.io.link.dev, Access::LOCAL_READ)?;
-        if !self.up()? || self.recovering()? {
+        if !self.up()? {
+            return Ok(None);
+        }
+        self.io.link.flap_before_post(self.tx.live());
+        if self.recovering()? {
             return Ok(None);
         }
         self.io.link.parents[0] = parent;
@@ -163,6 +171,7 @@ impl RecvComm {
     /// before posting on any.) An error when this comm has failed.
     pub fn can_take_recv(&mut self) -> Result<bool> {
         self.io.link.check()?;
+        self.io.link.flap_before_post(self.rx.live());
         Ok(!self.recovering()? && self.rx.would_take(&mut self.io))
     }
 
@@ -200,6 +209,7 @@ impl RecvComm {
                 return Err(self.io.link.fail_with(e));
             }
         }
+        self.io.link.flap_before_post(self.rx.live());
         if self.recovering()? {
             return Ok(None);
         }

@@ -92,6 +92,26 @@ impl Link {
         self.fault(cause, Error::Internal("port flap".into()));
     }
 
+    /// About to post (an isend, an irecv, or a merged device asking whether
+    /// it may): if the port reported an event the comm has not looked at,
+    /// look now, with the request about to be posted counted as outstanding.
+    /// A comm whose port is down then stops and recovers instead of posting
+    /// into the dead link (the request waits in NCCL's retry and goes out on
+    /// the new QPs). On soft-RoCE a post into a dead link also leaves the
+    /// kernel resolving the peer's address, an INCOMPLETE neighbour entry
+    /// that after link-up answers only at its next ARP retry (1 s), which
+    /// held the recovery messages on the same netdev that long (stop 37's
+    /// trace of `verbs_late_rank_receiver_flap_recovers`). One compare of two
+    /// counters when nothing happened.
+    #[inline(always)]
+    pub(super) fn flap_before_post(&mut self, live: usize) {
+        if let Some(r) = self.rec.as_ref() {
+            if self.dev.health.port_events(self.dev.port) != r.port_seen {
+                self.check_flap(live + 1);
+            }
+        }
+    }
+
     /// Write what is queued, read what came, hand complete messages to the
     /// recovery. An error fails the comm (the peer is gone, or broke the
     /// protocol).
