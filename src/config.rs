@@ -474,6 +474,8 @@ knobs! {
     fault_seed: Int<0, 4294967295> = "RUSTNET_FAULT_SEED", default "0", accepts "an integer 0..4294967295";
     /// Testing only: reset one TCP stream of each comm (as a middlebox's reset or `ss -K` would: the peer gets a reset, the local end an error) after the N-th data write of each send comm (`send:N`) or the N-th data read of each receive comm (`recv:N`), then every K after that (`send:N:K`, `recv:N:K`), so the recovery (RUSTNET_RECOVERY_TIMEOUT) can be driven on any host. A send comm resets the stream it just wrote, a receive comm stream (count modulo its streams). Empty: off.
     fault_tcp_reset: FaultTcpReset = "RUSTNET_FAULT_TCP_RESET", default "", accepts "send:N[:K] or recv:N[:K]";
+    /// Testing only: the first N moves of a new connection's QPs to RTR in this process fail with ETIMEDOUT before reaching the kernel, as when the link goes down inside `ibv_modify_qp` (RoCE: the kernel's resolution of the peer's address times out), so the connect's retry can be driven on any device. 0: off.
+    fault_rtr: Int<0, 1000> = "RUSTNET_FAULT_RTR", default "0", accepts "a count 0..1000";
     /// NCCL's own log level; we read it only to decide whether TRACE lines are formatted at all.
     nccl_debug: LogLevel = "NCCL_DEBUG", default "WARN", accepts "WARN, INFO or TRACE";
 }

@@ -248,6 +248,24 @@ pub(crate) unsafe fn release() {
     unsafe { SLOT.clear() };
 }
 
+// ---------------------------------------------------------------- RUSTNET_FAULT_RTR
+
+static RTR_LEFT: AtomicU32 = AtomicU32::new(0);
+
+/// Arm `RUSTNET_FAULT_RTR`: the next `n` moves of a connection's QPs to RTR fail.
+pub fn arm_rtr(n: u32) {
+    RTR_LEFT.store(n, Ordering::Relaxed);
+    if n > 0 {
+        tracing::warn!("RUSTNET_FAULT_RTR={n}: the next {n} move(s) of a connection's QPs to RTR will fail on purpose (testing only)");
+    }
+}
+
+/// Should this move of a connection's QP to RTR fail on purpose? Takes one
+/// of the armed failures. (Once per QP per connect: off the data path.)
+pub fn take_rtr() -> bool {
+    RTR_LEFT.load(Ordering::Relaxed) != 0 && RTR_LEFT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1)).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +307,14 @@ mod tests {
             let e = parse_tcp_reset(bad).unwrap_err().to_string();
             assert!(e.contains("RUSTNET_FAULT_TCP_RESET") && e.contains("send:N[:K]"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn rtr_faults_are_taken_once_each() {
+        arm_rtr(2);
+        assert!(take_rtr() && take_rtr(), "the two armed moves fail");
+        assert!(!take_rtr() && !take_rtr(), "then none: the count does not wrap");
+        arm_rtr(0);
+        assert!(!take_rtr());
     }
 }

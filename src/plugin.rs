@@ -55,6 +55,7 @@ impl Plugin {
         let cfg = Config::from_env()?;
         crate::fault::arm(&cfg.fault_panic)?;
         crate::fault::arm_qp(&cfg.fault_qp_error, cfg.fault_seed.get() as u64)?;
+        crate::fault::arm_rtr(cfg.fault_rtr.get() as u32);
         crate::log::set_max_level(cfg.nccl_debug);
         let net = select_net(&cfg)?;
         let p = Plugin { cfg, net };

@@ -142,8 +142,9 @@ if [ "${1:-}" = --in-vm ]; then
         # (killed_during_recovery: veth1 goes down under both ends, one is
         # killed while they recover; the survivor must fail naming it)
         # (late_rank: veth1 flaps while B's rank calls nothing; B's comm
-        # must recover by the keeper thread)
-        extra=(traffic peer_killed killed_during_recovery late_rank)
+        # must recover by the keeper thread; connect_rtr: the first moves of
+        # new QPs to RTR fail as a link lost inside them does)
+        extra=(traffic peer_killed killed_during_recovery late_rank connect_rtr)
         run_env=(RUSTNET_CONF_FLAP_IF=veth1)
         export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==rxe0 NCCL_SOCKET_IFNAME=veth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=veth1" ;;
       conformance_4qps_split)

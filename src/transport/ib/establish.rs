@@ -149,12 +149,15 @@ enum Accepting {
         rx: Box<[u8; META_LEN]>,
         got: usize,
     },
-    /// The sender's metadata is here, but our port is not ACTIVE: wait for it.
+    /// The sender's metadata is here, but our port is not ACTIVE (or the
+    /// link went away inside the move of our new QPs to RTR: then not
+    /// before `next`): wait for it.
     WaitPort {
         sock: Socket,
         peer: SocketAddr,
         remote: Box<Meta>,
         since: std::time::Instant,
+        next: std::time::Instant,
     },
     SendMeta {
         comm: Box<RecvComm>,
@@ -214,13 +217,42 @@ impl IbListen {
                         }
                     };
                     let Accepting::ReadMeta { sock, peer, .. } = self.pending.swap_remove(i) else { unreachable!() };
-                    self.pending.push(Accepting::WaitPort { sock, peer, remote: Box::new(remote), since: std::time::Instant::now() });
+                    let now = std::time::Instant::now();
+                    self.pending.push(Accepting::WaitPort { sock, peer, remote: Box::new(remote), since: now, next: now });
                 }
+                Accepting::WaitPort { next, .. } if std::time::Instant::now() < *next => i += 1,
                 Accepting::WaitPort { since, .. } => match port_ready(&self.dev, &self.cc, *since) {
                     Ok(false) => i += 1,
                     Ok(true) => {
-                        let Accepting::WaitPort { sock, peer, remote, .. } = self.pending.swap_remove(i) else { unreachable!() };
-                        let comm = self.build_recv(sock, peer, &remote)?;
+                        let Accepting::WaitPort { sock, peer, remote, since, .. } = self.pending.swap_remove(i) else { unreachable!() };
+                        let comm = if self.dev.iwarp {
+                            self.build_recv_iwarp(sock, peer, &remote)?
+                        } else {
+                            match handshake::receiver_qps(&self.dev, &self.cc, &sock, &peer, &remote) {
+                                Ok((setup, qps, cc)) => RecvComm::new(setup, qps, sock, peer, Arc::new(cc), &remote, None)?,
+                                // the link went away inside the move to RTR:
+                                // new QPs once the port is back (the sender
+                                // has not seen these), within RUSTNET_CONNECT_TIMEOUT
+                                Err(e) if handshake::link_lost(&self.dev, &e) => {
+                                    let t = self.cc.stream.connect_timeout_s.max(1) as u64;
+                                    if since.elapsed() >= std::time::Duration::from_secs(t) {
+                                        return Err(Error::Usage(format!(
+                                            "{}: could not connect the QPs within RUSTNET_CONNECT_TIMEOUT={t} s: the link went away while accepting and the last try failed: {e}",
+                                            self.dev.describe()
+                                        )));
+                                    }
+                                    tracing::warn!(
+                                        "{}: accepting from {peer}: {e}; the link went away inside the call: trying again with new QPs once the port is ACTIVE (up to RUSTNET_CONNECT_TIMEOUT={t} s)",
+                                        self.dev.name
+                                    );
+                                    let next = std::time::Instant::now() + std::time::Duration::from_millis(50);
+                                    self.pending.push(Accepting::WaitPort { sock, peer, remote, since, next });
+                                    // (the one swapped into slot i is looked at next)
+                                    continue;
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        };
                         let tx = Box::new(comm.local_meta().encode());
                         self.pending.push(Accepting::SendMeta { comm: Box::new(comm), peer, tx, sent: 0 });
                     }
@@ -245,14 +277,6 @@ impl IbListen {
             }
         }
         Ok(None)
-    }
-
-    fn build_recv(&self, sock: Socket, peer: SocketAddr, remote: &Meta) -> Result<RecvComm> {
-        if self.dev.iwarp {
-            return self.build_recv_iwarp(sock, peer, remote);
-        }
-        let (setup, qps, cc) = handshake::receiver_qps(&self.dev, &self.cc, &sock, &peer, remote)?;
-        RecvComm::new(setup, qps, sock, peer, Arc::new(cc), remote, None)
     }
 
     /// iWARP: our QPs stay in INIT for rdma_cm, which connects them once the

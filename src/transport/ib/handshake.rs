@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::caps::{self, Limits, Role};
 use super::device::{IbDev, LINK_ETH};
 use super::gid::{self, SysfsGids};
-use super::verbs::{Access, Cq, HostRegion, Init, Qp, Rtr, RtrParams, Rts, RtsParams};
+use super::verbs::{Access, Cq, HostRegion, Init, Qp, RtrParams, Rts, RtsParams};
 use crate::config::{AddrRange, Config, Family};
 use crate::error::{Error, Result};
 use crate::proto::eager;
@@ -354,6 +354,30 @@ impl Setup {
     }
 }
 
+/// A connection's QPs on their way to RTS: those moved, those left in INIT,
+/// and when to try again after the link went away inside a move.
+pub(super) struct Bringup {
+    done: Vec<Qp<Rts>>,
+    left: std::collections::VecDeque<Qp<Init>>,
+    /// Not before this (a retry waits for the port, then a little).
+    pub next: std::time::Instant,
+    /// Why the last move failed.
+    pub why: Error,
+}
+
+/// What [`connect_qps`] / [`bring_up`] got to.
+pub(super) enum Brought {
+    /// Every QP is in RTS.
+    Up(Vec<Qp<Rts>>),
+    /// The link went away inside a move to RTR ([`link_lost`]): the QPs
+    /// wait, in INIT from the one that failed on, to be moved again once the
+    /// port is ACTIVE ([`retry_bringup`]).
+    Later(Box<Bringup>),
+}
+
+/// How soon a move the link cut short is tried again (once the port is ACTIVE).
+const RTR_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Bring `qps` to RTS toward `remote`.
 pub(super) fn connect_qps(
     dev: &IbDev,
@@ -363,7 +387,7 @@ pub(super) fn connect_qps(
     tc: u8,
     sl: u8,
     cc: &ConnCfg,
-) -> Result<Vec<Qp<Rts>>> {
+) -> Result<Brought> {
     if remote.qpns.len() != qps.len() {
         return Err(Error::Usage(format!(
             "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
@@ -373,13 +397,88 @@ pub(super) fn connect_qps(
     }
     check_peer_gid(dev, local, remote)?;
     settle_neighbour(dev, local, remote);
+    let b = Bringup {
+        done: Vec::with_capacity(qps.len()),
+        left: qps.into(),
+        next: std::time::Instant::now(),
+        why: Error::Internal("no move failed".into()),
+    };
+    bring_up(dev, local, Box::new(b), remote, tc, sl, cc)
+}
+
+/// Move what is left of `b` to RTS, in order.
+pub(super) fn bring_up(
+    dev: &IbDev,
+    local: &LocalAddr,
+    mut b: Box<Bringup>,
+    remote: &Meta,
+    tc: u8,
+    sl: u8,
+    cc: &ConnCfg,
+) -> Result<Brought> {
     let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
-    let mut out = Vec::with_capacity(qps.len());
-    for (i, q) in qps.into_iter().enumerate() {
-        let r: Qp<Rtr> = q.to_rtr(&rtr_params(dev, local, remote, i, tc, sl))?;
-        out.push(r.to_rts(&rts)?);
+    while let Some(q) = b.left.pop_front() {
+        let i = b.done.len();
+        let moved = if crate::fault::take_rtr() {
+            let e =
+                Error::sys(format!("ibv_modify_qp(QP {:#x} -> RTR) [RUSTNET_FAULT_RTR]", q.qpn()), crate::error::Errno(libc::ETIMEDOUT));
+            Err((q, e))
+        } else {
+            q.try_rtr(&rtr_params(dev, local, remote, i, tc, sl))
+        };
+        match moved {
+            Ok(r) => b.done.push(r.to_rts(&rts)?),
+            Err((q, e)) if link_lost(dev, &e) => {
+                tracing::warn!(
+                    "{}: moving QP {:#x} to RTR failed while connecting: {e}; the link went away inside the call \
+                     (RoCE: the kernel's resolution of the peer's address timed out): trying the same QP again once the port is ACTIVE \
+                     (up to RUSTNET_CONNECT_TIMEOUT)",
+                    dev.name,
+                    q.qpn()
+                );
+                b.left.push_front(q);
+                b.next = std::time::Instant::now() + RTR_RETRY;
+                b.why = e;
+                return Ok(Brought::Later(b));
+            }
+            Err((_, e)) => return Err(e),
+        }
     }
-    Ok(out)
+    Ok(Brought::Up(std::mem::take(&mut b.done)))
+}
+
+/// Did a move to RTR fail because the link went away inside it (a flap
+/// during connect), so the same move may work once the port is back? A
+/// failed `ibv_modify_qp` to RTR while the port is not ACTIVE now, or one
+/// that could not reach the peer's address (RoCE resolves it inside that
+/// call: timed out, unreachable, no answer). Anything else (another step,
+/// a bad attribute, no memory) is not retried.
+pub(super) fn link_lost(dev: &IbDev, e: &Error) -> bool {
+    let Error::Sys { op, errno } = e else { return false };
+    if !op.contains("-> RTR)") {
+        return false; // (only the move to RTR resolves the peer's address)
+    }
+    [libc::ETIMEDOUT, libc::ENETUNREACH, libc::EHOSTUNREACH, libc::ENODATA, libc::ENETDOWN].contains(&errno.0)
+        || dev.port_attr().is_ok_and(|p| p.state != super::ffi::IBV_PORT_ACTIVE)
+}
+
+/// A connect whose QPs wait after [`Brought::Later`]: may it try again now?
+/// `Ok(false)`: not yet (the port is not ACTIVE, or the pause after a
+/// failed move is not over); an error once RUSTNET_CONNECT_TIMEOUT has
+/// passed since `since` (the handshake's start), naming the last failure.
+pub(super) fn retry_bringup(dev: &IbDev, cc: &ConnCfg, b: &Bringup, since: std::time::Instant) -> Result<bool> {
+    let t = cc.stream.connect_timeout_s.max(1) as u64;
+    if since.elapsed() >= std::time::Duration::from_secs(t) {
+        return Err(Error::Usage(format!(
+            "{}: could not connect the QPs within RUSTNET_CONNECT_TIMEOUT={t} s: the link went away while connecting and the last try failed: {}",
+            dev.describe(),
+            b.why
+        )));
+    }
+    if std::time::Instant::now() < b.next {
+        return Ok(false);
+    }
+    Ok(dev.port_attr().is_ok_and(|p| p.state == super::ffi::IBV_PORT_ACTIVE))
 }
 
 /// Most a first connect waits for the peer's neighbour entry.
@@ -391,7 +490,7 @@ const NEIGH_CONNECT_WAIT: std::time::Duration = std::time::Duration::from_millis
 /// miss its own answer and sleep a whole second ([`super::neigh`]). A
 /// valid entry costs one netlink question; InfiniBand, link-local GIDs and
 /// netdevs this namespace does not see, none.
-fn settle_neighbour(dev: &IbDev, local: &LocalAddr, remote: &Meta) {
+pub(super) fn settle_neighbour(dev: &IbDev, local: &LocalAddr, remote: &Meta) {
     if dev.link_layer != LINK_ETH || local.ifindex == 0 || gid::is_link_local(&local.gid) || gid::is_link_local(&remote.gid) {
         return;
     }
@@ -516,7 +615,12 @@ pub(super) fn receiver_qps(
     let tc = receiver_tc(cc, dev.link_layer, remote.tc);
     let mut cc = cc.clone();
     cc.split = remote.split;
-    let qps = connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)?;
+    // (a move the link cut short: accept waits for the port and starts
+    // over with new QPs, which the sender has not seen yet)
+    let qps = match connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)? {
+        Brought::Up(q) => q,
+        Brought::Later(b) => return Err(b.why),
+    };
     let setup = Setup { qps: Vec::new(), ..setup };
     Ok((setup, qps, cc))
 }

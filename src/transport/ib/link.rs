@@ -135,6 +135,10 @@ fn is_remote_status(s: u32) -> bool {
 pub(super) enum SendHs {
     /// Waiting for the receiver's metadata (its acceptance) since `since`.
     ReadMeta { qps: Vec<Qp<Init>>, rx: Box<[u8; META_LEN]>, got: usize, since: std::time::Instant },
+    /// The link went away inside a move of our QPs to RTR: they wait for
+    /// the port ([`super::handshake::retry_bringup`]); `since` is the
+    /// handshake's start.
+    Rtr { b: Box<super::handshake::Bringup>, remote: Box<Meta>, since: std::time::Instant },
     /// iWARP: the rdma_cm connections of our QPs ([`CmConnect`]).
     Cm { cm: Box<CmConnect>, remote: Box<Meta> },
     /// Writing READY (`sent` bytes of it so far).

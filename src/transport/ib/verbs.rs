@@ -1051,6 +1051,15 @@ impl Qp<Init> {
 
     /// INIT -> RTR: point the QP at its peer.
     pub fn to_rtr(self, p: &RtrParams) -> Result<Qp<Rtr>> {
+        self.try_rtr(p).map_err(|(_, e)| e)
+    }
+
+    /// [`Self::to_rtr`], giving the QP back when the move failed: a failed
+    /// `ibv_modify_qp` changes nothing, so it is still in INIT, and a
+    /// connect whose link went down inside the call (RoCE: the kernel's
+    /// address resolution timed out) can move the same QP, whose number the
+    /// peer already has, again once the port is back.
+    pub fn try_rtr(self, p: &RtrParams) -> std::result::Result<Qp<Rtr>, (Qp<Init>, Error)> {
         let mut a = ibv_qp_attr {
             qp_state: IBV_QPS_RTR,
             path_mtu: p.mtu,
@@ -1073,12 +1082,14 @@ impl Qp<Init> {
             a.ah_attr.grh.traffic_class = p.tc;
         }
         use ibv_qp_attr_mask::*;
-        self.modify(
+        match self.modify(
             &mut a,
             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
             "RTR",
-        )?;
-        Ok(self.into_state())
+        ) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err((self, e)),
+        }
     }
 }
 
