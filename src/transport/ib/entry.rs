@@ -82,7 +82,10 @@ impl SendComm {
         if !self.up()? {
             return Ok(None);
         }
-        self.io.link.flap_before_post(self.tx.live());
+        if self.io.link.member_of.is_none() {
+            // (a merged device's member looked in peek_cap, and must post now)
+            self.io.link.flap_before_post(self.tx.live());
+        }
         if self.recovering()? {
             return Ok(None);
         }
@@ -209,7 +212,10 @@ impl RecvComm {
                 return Err(self.io.link.fail_with(e));
             }
         }
-        self.io.link.flap_before_post(self.rx.live());
+        if self.io.link.member_of.is_none() {
+            // (a merged device's member looked in can_take_recv, and must post now)
+            self.io.link.flap_before_post(self.rx.live());
+        }
         if self.recovering()? {
             return Ok(None);
         }

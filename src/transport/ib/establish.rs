@@ -228,29 +228,27 @@ impl IbListen {
                         let comm = if self.dev.iwarp {
                             self.build_recv_iwarp(sock, peer, &remote)?
                         } else {
-                            match handshake::receiver_qps(&self.dev, &self.cc, &sock, &peer, &remote) {
+                            match handshake::receiver_qps(&self.dev, &self.cc, &sock, &peer, &remote)? {
                                 Ok((setup, qps, cc)) => RecvComm::new(setup, qps, sock, peer, Arc::new(cc), &remote, None)?,
-                                // the link went away inside the move to RTR:
-                                // new QPs once the port is back (the sender
-                                // has not seen these), within RUSTNET_CONNECT_TIMEOUT
-                                Err(e) if handshake::link_lost(&self.dev, &e) => {
+                                // the link went away inside the move to RTR
+                                // (logged): new QPs once the port is back (the
+                                // sender has not seen these), within RUSTNET_CONNECT_TIMEOUT
+                                Err(e) => {
                                     let t = self.cc.stream.connect_timeout_s.max(1) as u64;
                                     if since.elapsed() >= std::time::Duration::from_secs(t) {
-                                        return Err(Error::Usage(format!(
-                                            "{}: could not connect the QPs within RUSTNET_CONNECT_TIMEOUT={t} s: the link went away while accepting and the last try failed: {e}",
-                                            self.dev.describe()
-                                        )));
+                                        return Err(Error::Remote {
+                                            peer: peer.to_string(),
+                                            what: format!(
+                                                "{}: could not move the QPs to RTR within RUSTNET_CONNECT_TIMEOUT={t} s: the link went away while accepting, the last try failed: {e}",
+                                                self.dev.describe()
+                                            ),
+                                        });
                                     }
-                                    tracing::warn!(
-                                        "{}: accepting from {peer}: {e}; the link went away inside the call: trying again with new QPs once the port is ACTIVE (up to RUSTNET_CONNECT_TIMEOUT={t} s)",
-                                        self.dev.name
-                                    );
                                     let next = std::time::Instant::now() + std::time::Duration::from_millis(50);
                                     self.pending.push(Accepting::WaitPort { sock, peer, remote, since, next });
                                     // (the one swapped into slot i is looked at next)
                                     continue;
                                 }
-                                Err(e) => return Err(e),
                             }
                         };
                         let tx = Box::new(comm.local_meta().encode());

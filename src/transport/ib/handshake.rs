@@ -363,6 +363,8 @@ pub(super) struct Bringup {
     pub next: std::time::Instant,
     /// Why the last move failed.
     pub why: Error,
+    /// Moves the link cut short so far (the first few get a WARN each).
+    tries: u32,
 }
 
 /// What [`connect_qps`] / [`bring_up`] got to.
@@ -379,6 +381,7 @@ pub(super) enum Brought {
 const RTR_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Bring `qps` to RTS toward `remote`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn connect_qps(
     dev: &IbDev,
     local: &LocalAddr,
@@ -387,6 +390,7 @@ pub(super) fn connect_qps(
     tc: u8,
     sl: u8,
     cc: &ConnCfg,
+    peer: &SocketAddr,
 ) -> Result<Brought> {
     if remote.qpns.len() != qps.len() {
         return Err(Error::Usage(format!(
@@ -402,11 +406,13 @@ pub(super) fn connect_qps(
         left: qps.into(),
         next: std::time::Instant::now(),
         why: Error::Internal("no move failed".into()),
+        tries: 0,
     };
-    bring_up(dev, local, Box::new(b), remote, tc, sl, cc)
+    bring_up(dev, local, Box::new(b), remote, tc, sl, cc, peer)
 }
 
 /// Move what is left of `b` to RTS, in order.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn bring_up(
     dev: &IbDev,
     local: &LocalAddr,
@@ -415,27 +421,37 @@ pub(super) fn bring_up(
     tc: u8,
     sl: u8,
     cc: &ConnCfg,
+    peer: &SocketAddr,
 ) -> Result<Brought> {
     let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
     while let Some(q) = b.left.pop_front() {
         let i = b.done.len();
-        let moved = if crate::fault::take_rtr() {
+        let seen = dev.health.port_events(dev.port);
+        let (moved, injected) = if crate::fault::take_rtr() {
             let e =
                 Error::sys(format!("ibv_modify_qp(QP {:#x} -> RTR) [RUSTNET_FAULT_RTR]", q.qpn()), crate::error::Errno(libc::ETIMEDOUT));
-            Err((q, e))
+            (Err((q, e)), true)
         } else {
-            q.try_rtr(&rtr_params(dev, local, remote, i, tc, sl))
+            (q.try_rtr(&rtr_params(dev, local, remote, i, tc, sl)), false)
         };
         match moved {
             Ok(r) => b.done.push(r.to_rts(&rts)?),
-            Err((q, e)) if link_lost(dev, &e) => {
-                tracing::warn!(
-                    "{}: moving QP {:#x} to RTR failed while connecting: {e}; the link went away inside the call \
-                     (RoCE: the kernel's resolution of the peer's address timed out): trying the same QP again once the port is ACTIVE \
-                     (up to RUSTNET_CONNECT_TIMEOUT)",
-                    dev.name,
-                    q.qpn()
-                );
+            Err((q, e)) if injected || link_lost(dev, &e, seen) => {
+                b.tries += 1;
+                let what = || {
+                    format!(
+                        "{}: moving QP {:#x} to RTR failed while connecting to {peer}: {e}; the link went away inside the call \
+                         (RoCE: the kernel resolves the peer's address there): trying again once the port is ACTIVE (up to RUSTNET_CONNECT_TIMEOUT={} s)",
+                        dev.name,
+                        q.qpn(),
+                        cc.stream.connect_timeout_s.max(1)
+                    )
+                };
+                if b.tries <= 3 {
+                    tracing::warn!("{}", what());
+                } else {
+                    tracing::debug!("{}", what());
+                }
                 b.left.push_front(q);
                 b.next = std::time::Instant::now() + RTR_RETRY;
                 b.why = e;
@@ -449,31 +465,34 @@ pub(super) fn bring_up(
 
 /// Did a move to RTR fail because the link went away inside it (a flap
 /// during connect), so the same move may work once the port is back? A
-/// failed `ibv_modify_qp` to RTR while the port is not ACTIVE now, or one
-/// that could not reach the peer's address (RoCE resolves it inside that
-/// call: timed out, unreachable, no answer). Anything else (another step,
-/// a bad attribute, no memory) is not retried.
-pub(super) fn link_lost(dev: &IbDev, e: &Error) -> bool {
-    let Error::Sys { op, errno } = e else { return false };
-    if !op.contains("-> RTR)") {
-        return false; // (only the move to RTR resolves the peer's address)
-    }
-    [libc::ETIMEDOUT, libc::ENETUNREACH, libc::EHOSTUNREACH, libc::ENODATA, libc::ENETDOWN].contains(&errno.0)
-        || dev.port_attr().is_ok_and(|p| p.state != super::ffi::IBV_PORT_ACTIVE)
+/// failed `ibv_modify_qp` to RTR (RoCE resolves the peer's address inside
+/// that call, which then times out) while the port is not ACTIVE now, or
+/// after it reported an event since `seen` (taken before the call).
+/// Anything else is not retried: another step, or a move that fails with
+/// the port up and steady (a wrong route, an unreachable GID) fails at once
+/// as before.
+pub(super) fn link_lost(dev: &IbDev, e: &Error, seen: (u32, u32)) -> bool {
+    let Error::Sys { op, .. } = e else { return false };
+    op.contains("-> RTR)")
+        && (dev.health.port_events(dev.port) != seen || dev.port_attr().is_ok_and(|p| p.state != super::ffi::IBV_PORT_ACTIVE))
 }
 
 /// A connect whose QPs wait after [`Brought::Later`]: may it try again now?
 /// `Ok(false)`: not yet (the port is not ACTIVE, or the pause after a
 /// failed move is not over); an error once RUSTNET_CONNECT_TIMEOUT has
 /// passed since `since` (the handshake's start), naming the last failure.
-pub(super) fn retry_bringup(dev: &IbDev, cc: &ConnCfg, b: &Bringup, since: std::time::Instant) -> Result<bool> {
+pub(super) fn retry_bringup(dev: &IbDev, cc: &ConnCfg, b: &Bringup, since: std::time::Instant, peer: &SocketAddr) -> Result<bool> {
     let t = cc.stream.connect_timeout_s.max(1) as u64;
     if since.elapsed() >= std::time::Duration::from_secs(t) {
-        return Err(Error::Usage(format!(
-            "{}: could not connect the QPs within RUSTNET_CONNECT_TIMEOUT={t} s: the link went away while connecting and the last try failed: {}",
-            dev.describe(),
-            b.why
-        )));
+        return Err(Error::Remote {
+            peer: peer.to_string(),
+            what: format!(
+                "{}: could not move the QPs to RTR within RUSTNET_CONNECT_TIMEOUT={t} s: the link went away while connecting, {} tries failed, the last: {}",
+                dev.describe(),
+                b.tries,
+                b.why
+            ),
+        });
     }
     if std::time::Instant::now() < b.next {
         return Ok(false);
@@ -588,19 +607,19 @@ pub fn check_peer_link(dev: &IbDev, remote: &Meta, peer: &SocketAddr) -> Result<
     )))
 }
 
+/// What [`receiver_qps`] got to: the set-up (its QPs taken out), the
+/// established QPs and the connection knobs; or, when the link went away
+/// inside a move to RTR (logged), why: the accept starts over with new QPs
+/// once the port is back (the sender has not seen these).
+pub(super) type Accepted = std::result::Result<(Setup, Vec<Qp<Rts>>, ConnCfg), Error>;
+
 /// The receiver's half of the exchange once the sender's [`Meta`] arrived:
 /// check that the two ports can talk (link layer, GIDs), create our QPs and
 /// bring them to RTS against the sender's. Returns the set-up (its QPs taken
 /// out), the established QPs and the connection knobs as the sender asked
 /// (split). On a GID mismatch the sender is told who we are first, so both
 /// ends fail naming both GIDs.
-pub(super) fn receiver_qps(
-    dev: &Arc<IbDev>,
-    cc: &ConnCfg,
-    sock: &Socket,
-    peer: &SocketAddr,
-    remote: &Meta,
-) -> Result<(Setup, Vec<Qp<Rts>>, ConnCfg)> {
+pub(super) fn receiver_qps(dev: &Arc<IbDev>, cc: &ConnCfg, sock: &Socket, peer: &SocketAddr, remote: &Meta) -> Result<Accepted> {
     check_peer_link(dev, remote, peer)?;
     let setup = Setup::new(dev, cc, false)?;
     if let Err(e) = check_peer_gid(dev, &setup.local, remote) {
@@ -617,10 +636,10 @@ pub(super) fn receiver_qps(
     cc.split = remote.split;
     // (a move the link cut short: accept waits for the port and starts
     // over with new QPs, which the sender has not seen yet)
-    let qps = match connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc)? {
+    let qps = match connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc, peer)? {
         Brought::Up(q) => q,
-        Brought::Later(b) => return Err(b.why),
+        Brought::Later(b) => return Ok(Err(b.why)),
     };
     let setup = Setup { qps: Vec::new(), ..setup };
-    Ok((setup, qps, cc))
+    Ok(Ok((setup, qps, cc)))
 }

@@ -31,7 +31,8 @@ pub const IWARP_DATA_PATH: bool = true;
 pub const IWARP_WHY: &str = "iWARP needs the rdma_cm connection path and a data path without immediates, not in this build";
 
 /// What the plugin does differently on iWARP, for the init log and doctor.
-pub const IWARP_HOW: &str = "rdma_cm connection set-up, completion notices by SEND (no immediates), eager path off, host memory only";
+pub const IWARP_HOW: &str =
+    "rdma_cm connection set-up, completion notices by SEND (no immediates), eager path off, host memory only, no recovery in place (a link fault fails the comm)";
 
 /// The RDMA network a port belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -85,6 +85,9 @@ pub(super) struct Link {
     /// fails on the first fault (the knob is 0, iWARP, or the peer's build
     /// does not recover).
     pub(super) rec: Option<Box<super::recover::RecLink>>,
+    /// A member of a merged device: its name ("rxe0+rxe2") and this rail's
+    /// index (what a recovery that waits for this port says it holds up).
+    pub(super) member_of: Option<(Arc<str>, usize)>,
     /// The receiver's flush QP (its completions are the comm's too).
     pub(super) flush_qpn: Option<u32>,
     pub(super) health: (u32, u32),
@@ -161,6 +164,7 @@ impl Link {
             local_gid: [0; 16],
             failed: None,
             rec: None,
+            member_of: None,
             flush_qpn: None,
             idle: 0,
             last_check: std::time::Instant::now(),

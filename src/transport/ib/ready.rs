@@ -42,19 +42,19 @@ impl SendComm {
                         io.hs = Some(SendHs::Cm { cm: Box::new(cm), remote: Box::new(remote) });
                         continue;
                     }
-                    match handshake::connect_qps(&io.link.dev, &io.local, qps, &remote, io.tc, io.sl, &io.link.cc)? {
+                    match handshake::connect_qps(&io.link.dev, &io.local, qps, &remote, io.tc, io.sl, &io.link.cc, &io.link.peer)? {
                         Brought::Up(qps) => self.connected(qps, &remote)?,
                         // (the receiver has our QPs' numbers: the same QPs go on)
                         Brought::Later(b) => io.hs = Some(SendHs::Rtr { b, remote: Box::new(remote), since }),
                     }
                 }
                 Some(SendHs::Rtr { b, since, .. }) => {
-                    if !handshake::retry_bringup(&io.link.dev, &io.link.cc, b, *since)? {
+                    if !handshake::retry_bringup(&io.link.dev, &io.link.cc, b, *since, &io.link.peer)? {
                         return Ok(());
                     }
                     let Some(SendHs::Rtr { b, remote, since }) = io.hs.take() else { unreachable!() };
                     handshake::settle_neighbour(&io.link.dev, &io.local, &remote);
-                    match handshake::bring_up(&io.link.dev, &io.local, b, &remote, io.tc, io.sl, &io.link.cc)? {
+                    match handshake::bring_up(&io.link.dev, &io.local, b, &remote, io.tc, io.sl, &io.link.cc, &io.link.peer)? {
                         Brought::Up(qps) => {
                             tracing::info!("{}: send comm to {}: QPs connected after the link came back", io.link.dev.name, io.link.peer);
                             self.connected(qps, &remote)?

@@ -92,24 +92,39 @@ impl Link {
         self.fault(cause, Error::Internal("port flap".into()));
     }
 
-    /// About to post (an isend, an irecv, or a merged device asking whether
-    /// it may): if the port reported an event the comm has not looked at,
-    /// look now, with the request about to be posted counted as outstanding.
-    /// A comm whose port is down then stops and recovers instead of posting
-    /// into the dead link (the request waits in NCCL's retry and goes out on
-    /// the new QPs). On soft-RoCE a post into a dead link also leaves the
-    /// kernel resolving the peer's address, an INCOMPLETE neighbour entry
-    /// that after link-up answers only at its next ARP retry (1 s), which
-    /// held the recovery messages on the same netdev that long (stop 37's
-    /// trace of `verbs_late_rank_receiver_flap_recovers`). One compare of two
-    /// counters when nothing happened.
+    /// About to post (an isend or irecv of a plain comm, or a merged device
+    /// asking a member whether it would take one: a member then posts without
+    /// looking again, so the answer it gave stands): if the port reported an
+    /// event the comm has not looked at, look now. When the port is down
+    /// now, the request about to be posted counts as outstanding, so the comm
+    /// stops and recovers instead of posting into the dead link (the request
+    /// waits in NCCL's retry and goes out on the new QPs); a flap already
+    /// over is handled as before (a recovery only for work outstanding).
+    /// Not during the handshake (a port event then waits for READY, as in
+    /// the idle tick) nor during a recovery (which handles the port itself).
+    /// On soft-RoCE a post into a dead link also leaves the kernel resolving
+    /// the peer's address, an INCOMPLETE neighbour entry that after link-up
+    /// answers only at its next ARP retry (1 s), which held the recovery
+    /// messages on the same netdev that long (stop 37's trace of
+    /// `verbs_late_rank_receiver_flap_recovers`). One compare of two counters
+    /// when nothing happened.
     #[inline(always)]
     pub(super) fn flap_before_post(&mut self, live: usize) {
         if let Some(r) = self.rec.as_ref() {
             if self.dev.health.port_events(self.dev.port) != r.port_seen {
-                self.check_flap(live + 1);
+                self.flap_seen(live);
             }
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flap_seen(&mut self, live: usize) {
+        if self.handshake || self.halted() {
+            return;
+        }
+        let down = self.dev.port_attr().is_ok_and(|p| p.state != super::ffi::IBV_PORT_ACTIVE);
+        self.check_flap(if down { live + 1 } else { live });
     }
 
     /// Write what is queued, read what came, hand complete messages to the
@@ -240,7 +255,14 @@ impl Link {
             GiveUpWhy::Window { waited, charged, phase } => {
                 let waiting = match phase {
                     Phase::Draining => "the completions of the stopped QPs".to_string(),
-                    Phase::WaitPort | Phase::Rebuild => format!("{} to be ACTIVE again", self.dev.describe()),
+                    Phase::WaitPort | Phase::Rebuild => match &self.member_of {
+                        Some((name, i)) => format!(
+                            "{} to be ACTIVE again (member {i} of merged device {name}: the other members cannot take its share, \
+                             librustnet has no failover between members yet)",
+                            self.dev.describe()
+                        ),
+                        None => format!("{} to be ACTIVE again", self.dev.describe()),
+                    },
                     Phase::Exchange => "the peer's new QPs (is its port up?)".into(),
                     Phase::WaitGo | Phase::Running | Phase::Failed => "the peer to resume".into(),
                 };
@@ -411,6 +433,21 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                     Err(e) => {
                         // what the port or its address table still lacks (once per change)
                         let why = e.to_string();
+                        let (first, window_s) = (r.port_wait.is_empty(), r.window_s);
+                        if first {
+                            if let Some((name, i)) = &link.member_of {
+                                // (once per episode: port_wait is cleared at each stop)
+                                tracing::warn!(
+                                    "{}: comm to {}: this port is member {i} of merged device {name}, and its share of every message on the comm \
+                                     waits for it: librustnet does not move a member's traffic to the other members yet. The comm goes on when \
+                                     the port is back, or fails after RUSTNET_RECOVERY_TIMEOUT={} s (raise it to wait longer)",
+                                    link.dev.name,
+                                    link.peer_name(),
+                                    window_s
+                                );
+                            }
+                        }
+                        let Some(r) = link.rec.as_mut() else { return Err(link.fail_with(no_rec())) };
                         if r.port_wait != why {
                             r.port_wait = why;
                             link.step_done(&format!("waiting for the port: {}", link.rec.as_ref().map_or("", |r| r.port_wait.as_str())));

@@ -248,6 +248,11 @@ impl Handles {
 
 // ---------------------------------------------------------------- data path
 
+/// A merged device's name from its members' ("rxe0+rxe2").
+fn merged_name<'a>(members: impl Iterator<Item = &'a str>) -> Arc<str> {
+    members.collect::<Vec<_>>().join("+").into()
+}
+
 struct MReq {
     ids: [Option<ReqId>; MAX_MEMBERS],
     sizes: [[usize; MAX_RECVS]; MAX_MEMBERS],
@@ -273,7 +278,11 @@ pub struct MultiSend {
 
 impl MultiSend {
     /// Over the member comms `rails` (rail order) of NCCL's device `vdev`.
-    pub(super) fn new(rails: Vec<SendComm>, vdev: usize) -> MultiSend {
+    pub(super) fn new(mut rails: Vec<SendComm>, vdev: usize) -> MultiSend {
+        let name = merged_name(rails.iter().map(|r| r.io.link.dev.name.as_str()));
+        for (i, r) in rails.iter_mut().enumerate() {
+            r.io.link.member_of = Some((name.clone(), i));
+        }
         MultiSend { rails, vdev, reqs: Pool::new(super::p2p::SEND_SLOTS) }
     }
 
@@ -349,6 +358,11 @@ impl MultiSend {
             // SAFETY: a sub-range of the caller's buffer, same contract.
             let sid = match unsafe { r.isend_p(sub, tag, mr, parent) } {
                 Ok(Some(s)) => s,
+                // member 0 busy after all: nothing posted yet, NCCL retries
+                Ok(None) if i == 0 => {
+                    let _ = self.reqs.release(id);
+                    return Ok(None);
+                }
                 Ok(None) => {
                     let _ = self.reqs.release(id);
                     return Err(out_of_step("isend", i));
@@ -398,7 +412,11 @@ pub struct MultiRecv {
 
 impl MultiRecv {
     /// Over the member comms `rails` (rail order) of NCCL's device `vdev`.
-    pub(super) fn new(rails: Vec<RecvComm>, vdev: usize) -> MultiRecv {
+    pub(super) fn new(mut rails: Vec<RecvComm>, vdev: usize) -> MultiRecv {
+        let name = merged_name(rails.iter().map(|r| r.io.link.dev.name.as_str()));
+        for (i, r) in rails.iter_mut().enumerate() {
+            r.io.link.member_of = Some((name.clone(), i));
+        }
         MultiRecv { rails, vdev, reqs: Pool::new(super::p2p::RECV_POOL) }
     }
 
