@@ -29,8 +29,9 @@
 #     next retransmission); more than LOSS_RESUME_MAX (2) s fails. The
 #     out-of-band sockets go over lo there (NCCL_SOCKET_IFNAME on a network
 #     other than the fabric, as on most clusters), so "again" times the
-#     recovery and not the rig putting its routes back; flap-3-shared keeps
-#     them on veth0 (the fabric's own link).
+#     recovery and not the rig putting its routes back; flap-3-shared and
+#     flap-20-shared keep them on veth0 (the fabric's own link, as on a RoCE
+#     cluster whose NCCL_SOCKET_IFNAME is the RDMA port's netdev).
 #   - loss5 (by name only): as loss1 with 5% loss.
 #   - qperr (by name only): 300 s of traffic (LOSS_QPERR_SECONDS) with a QP
 #     forced to the error state every 500th data post (RUSTNET_FAULT_QP_ERROR;
@@ -50,7 +51,8 @@
 #
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
 # LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3"; LOSS_SLOW=1 adds loss1-t20
-# and flap-20), LOSS_RESUME_MAX (2 s), LOSS_REPEAT (runs per scenario, 1), LOSS_MSG (message size, 1 MiB),
+# flap-20 and flap-20-shared), LOSS_RESUME_MAX (2 s), LOSS_REPEAT (runs per scenario, 1), LOSS_MSG (message size, 1 MiB),
+# LOSS_PLUGIN (the plugin the rig loads: another build, for an A/B in one boot; default the tree's),
 # LOSS_NO_BUILD=1, LOSS_NCCL_DEBUG (INFO: print each recovery's steps and their times), RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
 # did not, 125 the VM died or timed out, 2 the build failed.
 set -u -o pipefail
@@ -61,7 +63,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 if [ "${1:-}" = --in-vm ]; then
   ulimit -l unlimited
   T=${LOSS_TARGET:-$ROOT/target/release}
-  export RUSTNET_TRANSPORT=ib NCCL_IB_HCA="=rxe0,rxe1" NCCL_SOCKET_IFNAME=veth0 RUSTNET_PLUGIN=$T/librustnet.so
+  export RUSTNET_TRANSPORT=ib NCCL_IB_HCA="=rxe0,rxe1" NCCL_SOCKET_IFNAME=veth0 RUSTNET_PLUGIN=${LOSS_PLUGIN:-$T/librustnet.so}
   devs=${LOSS_DEVS:-veth1}
   W=/tmp/loss
   mkdir -p $W
@@ -128,6 +130,9 @@ FLAP
     # the rig's own deadline, if the scenario sets one, plus a minute; else 480 s
     local tmo=480
     [[ $xenv == *LOSS_DEADLINE_S=* ]] && { tmo=${xenv##*LOSS_DEADLINE_S=}; tmo=$((${tmo%% *} + 60)); }
+    # (a scenario run again in this boot starts from an empty statistics
+    # directory: the rig reads every file in it)
+    rm -rf "$dir"
     snap $out.before
     watch_pid=""
     if [ "$name" = loss1 ]; then
@@ -221,7 +226,7 @@ FLAP
     rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$again" "$res | $cnt")")
   }
   want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect} "
-  [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 flap-20 "
+  [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 flap-20 flap-20-shared "
   # each picked scenario runs LOSS_REPEAT times (1): rows name/2, name/3, ...
   pick() {
     [[ $want == *" $1 "* ]] || return 0
@@ -247,6 +252,7 @@ FLAP
   pick flap-3  0%   20 7 ok NCCL_SOCKET_IFNAME=lo 3
   pick flap-20 0%   20 7 ok NCCL_SOCKET_IFNAME=lo 20
   pick flap-3-shared 0% 20 7 ok "" 3
+  pick flap-20-shared 0% 20 7 ok "" 20
   pick flap-connect 0% 20 7 ok "" 3 connect
   # five minutes of traffic with a QP moved to the error state every 500th
   # data post (from the 300th): at least 20 recoveries
@@ -279,6 +285,6 @@ export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-$vm_s}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
   "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
-  "LOSS_INVREQ_SECONDS=${LOSS_INVREQ_SECONDS:-600}" \
+  "LOSS_INVREQ_SECONDS=${LOSS_INVREQ_SECONDS:-600}" ${LOSS_PLUGIN:+"LOSS_PLUGIN=$LOSS_PLUGIN"} \
   ${LOSS_NCCL_DEBUG:+"NCCL_DEBUG=$LOSS_NCCL_DEBUG"} bash "$HERE/loss.sh" --in-vm)
 "$HERE/run.sh" "$guest"
