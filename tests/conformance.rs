@@ -908,15 +908,23 @@ fn peer_flap_sender(peer: &mut Peer, _e: &PeerEnv) {
     peer.say("READY");
     peer.hear("SEND");
     let t0 = Instant::now();
-    let q = send(&peer.p, &mut buf);
-    let res = loop {
+    // (the comm may fail before it takes the send: a link down for good)
+    let q = loop {
+        match peer.p.isend(s, buf.as_mut_ptr(), buf.len(), 100, mh) {
+            Ok(Some(q)) => break Ok(q),
+            Ok(None) if t0.elapsed() > Duration::from_secs(60) => break Err("isend not taken after 60 s".to_string()),
+            Ok(None) => {}
+            Err(e) => break Err(format!("isend error {}", e.code)),
+        }
+    };
+    let res = q.and_then(|q| loop {
         match peer.p.test(q, &mut [0]) {
             Ok(true) => break Ok(()),
             Ok(false) if t0.elapsed() > Duration::from_secs(60) => break Err("not done after 60 s".to_string()),
             Ok(false) => std::thread::sleep(Duration::from_micros(200)),
             Err(e) => break Err(format!("error {}", e.code)),
         }
-    };
+    });
     let took = t0.elapsed().as_millis();
     peer.say(&format!("SENT {}", if res.is_ok() { "ok" } else { "failed" }));
     peer.hear("EXIT");
@@ -2000,9 +2008,7 @@ fn killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
 /// naming the peer and the recovery it was in, not wait out
 /// RUSTNET_RECOVERY_TIMEOUT (120 s by default).
 fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String> {
-    let Ok(dev) = std::env::var("RUSTNET_CONF_FLAP_IF") else {
-        return Err("SKIPPED: needs RUSTNET_CONF_FLAP_IF, an interface under the verbs devices to take down (the VM suite sets it)".into());
-    };
+    let dev = flap_if()?;
     let t = Duration::from_secs(60);
     let mut a = spawn("A", 8, &KILLED_RECEIVER_SIDE, &[]);
     let mut b = spawn("B", 8, &CUT_SENDER, &[]);
@@ -2012,10 +2018,7 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
     std::thread::sleep(Duration::from_millis(300));
     // the interface's routes (the VM's policy routes are not put back by the
     // kernel when it comes up), then down
-    let routes = routes_of(&dev);
-    if !sh(&format!("ip link set {dev} down")) {
-        return Err(format!("could not take {dev} down"));
-    }
+    let (routes, _) = link_down(&dev)?;
     // both ends see PORT_ERR with requests outstanding and stop their QPs
     std::thread::sleep(Duration::from_secs(2));
     let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || link_up_with(&dev, &routes).map(|_| ()))?;
@@ -2061,6 +2064,22 @@ fn show_steps(marks: &[(&str, f64)], logs: &[(&str, &StderrLog)]) -> String {
     out
 }
 
+/// The interface a verbs flap case takes down (`RUSTNET_CONF_FLAP_IF`,
+/// which the VM suite sets); a loud skip without it.
+fn flap_if() -> Result<String, String> {
+    std::env::var("RUSTNET_CONF_FLAP_IF")
+        .map_err(|_| "SKIPPED: needs RUSTNET_CONF_FLAP_IF, an interface under the verbs devices to take down (the VM suite sets it)".into())
+}
+
+/// Take `dev` down; its routes (for [`link_up_with`]) and when (unix seconds).
+fn link_down(dev: &str) -> Result<(String, f64), String> {
+    let routes = routes_of(dev);
+    if !sh(&format!("ip link set {dev} down")) {
+        return Err(format!("could not take {dev} down"));
+    }
+    Ok((routes, unix_now()))
+}
+
 /// The routes through interface `dev` (the VM's policy routes are not put
 /// back by the kernel when it comes up).
 fn routes_of(dev: &str) -> String {
@@ -2097,9 +2116,7 @@ fn link_up_with(dev: &str, routes: &str) -> Result<f64, String> {
 /// flap, long before B is back. When B returns it sends, on the recovered
 /// QPs, and A gets all 1 MiB, every byte right.
 fn verbs_late_rank_flap_case() -> Result<String, String> {
-    let Ok(dev) = std::env::var("RUSTNET_CONF_FLAP_IF") else {
-        return Err("SKIPPED: needs RUSTNET_CONF_FLAP_IF, an interface under the verbs devices to take down (the VM suite sets it)".into());
-    };
+    let dev = flap_if()?;
     let t = Duration::from_secs(60);
     let env = [("RUSTNET_RECOVERY_TIMEOUT", "4")];
     let mut a = spawn("A", 8, &LATE_RECEIVER, &env);
@@ -2109,11 +2126,7 @@ fn verbs_late_rank_flap_case() -> Result<String, String> {
     b.expect("READY", t)?;
     let away = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
-    let routes = routes_of(&dev);
-    if !sh(&format!("ip link set {dev} down")) {
-        return Err(format!("could not take {dev} down"));
-    }
-    let down_at = unix_now();
+    let (routes, down_at) = link_down(&dev)?;
     std::thread::sleep(Duration::from_secs(2));
     let up_at = link_up_with(&dev, &routes)?;
     std::thread::sleep(Duration::from_secs(14).saturating_sub(away.elapsed()));
@@ -2157,9 +2170,7 @@ fn verbs_late_rank_flap_case() -> Result<String, String> {
 /// link-up in the VM, against 0.2 s for the other: not yet traced, so the
 /// window leaves room.)
 fn verbs_away_receiver_flap_case() -> Result<String, String> {
-    let Ok(dev) = std::env::var("RUSTNET_CONF_FLAP_IF") else {
-        return Err("SKIPPED: needs RUSTNET_CONF_FLAP_IF, an interface under the verbs devices to take down (the VM suite sets it)".into());
-    };
+    let dev = flap_if()?;
     let t = Duration::from_secs(60);
     let env = [("RUSTNET_RECOVERY_TIMEOUT", "6")];
     let mut a = spawn("A", 8, &FLAP_SENDER, &env);
@@ -2169,11 +2180,7 @@ fn verbs_away_receiver_flap_case() -> Result<String, String> {
     b.expect("POSTED", t)?;
     let away = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
-    let routes = routes_of(&dev);
-    if !sh(&format!("ip link set {dev} down")) {
-        return Err(format!("could not take {dev} down"));
-    }
-    let down_at = unix_now();
+    let (routes, down_at) = link_down(&dev)?;
     std::thread::sleep(Duration::from_millis(300));
     a.send("SEND");
     std::thread::sleep(Duration::from_secs(2));
@@ -2206,6 +2213,69 @@ fn verbs_away_receiver_flap_case() -> Result<String, String> {
         sent_unix - up_at,
         show_steps(&[("link down", down_at), ("link up", up_at), ("A's send done", sent_unix)], &[("A", &ea), ("B", &eb)])
     ))
+}
+
+/// Verbs, issue 20 (one member of a merged device down for good): member
+/// 0's link (veth1 under rxe1, so rxe0 loses its carrier too) goes down
+/// while sender A's 1 MiB send and receiver B's receive wait, and stays
+/// down. librustnet has no failover between members yet, so the comm
+/// cannot go on; what the user must get is a clear error at the end of
+/// the recovery window, never a hang: both ends fail about
+/// RUSTNET_RECOVERY_TIMEOUT (4 s) after the fault, each having said at once
+/// that its share waits for that port; the end whose window ends first
+/// names the port, the merged device, that the other members cannot take
+/// its share, and the knob (the other fails on its GiveUp at once; A's
+/// isend meanwhile is answered "not yet", then with the error). Only on a
+/// merged device (the VM suite's merged pass).
+fn verbs_merged_member_down_case() -> Result<String, String> {
+    if !std::env::var("RUSTNET_CONF_A_ENV").is_ok_and(|v| v.contains("RUSTNET_IB_MERGE_NICS=")) {
+        return Err("SKIPPED: needs a merged device (RUSTNET_IB_MERGE_NICS in RUSTNET_CONF_A_ENV: the VM suite's merged pass)".into());
+    }
+    let dev = flap_if()?;
+    let t = Duration::from_secs(60);
+    let env = [("RUSTNET_RECOVERY_TIMEOUT", "4")];
+    let mut a = spawn("A", 8, &FLAP_SENDER, &env);
+    let mut b = spawn("B", 8, &LATE_RECEIVER, &env);
+    swap_handles(&mut a, &mut b, t)?;
+    a.expect("READY", t)?;
+    b.expect("POSTED", t)?;
+    let (routes, _) = link_down(&dev)?;
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    a.send("SEND");
+    let sent = a.expect("SENT", t);
+    let took = down.elapsed();
+    let up = link_up_with(&dev, &routes);
+    a.send("EXIT");
+    let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
+    let ra = finish(a);
+    let rb = finish(b);
+    up?;
+    let sent = sent.map_err(|e| format!("A: {e}; its stderr:\n{}", ea.tail(20)))?;
+    let (ra, rb) = (ra?, rb?);
+    if !sent.contains("failed") || !ra.contains("failed") || !rb.contains("failed") {
+        return Err(format!("expected both ends to fail with member 0 down for good: A: {sent} / {ra}; B: {rb}"));
+    }
+    // (the end whose window ends first gives up naming the port; the
+    // other fails at once on its GiveUp)
+    if took < Duration::from_secs(3) || took > Duration::from_secs(15) {
+        return Err(format!("A's send failed {took:?} after the fault, not at the end of the 4 s window"));
+    }
+    eb.wait_eof(Duration::from_secs(5));
+    let said = ea.text().contains("member 0 of merged device") && eb.text().contains("member 0 of merged device");
+    let failed: Vec<String> = [&ea, &eb]
+        .iter()
+        .flat_map(|l| l.text().lines().filter(|x| x.contains("comm failed")).map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    let named = failed.iter().find(|f| f.contains("merged device") && f.contains("RUSTNET_RECOVERY_TIMEOUT=4"));
+    let Some(named) = named.filter(|_| said) else {
+        return Err(format!(
+            "the logs do not say what held the comm (both WARNed at once: {said}); the errors: {failed:?}\nA: {}\nB: {}",
+            ea.tail(10),
+            eb.tail(10)
+        ));
+    };
+    Ok(format!("both ends failed, A {:.1} s after member 0's link went down for good: {}", took.as_secs_f64(), named.trim()))
 }
 
 /// Streams reset in the middle of transfers (RUSTNET_FAULT_TCP_RESET: A's
@@ -2723,6 +2793,7 @@ fn main() {
         cases.push(Case::new("verbs_late_rank_flap_recovers", verbs_late_rank_flap_case));
         cases.push(Case::new("verbs_late_rank_receiver_flap_recovers", verbs_away_receiver_flap_case));
         cases.push(Case::new("verbs_connect_rtr_cut_short_retried", verbs_connect_rtr_cut_short_case));
+        cases.push(Case::new("verbs_merged_member_down_fails_clearly", verbs_merged_member_down_case));
     }
     cases.push(Case::new("garbage_on_listen_port", garbage_case));
     cases.push(Case::new("invalid_env_values", bad_env_case));

@@ -37,6 +37,12 @@
 #     forced to the error state every 500th data post (RUSTNET_FAULT_QP_ERROR;
 #     the goal is at least 20 forced errors in the 5 minutes):
 #     no error, every byte right; the statistics table counts the recoveries.
+#   - cut-3-rec: every packet on veth1 dropped for 3 s (netem; the port stays
+#     ACTIVE, no port event) with NCCL_IB_TIMEOUT=14 and NCCL_IB_RETRY_CNT=2,
+#     so the QPs fail with retry exceeded inside the cut (rxe treats 7 as
+#     "retry forever"): the comms recover, fail again on the new QPs until the
+#     cut ends (one episode), then go on; no error, every byte right, "again"
+#     from the end of the cut.
 #   - flap-connect: veth1 down for 3 s from just before the connections are
 #     set up: connect and accept wait for the port (RUSTNET_CONNECT_TIMEOUT),
 #     then the traffic runs clean.
@@ -50,7 +56,7 @@
 # the WARN naming the peer when a comm failed; then one table.
 #
 # Also run by verbs-suite.sh (VERBS_LOSS). Knobs: LOSS_BYTES (32 MiB per direction), LOSS_DEVS ("veth1"), LOSS_SLOW=1,
-# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3"; LOSS_SLOW=1 adds loss1-t20
+# LOSS_SCENARIOS ("clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect cut-3-rec"; LOSS_SLOW=1 adds loss1-t20
 # flap-20 and flap-20-shared), LOSS_RESUME_MAX (2 s), LOSS_REPEAT (runs per scenario, 1), LOSS_MSG (message size, 1 MiB),
 # LOSS_PLUGIN (the plugin the rig loads: another build, for an A/B in one boot; default the tree's),
 # LOSS_NO_BUILD=1, LOSS_NCCL_DEBUG (INFO: print each recovery's steps and their times), RXE_VM_* (run.sh). Exit: 0 every scenario behaved, 1 one
@@ -104,7 +110,22 @@ sed -n 's/^/route replace /p' <<<"$routes" | ip -force -batch - 2>/dev/null
 date +%s.%N > "$out.routes"
 FLAP
   chmod +x $W/flap.sh
-  # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS] [FLAP_AT: run|connect]
+  # cut DEV SECONDS OUT: every packet through DEV dropped for that long (a
+  # switch that blackholes traffic; the port stays ACTIVE: no port event),
+  # the same time files as flap.sh (.routes = .up: nothing to put back)
+  cat > $W/cut.sh <<'CUT'
+#!/bin/bash
+dev=$1 secs=$2 out=$3 after=${4:-2}
+sleep "$after"
+tc qdisc replace dev "$dev" root netem loss 100%
+date +%s.%N > "$out.down"
+sleep "$secs"
+tc qdisc del dev "$dev" root
+date +%s.%N > "$out.up"
+cp "$out.up" "$out.routes"
+CUT
+  chmod +x $W/cut.sh
+  # scenario NAME LOSS TIMEOUT RETRY MODE [ENV] [FLAP_SECONDS] [FLAP_AT: run|connect|cut]
   scenario() {
     local name=$1 loss=$2 to=$3 rc=$4 mode=$5 xenv=${6:-} flap=${7:-} at=${8:-run} out dir line secs expect="" res again="-" window=0
     # (a repeat is named flap-3/2: its files flap-3_2)
@@ -120,6 +141,8 @@ FLAP
       # emulation, and the link then went down in the middle of a handshake)
       before="setsid $W/flap.sh veth1 $flap $out 0 > /dev/null 2>&1 & for i in \$(seq 200); do [ -s $out.down ] && break; sleep 0.05; done; sleep 0.1"
       apply=""
+    elif [ -n "$flap" ] && [ "$at" = cut ]; then
+      apply="setsid $W/cut.sh veth1 $flap $out > /dev/null 2>&1 &"
     elif [ -n "$flap" ]; then
       apply="setsid $W/flap.sh veth1 $flap $out > /dev/null 2>&1 &"
     fi
@@ -225,7 +248,7 @@ FLAP
     [ "$res" = PASS ] || fails=$((fails + 1))
     rows+=("$(printf '%-10s %5s %3s %3s %-4s %8s %8s %6s %12s %6s  %s' "$name" "$loss" "$to" "$rc" "$mode" "${secs:--}" "${expect:--}" "$errs" "$bytes" "$again" "$res | $cnt")")
   }
-  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect} "
+  want=" ${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect cut-3-rec} "
   [ "${LOSS_SLOW:-0}" = 1 ] && want+="loss1-t20 flap-20 flap-20-shared "
   # each picked scenario runs LOSS_REPEAT times (1): rows name/2, name/3, ...
   pick() {
@@ -254,6 +277,11 @@ FLAP
   pick flap-3-shared 0% 20 7 ok "" 3
   pick flap-20-shared 0% 20 7 ok "" 20
   pick flap-connect 0% 20 7 ok "" 3 connect
+  # every packet on veth1 dropped for 3 s, the port ACTIVE throughout, with a
+  # retry budget short enough that the QPs fail inside the cut
+  # (NCCL_IB_RETRY_CNT < 7: rxe takes 7 as "retry forever"): each recovery's
+  # new QPs fail again until the cut ends, as one episode; no error
+  pick cut-3-rec 0% 14 2 ok NCCL_SOCKET_IFNAME=lo 3 cut
   # five minutes of traffic with a QP moved to the error state every 500th
   # data post (from the 300th): at least 20 recoveries
   pick qperr   0%   20 7 ok "RUSTNET_FAULT_QP_ERROR=send:300:500 LOSS_SECONDS=${LOSS_QPERR_SECONDS:-300} LOSS_DEADLINE_S=420"
@@ -283,7 +311,7 @@ case " ${LOSS_SCENARIOS:-} " in *" invreq "*) vm_s=$((vm_s + ${LOSS_INVREQ_SECON
 case " ${LOSS_SCENARIOS:-} " in *" qperr "*) vm_s=$((vm_s + ${LOSS_QPERR_SECONDS:-300} + 180)) ;; esac
 export RXE_VM_PAIRS=1 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-$vm_s}
 guest=$(printf '%q ' env "LOSS_BYTES=${LOSS_BYTES:-33554432}" "LOSS_DEVS=${LOSS_DEVS:-veth1}" "LOSS_SLOW=${LOSS_SLOW:-0}" \
-  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
+  "LOSS_SCENARIOS=${LOSS_SCENARIOS:-clean loss1 cut-t14 cut-t16 cut-t18 cut-rec flap-0.5 flap-3 flap-3-shared flap-connect cut-3-rec}" "LOSS_MSG=${LOSS_MSG:-1048576}" \
   "LOSS_RESUME_MAX=${LOSS_RESUME_MAX:-2}" "LOSS_REPEAT=${LOSS_REPEAT:-1}" "LOSS_QPERR_SECONDS=${LOSS_QPERR_SECONDS:-300}" \
   "LOSS_INVREQ_SECONDS=${LOSS_INVREQ_SECONDS:-600}" ${LOSS_PLUGIN:+"LOSS_PLUGIN=$LOSS_PLUGIN"} \
   ${LOSS_NCCL_DEBUG:+"NCCL_DEBUG=$LOSS_NCCL_DEBUG"} bash "$HERE/loss.sh" --in-vm)
