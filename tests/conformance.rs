@@ -2115,10 +2115,15 @@ fn link_up_with(dev: &str, routes: &str) -> Result<f64, String> {
 /// full since A's NCCL waits) would otherwise end A's comm 4 s after the
 /// flap, long before B is back. When B returns it sends, on the recovered
 /// QPs, and A gets all 1 MiB, every byte right.
+/// `RUSTNET_CONF_FLAP_S` (2) sets the flap's length; the window is 2 s more
+/// and B is away for 12 s more (at least 14).
 fn verbs_late_rank_flap_case() -> Result<String, String> {
     let dev = flap_if()?;
     let t = Duration::from_secs(60);
-    let env = [("RUSTNET_RECOVERY_TIMEOUT", "4")];
+    let flap_s = env_u64("RUSTNET_CONF_FLAP_S", 2).clamp(1, 40);
+    let window = (flap_s + 2).to_string();
+    let away_s = (flap_s + 12).max(14);
+    let env = [("RUSTNET_RECOVERY_TIMEOUT", window.as_str())];
     let mut a = spawn("A", 8, &LATE_RECEIVER, &env);
     let mut b = spawn("B", 8, &LATE_SENDER, &env);
     swap_handles(&mut a, &mut b, t)?;
@@ -2127,9 +2132,9 @@ fn verbs_late_rank_flap_case() -> Result<String, String> {
     let away = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
     let (routes, down_at) = link_down(&dev)?;
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(flap_s));
     let up_at = link_up_with(&dev, &routes)?;
-    std::thread::sleep(Duration::from_secs(14).saturating_sub(away.elapsed()));
+    std::thread::sleep(Duration::from_secs(away_s).saturating_sub(away.elapsed()));
     b.send("GO");
     let (ea, eb) = (a.stderr.clone(), b.stderr.clone());
     let ra = finish(a).map_err(|e| format!("A: {e}; its stderr:\n{}", ea.tail(20)))?;
@@ -2152,7 +2157,7 @@ fn verbs_late_rank_flap_case() -> Result<String, String> {
     let secs: Vec<f64> =
         ea.text().lines().filter_map(|l| l.split(" recovered in ").nth(1)?.split_whitespace().next()?.parse().ok()).collect();
     Ok(format!(
-        "B away 14 s, a 2 s flap meanwhile: A's comm recovered in {secs:.2?} s with B's answered by the keeper ({kept} comm(s)); A got all 1 MiB, every byte right, {:.1} s after posting{}",
+        "B away {away_s} s, a {flap_s} s flap meanwhile: A's comm recovered in {secs:.2?} s with B's answered by the keeper ({kept} comm(s)); A got all 1 MiB, every byte right, {:.1} s after posting{}",
         field(&ra, "waited_ms") as f64 / 1e3,
         show_steps(&[("link down", down_at), ("link up", up_at)], &[("A", &ea), ("B", &eb)])
     ))
