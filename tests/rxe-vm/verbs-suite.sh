@@ -220,6 +220,11 @@ if [ "${1:-}" = --in-vm ]; then
     t0=$EPOCHREALTIME
     csv=/tmp/scale-ci.csv
     ulimit -n 65536 2>/dev/null
+    # (transparent huge pages off in this throw-away guest: a heap that
+    # happened to grow into a 2 MB page once read as 66 KiB more per comm
+    # and 10 MB kept after close, stop 37's third suite; the check is about
+    # what the plugin allocates per comm, not how the kernel backs it)
+    echo madvise > /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null
     NCCL_IB_HCA="=rxe0" NCCL_IB_TIMEOUT=14 timeout -k 10 300 "$VERBS_RUSTNET" bench scale --comms 16,128 --reps 1 \
       --lat-iters 200 --bytes 8M --idle-s 0.5 --label ci --csv "$csv" < /dev/null 2>&1 | tail -n 6
     rc=${PIPESTATUS[0]}
