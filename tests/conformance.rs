@@ -2171,9 +2171,11 @@ fn verbs_late_rank_flap_case() -> Result<String, String> {
 /// its restart point, the CTS written again). A's send completes on the
 /// new QPs while B is still away (RUSTNET_RECOVERY_TIMEOUT=6 would end it
 /// otherwise, about 6.6 s after B left), and B finds all 1 MiB in its
-/// buffer when it comes back. (This direction resumes 1.3-1.6 s after
-/// link-up in the VM, against 0.2 s for the other: not yet traced, so the
-/// window leaves room.)
+/// buffer when it comes back. (Until stop 37 this direction resumed a
+/// second later than the other: A's post into the dead link left the
+/// kernel retrying ARP for B once a second, and the recovery messages on
+/// the same netdev waited for it; now A stops before posting. What is left
+/// after link-up in the VM is the rig putting its routes back.)
 fn verbs_away_receiver_flap_case() -> Result<String, String> {
     let dev = flap_if()?;
     let t = Duration::from_secs(60);
