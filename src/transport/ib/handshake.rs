@@ -380,18 +380,23 @@ pub(super) enum Brought {
 /// How soon a move the link cut short is tried again (once the port is ACTIVE).
 const RTR_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Bring `qps` to RTS toward `remote`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn connect_qps(
-    dev: &IbDev,
-    local: &LocalAddr,
-    qps: Vec<Qp<Init>>,
-    remote: &Meta,
-    tc: u8,
-    sl: u8,
-    cc: &ConnCfg,
-    peer: &SocketAddr,
-) -> Result<Brought> {
+/// Where a connection's QPs go: our port and address, the peer's metadata,
+/// the traffic class and service level, the connection's knobs, and the
+/// peer's out-of-band address (for messages).
+#[derive(Clone, Copy)]
+pub(super) struct Toward<'a> {
+    pub dev: &'a IbDev,
+    pub local: &'a LocalAddr,
+    pub remote: &'a Meta,
+    pub tc: u8,
+    pub sl: u8,
+    pub cc: &'a ConnCfg,
+    pub peer: &'a SocketAddr,
+}
+
+/// Bring `qps` to RTS toward `t.remote`.
+pub(super) fn connect_qps(t: &Toward<'_>, qps: Vec<Qp<Init>>) -> Result<Brought> {
+    let Toward { dev, local, remote, .. } = *t;
     if remote.qpns.len() != qps.len() {
         return Err(Error::Usage(format!(
             "the peer uses {} QPs per connection and we use {}: set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
@@ -408,21 +413,12 @@ pub(super) fn connect_qps(
         why: Error::Internal("no move failed".into()),
         tries: 0,
     };
-    bring_up(dev, local, Box::new(b), remote, tc, sl, cc, peer)
+    bring_up(t, Box::new(b))
 }
 
 /// Move what is left of `b` to RTS, in order.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn bring_up(
-    dev: &IbDev,
-    local: &LocalAddr,
-    mut b: Box<Bringup>,
-    remote: &Meta,
-    tc: u8,
-    sl: u8,
-    cc: &ConnCfg,
-    peer: &SocketAddr,
-) -> Result<Brought> {
+pub(super) fn bring_up(t: &Toward<'_>, mut b: Box<Bringup>) -> Result<Brought> {
+    let Toward { dev, local, remote, tc, sl, cc, peer } = *t;
     let rts = RtsParams { timeout: cc.timeout, retry_cnt: cc.retry_cnt };
     while let Some(q) = b.left.pop_front() {
         let i = b.done.len();
@@ -636,7 +632,8 @@ pub(super) fn receiver_qps(dev: &Arc<IbDev>, cc: &ConnCfg, sock: &Socket, peer: 
     cc.split = remote.split;
     // (a move the link cut short: accept waits for the port and starts
     // over with new QPs, which the sender has not seen yet)
-    let qps = match connect_qps(dev, &setup.local, setup.qps, remote, tc, remote.sl, &cc, peer)? {
+    let to = Toward { dev, local: &setup.local, remote, tc, sl: remote.sl, cc: &cc, peer };
+    let qps = match connect_qps(&to, setup.qps)? {
         Brought::Up(q) => q,
         Brought::Later(b) => return Ok(Err(b.why)),
     };

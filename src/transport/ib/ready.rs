@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::caps::{self, Limits, Role, RECV_CTL_SQ, RECV_WRS};
 use super::device::IbDev;
-use super::handshake::{self, Brought, ConnCfg, LocalAddr, Setup};
+use super::handshake::{self, Brought, ConnCfg, LocalAddr, Setup, Toward};
 use super::link::{Link, SendHs};
 use super::notice_path::{CmConnect, NoticeTx, RecvSide};
 use super::p2p::{EagerRing, EagerSend, Flush, RecvComm, RecvIo, SendComm, SendIo, RECV_POOL, SEND_SLOTS};
@@ -42,7 +42,16 @@ impl SendComm {
                         io.hs = Some(SendHs::Cm { cm: Box::new(cm), remote: Box::new(remote) });
                         continue;
                     }
-                    match handshake::connect_qps(&io.link.dev, &io.local, qps, &remote, io.tc, io.sl, &io.link.cc, &io.link.peer)? {
+                    let to = Toward {
+                        dev: &io.link.dev,
+                        local: &io.local,
+                        remote: &remote,
+                        tc: io.tc,
+                        sl: io.sl,
+                        cc: &io.link.cc,
+                        peer: &io.link.peer,
+                    };
+                    match handshake::connect_qps(&to, qps)? {
                         Brought::Up(qps) => self.connected(qps, &remote)?,
                         // (the receiver has our QPs' numbers: the same QPs go on)
                         Brought::Later(b) => io.hs = Some(SendHs::Rtr { b, remote: Box::new(remote), since }),
@@ -54,7 +63,16 @@ impl SendComm {
                     }
                     let Some(SendHs::Rtr { b, remote, since }) = io.hs.take() else { unreachable!() };
                     handshake::settle_neighbour(&io.link.dev, &io.local, &remote);
-                    match handshake::bring_up(&io.link.dev, &io.local, b, &remote, io.tc, io.sl, &io.link.cc, &io.link.peer)? {
+                    let to = Toward {
+                        dev: &io.link.dev,
+                        local: &io.local,
+                        remote: &remote,
+                        tc: io.tc,
+                        sl: io.sl,
+                        cc: &io.link.cc,
+                        peer: &io.link.peer,
+                    };
+                    match handshake::bring_up(&to, b)? {
                         Brought::Up(qps) => {
                             tracing::info!("{}: send comm to {}: QPs connected after the link came back", io.link.dev.name, io.link.peer);
                             self.connected(qps, &remote)?
