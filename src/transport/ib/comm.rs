@@ -336,7 +336,7 @@ fn keeper_fds<'a>(links: impl Iterator<Item = &'a super::link::Link>) -> Option<
     for l in links {
         // (a send comm may get its recovery state only at the end of its
         // handshake, in one of NCCL's later calls: the look waits for it)
-        let may = l.cc.keeper && (l.rec.is_some() || (l.handshake && l.cc.recovery_s > 0 && !l.cc.notices));
+        let may = l.cc.keeper && (l.rec.is_some() || (l.handshake && l.cc.recovery_s > 0));
         if !may {
             return None;
         }

@@ -85,10 +85,12 @@ pub struct ConnCfg {
 }
 
 impl ConnCfg {
-    /// [`Meta::flags`] this end announces: recovery where it can do it
-    /// (not on iWARP, whose QPs rdma_cm connects).
+    /// [`Meta::flags`] this end announces: recovery unless the knob is 0
+    /// (on iWARP too since stop 38: new QPs are connected by rdma_cm; a
+    /// peer of an earlier build does not announce it on iWARP, so such a
+    /// pair fails at the first fault, as before).
     pub fn meta_flags(&self) -> u8 {
-        if self.recovery_s > 0 && !self.notices {
+        if self.recovery_s > 0 {
             crate::proto::ib_meta::FLAG_RECOVERY
         } else {
             0

@@ -329,8 +329,11 @@ impl Link {
                 " (no acknowledgement within NCCL_IB_TIMEOUT={} x NCCL_IB_RETRY_CNT={}: the peer died or is unreachable)",
                 self.cc.timeout, self.cc.retry_cnt
             ),
+            ffi::IBV_WC_WR_FLUSH_ERR if self.cc.notices && self.failed.is_none() && self.rec.is_some() => {
+                " (the iWARP connection was closed: a link went down, or the peer process exited or closed its comm)".into()
+            }
             ffi::IBV_WC_WR_FLUSH_ERR if self.cc.notices && self.failed.is_none() => {
-                " (the iWARP connection was closed: the peer process exited or closed its comm)".into()
+                " (the iWARP connection was closed: the peer process exited or closed its comm, or a link went down)".into()
             }
             ffi::IBV_WC_WR_FLUSH_ERR => " (the QP had already failed)".into(),
             ffi::IBV_WC_REM_ACCESS_ERR => " (the peer refused the write: buffer deregistered or comm closed)".into(),
@@ -389,6 +392,7 @@ impl Link {
             // QPs says so here), and a flap of our port is noticed here
             self.check_flap(pending);
             let _ = self.pump();
+            self.peer_flush_due(now);
             return;
         }
         let mut b = [0u8; 16];
@@ -410,6 +414,44 @@ impl Link {
                 let what = format!("out-of-band connection failed: {e}");
                 self.fail(Error::Remote { peer: self.peer_name(), what });
             }
+        }
+    }
+
+    /// iWARP: a flushed work request that our own port does not explain
+    /// (it is ACTIVE and reported nothing the comm has not looked at): the
+    /// peer closed the connection, or its link went down.
+    fn closed_by_peer(&self) -> bool {
+        let Some(r) = self.rec.as_ref() else { return false };
+        !r.forced
+            && self.dev.health.port_events(self.dev.port) == r.port_seen
+            && self.dev.port_attr().is_ok_and(|p| p.state == ffi::IBV_PORT_ACTIVE)
+    }
+
+    /// A testing knob moved one of our QPs to the error state
+    /// (`RUSTNET_FAULT_QP_ERROR`): its flushes are ours to recover from.
+    #[cold]
+    pub(super) fn forced_error(&mut self) {
+        if let Some(r) = self.rec.as_mut() {
+            r.forced = true;
+        }
+    }
+
+    /// iWARP: the connection closed under us [`super::recover::PEER_FLUSH_WAIT`]
+    /// ago and the peer has neither stopped its QPs nor closed its comm:
+    /// recover now (a link between us that failed with neither port
+    /// noticing, or a peer that is slow to say so).
+    pub(super) fn peer_flush_due(&mut self, now: std::time::Instant) {
+        let Some(r) = self.rec.as_mut() else { return };
+        let Some((t, _)) = &r.peer_flush else { return };
+        if r.m.active() {
+            r.peer_flush = None;
+            return;
+        }
+        if self.peer_closed.is_some() || now.saturating_duration_since(*t) < super::recover::PEER_FLUSH_WAIT {
+            return;
+        }
+        if let Some((_, cause)) = r.peer_flush.take() {
+            self.fault(cause, Error::Internal("iWARP connection closed".into()));
         }
     }
 
@@ -516,9 +558,19 @@ impl Link {
                         r.rq_flushed |= 1u128 << i.min(127);
                     }
                 } else {
+                    if let (ffi::IBV_WC_WR_FLUSH_ERR, WrId::Recv(_), Some(i), Some(r)) = (wc.status, wr, qp, &mut self.rec) {
+                        r.pre_flushed |= 1u128 << i.min(127);
+                    }
                     let e = self.wc_error(wc, what(wr));
                     if self.recoverable(wc.status) {
-                        self.fault(e.to_string(), e);
+                        if self.cc.notices && wc.status == ffi::IBV_WC_WR_FLUSH_ERR && self.closed_by_peer() {
+                            // (the peer's Halt or close decides: RecLink::peer_flush)
+                            if let Some(r) = self.rec.as_mut().filter(|r| r.peer_flush.is_none()) {
+                                r.peer_flush = Some((std::time::Instant::now(), e.to_string()));
+                            }
+                        } else {
+                            self.fault(e.to_string(), e);
+                        }
                     } else {
                         self.fail(e);
                     }

@@ -220,6 +220,19 @@ fn proto(peer: String, e: ProtoError) -> Error {
 /// that keep them so.
 pub type Connected = (Vec<Qp<Rts>>, Vec<CmConn>);
 
+/// Where and how a sender dials the receiver's listener: what its connect
+/// requests carry (the receive comm's cookie and secret) and whom errors
+/// name. Kept by [`NoticeTx`] so that a recovery dials the receiver's new
+/// listener the same way.
+#[derive(Debug, Clone)]
+pub struct Dial {
+    cookie: u64,
+    /// The receiver's secret, when it asked for one.
+    secret: Option<u32>,
+    /// The out-of-band peer and the receiver's device, for errors.
+    label: String,
+}
+
 /// The sender's rdma_cm connections, one per QP, in progress.
 pub struct CmConnect {
     conns: Vec<CmConn>,
@@ -228,6 +241,8 @@ pub struct CmConnect {
     cookie: u64,
     /// The receiver's secret, when it asked for one.
     secret: Option<u32>,
+    /// [`Dial::label`].
+    label: String,
     dev: String,
     peer: String,
     since: Instant,
@@ -254,25 +269,41 @@ impl CmConnect {
                 qps.len()
             )));
         }
-        let dst = listener_addr(remote);
+        let dial = Dial {
+            cookie: remote.addr,
+            secret: (remote.flags & FLAG_CM_SECRET != 0).then_some(remote.secret),
+            label: format!("{oob_peer} ({})", remote.name),
+        };
+        CmConnect::toward(dev, cc, qps, listener_addr(remote), dial, since)
+    }
+
+    /// Connect `qps` (INIT) to the listener at `dst` as `dial` says (a
+    /// recovery: the receiver's new listener, from its State).
+    pub fn toward(dev: &IbDev, cc: &ConnCfg, qps: Vec<Qp<Init>>, dst: SocketAddr, dial: Dial, since: Instant) -> Result<CmConnect> {
         let src = device_ip(dev)?;
-        let peer = format!("{oob_peer} ({} rdma_cm {dst})", remote.name);
+        let peer = format!("{} rdma_cm {dst}", dial.label);
         let mut conns = Vec::with_capacity(qps.len());
         for _ in 0..qps.len() {
-            conns.push(CmConn::start(src, dst, &format!("{oob_peer} ({})", remote.name))?);
+            conns.push(CmConn::start(src, dst, &dial.label)?);
         }
         let n = qps.len();
         Ok(CmConnect {
             conns,
             qps,
             est: vec![false; n],
-            cookie: remote.addr,
-            secret: (remote.flags & FLAG_CM_SECRET != 0).then_some(remote.secret),
+            cookie: dial.cookie,
+            secret: dial.secret,
+            label: dial.label,
             dev: dev.dev_name.clone(),
             peer,
             since,
             timeout_s: cm_timeout_s(cc),
         })
+    }
+
+    /// How this connect dials (kept for a recovery's).
+    pub fn dial(&self) -> Dial {
+        Dial { cookie: self.cookie, secret: self.secret, label: self.label.clone() }
     }
 
     /// Advance every connection; the QPs (now RTS) and the connections to
@@ -325,13 +356,18 @@ pub struct NoticeTx {
     nqps: usize,
     max_inline: usize,
     conns: Vec<CmConn>,
+    /// How to dial the receiver again (a recovery).
+    dial: Dial,
+    /// A recovery's connections to the receiver's new listener, in progress
+    /// (they own the new QPs until every one is established).
+    redial: Option<Box<CmConnect>>,
 }
 
 impl NoticeTx {
     /// For a connection of `nqps` QPs that take `max_inline` bytes inline.
-    pub fn new(pd: &Pd, nqps: usize, max_inline: u32, conns: Vec<CmConn>) -> Result<NoticeTx> {
+    pub fn new(pd: &Pd, nqps: usize, max_inline: u32, conns: Vec<CmConn>, dial: Dial) -> Result<NoticeTx> {
         let stage = HostRegion::new(pd, FIFO_DEPTH * nqps * NOTICE_BYTES, Access::LOCAL_READ)?;
-        Ok(NoticeTx { stage, nqps, max_inline: max_inline as usize, conns })
+        Ok(NoticeTx { stage, nqps, max_inline: max_inline as usize, conns, dial, redial: None })
     }
 
     /// Disconnect and destroy the rdma_cm ids now. The send comm calls this
@@ -339,7 +375,46 @@ impl NoticeTx {
     /// disconnect, destroy QP, destroy id (field order alone would destroy
     /// the QPs first, under a connection still up).
     pub fn close_cm(&mut self) {
+        self.redial = None;
         self.conns.clear();
+    }
+
+    /// A recovery: is it connecting new QPs now?
+    pub fn redialing(&self) -> bool {
+        self.redial.is_some()
+    }
+
+    /// A recovery: start connecting the new `qps` (INIT) to the receiver's
+    /// new listener at `dst` (from its State), as the first connect did.
+    pub fn redial(&mut self, dev: &IbDev, cc: &ConnCfg, qps: Vec<Qp<Init>>, dst: SocketAddr) -> Result<()> {
+        let cm = CmConnect::toward(dev, cc, qps, dst, self.dial.clone(), Instant::now())?;
+        self.redial = Some(Box::new(cm));
+        Ok(())
+    }
+
+    /// Move the recovery's connections on. `Some(qps)` (RTS) once all are
+    /// established: the old connections are closed by then (before the
+    /// caller drops the old QPs, librdmacm's order) and the new ones kept.
+    /// An error drops the attempt (its QPs with it).
+    pub fn redial_progress(&mut self) -> Result<Option<Vec<Qp<Rts>>>> {
+        let Some(cm) = self.redial.as_mut() else { return Err(Error::Internal("rdma_cm reconnect without a dial in progress".into())) };
+        match cm.progress() {
+            Ok(None) => Ok(None),
+            Ok(Some((qps, conns))) => {
+                self.redial = None;
+                self.conns = conns;
+                Ok(Some(qps))
+            }
+            Err(e) => {
+                self.redial = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// A recovery stopped again (or gave up): drop a dial in progress.
+    pub fn abandon(&mut self) {
+        self.redial = None;
     }
 
     /// Turn lane `lane`'s planned WRs (`plan`, built into `wrs[..plan.len()]`
@@ -497,6 +572,34 @@ impl RecvSide {
     pub fn close_cm(&mut self) {
         self.conns.clear();
         self.listener = None;
+    }
+
+    /// A recovery: the old connections closed (before their QPs go,
+    /// librdmacm's order), a new listener on `dev`'s address for the QPs
+    /// `qpns` (new, INIT), and their notice rings empty (the new QPs post
+    /// every receive once connected, [`RecvSide::cm_ready`]). Messages whose
+    /// notices are partly in stay as they are: the sender sends again only
+    /// the lanes the restart point says are missing. Returns the listener's
+    /// address, which the State tells the sender.
+    pub fn restart(&mut self, dev: &IbDev, qpns: Vec<u32>) -> Result<SocketAddr> {
+        self.conns.clear();
+        self.listener = None;
+        let listener = CmListener::new(device_ip(dev)?)?;
+        let n = qpns.len();
+        self.listen_addr = listener.addr();
+        self.listener = Some(listener);
+        self.conns = (0..n).map(|_| None).collect();
+        self.est = vec![false; n];
+        self.rings = (0..n).map(|_| RecvRing::new()).collect();
+        self.qpns = qpns;
+        self.since = Instant::now();
+        self.up = false;
+        Ok(self.listen_addr)
+    }
+
+    /// Every connection established and the notice receives posted.
+    pub fn is_up(&self) -> bool {
+        self.up
     }
 
     /// Our metadata says where to connect: the listener's address.

@@ -170,6 +170,7 @@ impl SendNic for SendIo {
         };
         if crate::fault::qp_error_due(crate::fault::QpSide::Send) {
             let _ = qp.set_error();
+            self.link.forced_error();
         }
         Ok(())
     }
@@ -425,6 +426,7 @@ impl RecvNic for RecvIo {
         self.link.ctl_posts += 1;
         if crate::fault::qp_error_due(crate::fault::QpSide::Recv) {
             let _ = self.link.qps[qp].set_error();
+            self.link.forced_error();
         }
         Ok(())
     }

@@ -82,9 +82,10 @@ impl SendComm {
                 }
                 Some(SendHs::Cm { cm, .. }) => {
                     let Some((qps, conns)) = cm.progress()? else { return Ok(()) };
+                    let dial = cm.dial();
                     let Some(SendHs::Cm { remote, .. }) = io.hs.take() else { unreachable!() };
                     let max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
-                    io.notices = Some(NoticeTx::new(&io.link.dev.pd, qps.len(), max_inline, conns)?);
+                    io.notices = Some(NoticeTx::new(&io.link.dev.pd, qps.len(), max_inline, conns, dial)?);
                     self.connected(qps, &remote)?;
                 }
                 Some(SendHs::WriteReady { sent }) => {

@@ -111,7 +111,7 @@ impl Link {
     #[inline(always)]
     pub(super) fn flap_before_post(&mut self, live: usize) {
         if let Some(r) = self.rec.as_ref() {
-            if self.dev.health.port_events(self.dev.port) != r.port_seen {
+            if self.dev.health.port_events(self.dev.port) != r.port_seen || r.peer_flush.is_some() {
                 self.flap_seen(live);
             }
         }
@@ -123,8 +123,21 @@ impl Link {
         if self.handshake || self.halted() {
             return;
         }
+        // iWARP: the connection closed under us and NCCL posts: recover now
+        // rather than post into a closed connection
+        if let Some((_, cause)) = self.rec.as_mut().and_then(|r| r.peer_flush.take()) {
+            if self.peer_closed.is_none() {
+                self.fault(cause, Error::Internal("iWARP connection closed".into()));
+                return;
+            }
+        }
         let down = self.dev.port_attr().is_ok_and(|p| p.state != super::ffi::IBV_PORT_ACTIVE);
-        self.check_flap(if down { live + 1 } else { live });
+        // iWARP: a link that went down took the QPs with it (soft-iWARP
+        // moves every QP of the device to ERROR, and a post into such a QP
+        // may never complete), so a flap already over recovers before the
+        // post too, as if the request were outstanding
+        let posting = down || self.cc.notices;
+        self.check_flap(if posting { live + 1 } else { live });
     }
 
     /// Write what is queued, read what came, hand complete messages to the
@@ -295,8 +308,27 @@ pub(super) trait Side {
     fn drain(&mut self);
     /// A receiver (its drain ends at its receive queues' flush).
     fn receiver(&self) -> bool;
+    /// A receiver whose QPs have no receive posted (iWARP, stopped again
+    /// before its new rdma_cm connections came up): nothing to flush.
+    fn nothing_posted(&self) -> bool {
+        false
+    }
     /// The machine's restart point.
     fn point(&self) -> Point;
+    /// iWARP, at the rebuild: the QPs `qpns` (new) will be connected by
+    /// rdma_cm; a receiver opens a new listener and returns its address,
+    /// which its State carries. `None`: not iWARP, or the sending end.
+    fn restart_cm(&mut self, _qpns: Vec<u32>) -> Result<Option<std::net::SocketAddr>> {
+        Ok(None)
+    }
+    /// iWARP: connect the new QPs through rdma_cm (a sender dials the
+    /// listener the receiver's State named, a receiver accepts), polled.
+    /// `None`: not iWARP (the QPs are brought to RTS by hand). `Some(Ok(true))`:
+    /// connected, the new QPs are the comm's; `Some(Ok(false))`: not yet;
+    /// `Some(Err)`: this attempt failed (the next epoch tries again).
+    fn connect_cm(&mut self) -> Result<Option<std::result::Result<bool, Error>>> {
+        Ok(None)
+    }
     /// The new QPs are connected: post what they need (receives), rebuild
     /// the flush QP.
     fn connected(&mut self) -> Result<()>;
@@ -375,7 +407,10 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
             Do::Wait => return Ok(()),
             Do::Halt(msg) => {
                 r.halted_at = now;
-                r.rq_flushed = 0;
+                r.peer_flush = None;
+                r.forced = false;
+                // (receive queues whose flush was read before the stop: nothing more comes from them)
+                r.rq_flushed = std::mem::take(&mut r.pre_flushed);
                 r.quiet = false;
                 r.new_qps.clear();
                 r.new_cq = None;
@@ -393,11 +428,16 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
             Do::Drain => {
                 s.drain();
                 let receiver = s.receiver();
+                let s_empty = s.nothing_posted();
                 let link = s.link();
                 let nq = link.qps.len();
                 let r = link.rec_mut()?;
                 let since = now.saturating_duration_since(r.halted_at);
-                let done = if receiver { r.rq_flushed & lanes_mask(nq) == lanes_mask(nq) } else { r.quiet && since >= DRAIN_MIN };
+                let done = if receiver {
+                    r.rq_flushed & lanes_mask(nq) == lanes_mask(nq) || (r.quiet && s_empty)
+                } else {
+                    r.quiet && since >= DRAIN_MIN
+                };
                 if done || since >= DRAIN_MAX {
                     if !done {
                         tracing::warn!(
@@ -418,7 +458,12 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                     return Ok(());
                 }
                 r.next_query = now + PORT_POLL;
-                match handshake::local_addr(&link.dev, &link.cc) {
+                // (iWARP: rdma_cm needs the device's interface running with
+                // its address; soft-iWARP calls the port ACTIVE while its
+                // netdev is admin up, carrier or not)
+                let got = handshake::local_addr(&link.dev, &link.cc)
+                    .and_then(|l| if link.cc.notices { super::notice_path::device_ip(&link.dev).map(|_| l) } else { Ok(l) });
+                match got {
                     Ok(l) => {
                         let seen = link.dev.health.port_events(link.dev.port);
                         let r = link.rec_mut()?;
@@ -484,19 +529,46 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                 for (a, q) in addr.qpns.iter_mut().zip(&qps) {
                     *a = q.qpn();
                 }
+                let qpns: Vec<u32> = qps.iter().map(|q| q.qpn()).collect();
                 let r = link.rec_mut()?;
                 r.new_qps = qps;
                 r.new_cq = Some(cq);
+                // iWARP: the receiver's new rdma_cm listener, where the
+                // sender dials (its address travels as the GID and LID, as
+                // in the connection metadata)
+                match s.restart_cm(qpns) {
+                    Ok(Some(at)) => {
+                        addr.gid = match at.ip() {
+                            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                            std::net::IpAddr::V6(v6) => v6.octets(),
+                        };
+                        addr.lid = at.port();
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(s.link().fail_with(e)),
+                }
+                let link = s.link();
+                let r = link.rec_mut()?;
                 r.send(&RcMsg::State { epoch, addr: Box::new(addr), point: Box::new(point) });
                 r.m.rebuilt();
                 link.step_done("new QPs made, State sent");
             }
             Do::Connect { epoch } => {
-                if !neigh_ready(link, now)? {
-                    return Ok(());
-                }
                 let t = Instant::now();
-                if let Err(e) = connect(link)? {
+                let tried = match s.connect_cm()? {
+                    None => {
+                        let link = s.link();
+                        if !neigh_ready(link, now)? {
+                            return Ok(());
+                        }
+                        connect(link)?
+                    }
+                    Some(Ok(false)) => return Ok(()),
+                    Some(Ok(true)) => Ok(()),
+                    Some(Err(e)) => Err(e),
+                };
+                let link = s.link();
+                if let Err(e) = tried {
                     // try again from the stop, in the next epoch (the peer
                     // joins it at our Halt); RUSTNET_RECOVERY_TIMEOUT bounds the tries
                     let peer = link.peer_name();
@@ -782,11 +854,52 @@ impl Side for SendComm {
     fn drain(&mut self) {
         self.tx.poll(&mut self.io);
     }
+    fn halt_extra(&mut self) {
+        if let Some(n) = &mut self.io.notices {
+            n.abandon();
+        }
+    }
     fn receiver(&self) -> bool {
         false
     }
     fn point(&self) -> Point {
         Point::Tx(self.tx.restart_point())
+    }
+    fn connect_cm(&mut self) -> Result<Option<std::result::Result<bool, Error>>> {
+        let io = &mut self.io;
+        let Some(nt) = io.notices.as_mut() else { return Ok(None) };
+        let link = &mut io.link;
+        if !nt.redialing() {
+            let r = link.rec_mut()?;
+            let Some((peer, _)) = r.m.peer() else {
+                return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
+            };
+            let peer = *peer;
+            if peer.nqps != r.new_qps.len() {
+                let what = format!("recovered with {} QPs where the connection has {}", peer.nqps, r.new_qps.len());
+                return Err(link.fail_with(Error::Protocol { peer: link.peer_name(), what }));
+            }
+            let v6 = std::net::Ipv6Addr::from(peer.gid);
+            let dst = std::net::SocketAddr::new(v6.to_ipv4_mapped().map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4), peer.lid);
+            let qps = std::mem::take(&mut r.new_qps);
+            if let Err(e) = nt.redial(&link.dev, &link.cc, qps, dst) {
+                return Ok(Some(Err(e)));
+            }
+            link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
+        }
+        match nt.redial_progress() {
+            Ok(None) => Ok(Some(Ok(false))),
+            Ok(Some(qps)) => {
+                // the old QPs go first (destroyed: their rdma_cm ids were
+                // closed just before), then their CQ
+                link.qps = qps;
+                if let Some(cq) = link.rec.as_mut().and_then(|r| r.new_cq.take()) {
+                    link.cq = cq;
+                }
+                Ok(Some(Ok(true)))
+            }
+            Err(e) => Ok(Some(Err(e))),
+        }
     }
     fn connected(&mut self) -> Result<()> {
         Ok(())
@@ -817,11 +930,57 @@ impl Side for RecvComm {
     fn receiver(&self) -> bool {
         true
     }
+    fn nothing_posted(&self) -> bool {
+        self.io.notices.as_ref().is_some_and(|n| !n.is_up())
+    }
     fn point(&self) -> Point {
         Point::Rx(self.rx.restart_point())
     }
+    fn restart_cm(&mut self, qpns: Vec<u32>) -> Result<Option<std::net::SocketAddr>> {
+        let io = &mut self.io;
+        match io.notices.as_mut() {
+            Some(n) => n.restart(&io.link.dev, qpns).map(Some),
+            None => Ok(None),
+        }
+    }
+    fn connect_cm(&mut self) -> Result<Option<std::result::Result<bool, Error>>> {
+        let io = &mut self.io;
+        let Some(nt) = io.notices.as_mut() else { return Ok(None) };
+        let link = &mut io.link;
+        let r = link.rec_mut()?;
+        if !r.new_qps.is_empty() {
+            let Some((peer, _)) = r.m.peer() else {
+                return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
+            };
+            let peer = *peer;
+            if peer.nqps != r.new_qps.len() {
+                let what = format!("recovered with {} QPs where the connection has {}", peer.nqps, r.new_qps.len());
+                return Err(link.fail_with(Error::Protocol { peer: link.peer_name(), what }));
+            }
+            // The new QPs become the comm's now (the listener's accept names
+            // them by number; nothing is posted on them while the comm is
+            // halted, and their receives go up once connected). The old
+            // QPs' rdma_cm ids were closed at the rebuild; the old QPs go
+            // first, then their CQ.
+            let qps = std::mem::take(&mut r.new_qps).into_iter().map(Qp::connected_by_cm).collect();
+            let cq = r.new_cq.take();
+            link.qps = qps;
+            if let Some(cq) = cq {
+                link.cq = cq;
+            }
+            link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
+        }
+        match nt.cm_ready(&link.qps) {
+            Ok(up) => Ok(Some(Ok(up))),
+            Err(e) => Ok(Some(Err(e))),
+        }
+    }
     fn connected(&mut self) -> Result<()> {
         let io = &mut self.io;
+        if io.notices.is_some() {
+            // (iWARP: every notice receive was posted when the connections came up)
+            return Ok(());
+        }
         for q in &io.link.qps {
             for _ in 0..RECV_WRS {
                 q.post_recv_empty(WrId::Recv(0).encode())?;

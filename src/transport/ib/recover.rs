@@ -55,8 +55,8 @@ pub(super) fn recoverable_on(status: u32, soft_roce: bool, since_last: Option<Du
 }
 
 /// A comm's recovery state (on [`Link::rec`]; `None`: the comm does not
-/// recover: the knob is 0, the device is iWARP, or the peer's build
-/// predates recovery).
+/// recover: the knob is 0, or the peer's build predates recovery, on
+/// iWARP predates stop 38's).
 pub(super) struct RecLink {
     pub(super) m: Recovery,
     pub(super) window_s: u32,
@@ -105,7 +105,31 @@ pub(super) struct RecLink {
     /// Recovery steps made in NCCL's calls (the keeper's sign that NCCL
     /// calls the comm, beside its CQ polls).
     pub(super) nccl_calls: u64,
+    /// iWARP: the connection closed under us (a flushed work request) with
+    /// no fault of our own port in sight: when, and the completion error.
+    /// The peer closing its comm and the peer's link going down look the
+    /// same here, so the comm waits up to [`PEER_FLUSH_WAIT`] for the
+    /// peer's word (its Halt, or its out-of-band socket closing) before it
+    /// starts a recovery itself; NCCL's next post starts one at once.
+    pub(super) peer_flush: Option<(Instant, String)>,
+    /// Receive queues whose flush was read before the comm stopped (the
+    /// completion error that started the recovery, or an iWARP connection
+    /// closed under it): counted as flushed at the stop.
+    pub(super) pre_flushed: u128,
+    /// A QP of this comm was moved to the error state here
+    /// (`RUSTNET_FAULT_QP_ERROR`) since the last stop: its flushes are our
+    /// own fault, not the peer's close.
+    pub(super) forced: bool,
 }
+
+/// How long an iWARP comm whose connection closed under it, with no fault
+/// of its own port, waits for the peer's Halt or close before it recovers
+/// on its own ([`RecLink::peer_flush`]). A peer that ends its comm (NCCL's
+/// teardown, rank by rank) closes the out-of-band socket within a few
+/// milliseconds of its rdma_cm connections; a peer whose link went down
+/// sends its Halt when that link is back, about when our connection learns
+/// it was closed.
+pub(super) const PEER_FLUSH_WAIT: Duration = Duration::from_secs(1);
 
 impl RecLink {
     pub(super) fn new(window_s: u32, plan: Plan, rtr_tc: u8, rtr_sl: u8, port_seen: (u32, u32)) -> RecLink {
@@ -137,6 +161,9 @@ impl RecLink {
             neigh_next: now,
             neigh_kicked: false,
             nccl_calls: 0,
+            peer_flush: None,
+            pre_flushed: 0,
+            forced: false,
         }
     }
 
