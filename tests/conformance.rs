@@ -2091,18 +2091,33 @@ fn routes_of(dev: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Bring `dev` up and put its `routes` back. Returns when `ip link set up`
-/// returned (unix seconds): the link is up from then, while putting the
-/// routes back takes the rig most of a second more under the VM's
-/// emulation (the kernel drops a device's routes when it goes down; a real
-/// link's carrier loss does not).
+/// Bring `dev` up and put its `routes` back, in one `ip -batch` (the
+/// kernel drops a device's routes when it goes down; a real link's carrier
+/// loss does not, so the rig puts them back at once: one `ip` command per
+/// route took most of a second under the VM's emulation, and a recovery
+/// message written in that second met no route and waited out TCP's
+/// backoff, up to a minute, seen with soft-iWARP, whose port is ACTIVE
+/// again the moment the link is up). Returns when the batch started (unix
+/// seconds): times "after link-up" count the rig's own work too.
 fn link_up_with(dev: &str, routes: &str) -> Result<f64, String> {
-    let up_ok = sh(&format!("ip link set {dev} up"));
-    let up_at = unix_now();
-    for r in routes.lines() {
-        sh(&format!("ip route replace {}", r.trim()));
+    use std::io::Write as _;
+    let mut batch = format!("link set dev {dev} up\n");
+    for r in routes.lines().filter(|r| !r.trim().is_empty()) {
+        batch += &format!("route replace {}\n", r.trim());
     }
-    up_ok.then_some(up_at).ok_or_else(|| format!("could not bring {dev} back up"))
+    let up_at = unix_now();
+    let ok = std::process::Command::new("ip")
+        .args(["-force", "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().map(|mut i| i.write_all(batch.as_bytes())).transpose()?;
+            c.wait()
+        })
+        .is_ok_and(|s| s.success());
+    // (a route the batch could not put back is not the link's failure)
+    let up = std::fs::read_to_string(format!("/sys/class/net/{dev}/operstate")).map(|s| s.trim() != "down").unwrap_or(ok);
+    up.then_some(up_at).ok_or_else(|| format!("could not bring {dev} back up (ip -batch: {batch:?})"))
 }
 
 /// Verbs, issue 20 (a flap while a rank writes a checkpoint): receiver A

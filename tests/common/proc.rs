@@ -86,8 +86,10 @@ impl StderrLog {
         }
         t[i..].to_string()
     }
-    /// The last `n` lines.
+    /// The last `n` lines (`RUSTNET_CONF_TAIL`, when set, overrides `n`:
+    /// a failing case's whole log when tracing one).
     pub fn tail(&self, n: usize) -> String {
+        let n = std::env::var("RUSTNET_CONF_TAIL").ok().and_then(|v| v.parse().ok()).unwrap_or(n);
         let g = self.0.lock().unwrap();
         g.iter().skip(g.len().saturating_sub(n)).cloned().collect::<Vec<_>>().join("\n")
     }
