@@ -2023,8 +2023,16 @@ fn verbs_killed_during_recovery_case(kill_sender: bool) -> Result<String, String
     std::thread::sleep(Duration::from_secs(2));
     let (log, took) = kill_then_link_up(&mut a, &mut b, kill_sender, || link_up_with(&dev, &routes).map(|_| ()))?;
     let recovering = log.lines().find(|l| l.contains("recovering in place")).unwrap_or("").to_string();
-    let failed = log.lines().find(|l| l.contains("while recovering")).unwrap_or("").to_string();
-    if recovering.is_empty() || failed.is_empty() {
+    let mut failed = log.lines().find(|l| l.contains("while recovering")).unwrap_or("").to_string();
+    // Soft-iWARP reports no port event on the survivor's side (its netdev
+    // only lost its carrier), and it learns of the link only at link-up,
+    // when the killed peer's stack resets its streams: the error names the
+    // peer's exit without a recovery before it.
+    let iwarp = std::env::var("RUSTNET_CONF_A_ENV").is_ok_and(|v| v.contains("==siw"));
+    if iwarp && failed.is_empty() {
+        failed = log.lines().find(|l| l.contains("comm failed") && l.contains("closed its connection")).unwrap_or("").to_string();
+    }
+    if (recovering.is_empty() && !iwarp) || failed.is_empty() {
         let lines: Vec<&str> = log.lines().collect();
         let tail = lines[lines.len().saturating_sub(20)..].join("\n");
         return Err(format!("expected a recovery, then an error naming the peer that closed while recovering: {tail}"));

@@ -175,14 +175,13 @@ if [ "${1:-}" = --in-vm ]; then
         # iWARP (soft-iWARP): rdma_cm connections, notices instead of
         # immediates; every exported version's traffic, grouped tags,
         # profiler events and a peer killed mid-transfer; (late_rank) sveth1
-        # flaps while the sender's rank calls nothing: both comms recover in
-        # place over new rdma_cm connections, the away one by the keeper
-        # thread (the other direction, late_rank_receiver, is not yet
-        # passing on iWARP: docs/resilience.md);
+        # flaps while one rank calls nothing (either direction): both comms
+        # recover in place over new rdma_cm connections, the away one by the
+        # keeper thread;
         # (killed_during_recovery) a peer killed while both recover: the
         # survivor fails naming it
         [ -z "${VERBS_TEST_ARGS:-}" ] || continue
-        extra=(traffic_v grouped_tags_across_rounds profiler_events_v peer_killed late_rank_flap killed_during_recovery)
+        extra=(traffic_v grouped_tags_across_rounds profiler_events_v peer_killed late_rank killed_during_recovery)
         run_env=(RUSTNET_CONF_FLAP_IF=sveth1)
         export RUSTNET_CONF_A_ENV="NCCL_IB_HCA==siw0 NCCL_SOCKET_IFNAME=sveth0" RUSTNET_CONF_B_ENV="NCCL_IB_HCA==siw1 NCCL_SOCKET_IFNAME=sveth1" ;;
       conformance_siw_4qps_split)

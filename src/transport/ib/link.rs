@@ -369,17 +369,17 @@ impl Link {
         if !self.idle.is_multiple_of(LIVENESS_EVERY) || self.failed.is_some() || self.handshake {
             return false;
         }
-        self.liveness(pending);
-        true
+        self.liveness(pending)
     }
 
     /// Every [`LIVENESS_EVERY`] idle calls: the clock, and at most every
     /// [`LIVENESS_INTERVAL`] the out-of-band socket.
+    /// `true` when it looked (the interval had passed).
     #[inline(never)]
-    fn liveness(&mut self, pending: usize) {
+    fn liveness(&mut self, pending: usize) -> bool {
         let now = std::time::Instant::now();
         if now.duration_since(self.last_check) < LIVENESS_INTERVAL {
-            return;
+            return false;
         }
         self.last_check = now;
         if let Some(r) = self.rec.as_mut().filter(|r| r.m.unsettled()) {
@@ -393,7 +393,7 @@ impl Link {
             self.check_flap(pending);
             let _ = self.pump();
             self.peer_flush_due(now);
-            return;
+            return true;
         }
         let mut b = [0u8; 16];
         match self.oob.read(&mut b) {
@@ -405,7 +405,7 @@ impl Link {
             }
             Ok(Io::Eof) => {
                 if self.close_grace(now) {
-                    return;
+                    return true;
                 }
                 let what = format!("closed its connection (process exited or closed its comm) with {pending} request(s) of ours pending");
                 self.fail(Error::Remote { peer: self.peer_name(), what });
@@ -414,6 +414,22 @@ impl Link {
                 let what = format!("out-of-band connection failed: {e}");
                 self.fail(Error::Remote { peer: self.peer_name(), what });
             }
+        }
+        true
+    }
+
+    /// iWARP: the connection closed under this comm (`cause`: a flushed
+    /// work request, or rdma_cm's word): recover at once when our own port
+    /// explains it, else wait for the peer's Halt or close
+    /// ([`super::recover::RecLink::peer_flush`]).
+    pub(super) fn connection_closed(&mut self, cause: String, err: Error) {
+        if self.halted() || self.failed.is_some() {
+            return;
+        }
+        if !self.closed_by_peer() {
+            self.fault(cause, err);
+        } else if let Some(r) = self.rec.as_mut().filter(|r| r.peer_flush.is_none()) {
+            r.peer_flush = Some((std::time::Instant::now(), cause));
         }
     }
 
@@ -563,11 +579,8 @@ impl Link {
                     }
                     let e = self.wc_error(wc, what(wr));
                     if self.recoverable(wc.status) {
-                        if self.cc.notices && wc.status == ffi::IBV_WC_WR_FLUSH_ERR && self.closed_by_peer() {
-                            // (the peer's Halt or close decides: RecLink::peer_flush)
-                            if let Some(r) = self.rec.as_mut().filter(|r| r.peer_flush.is_none()) {
-                                r.peer_flush = Some((std::time::Instant::now(), e.to_string()));
-                            }
+                        if self.cc.notices && wc.status == ffi::IBV_WC_WR_FLUSH_ERR {
+                            self.connection_closed(e.to_string(), e);
                         } else {
                             self.fault(e.to_string(), e);
                         }
@@ -685,7 +698,11 @@ macro_rules! via_link {
             }
             #[inline(always)]
             fn tick(&mut self, live: usize) -> bool {
-                self.link.idle_tick(live)
+                let looked = self.link.idle_tick(live);
+                if looked && self.notices.is_some() {
+                    self.cm_look();
+                }
+                looked
             }
             #[inline(always)]
             fn progressed(&mut self) {

@@ -29,6 +29,14 @@
 //!   ([`RecvSide::sizes`]) instead of the sizes write. irecv takes a receive (and
 //!   so ever writes its CTS) only while [`RecvSide::may_advertise`] holds,
 //!   otherwise NCCL retries it: iWARP has no RNR retry.
+//! - Faults: a comm recovers as on IB/RoCE ([`super::reconnect`]), with
+//!   rdma_cm in its rebuild: the receiver opens a new listener
+//!   ([`RecvSide::restart`]) whose address its State carries, the sender
+//!   dials it as it first did ([`NoticeTx::redial`], [`Dial`]), and both
+//!   poll the new connections from the recovery's connect step; the notice
+//!   rings start empty on the new QPs. A connection that closed under a
+//!   comm shows as flushed work requests or, with nothing posted, as
+//!   rdma_cm's DISCONNECTED (`connection_lost`, read at liveness looks).
 //! - Off on iWARP, decided once per device ([`conn_cfg`], one INFO line):
 //!   the eager path (the notice path is the one verified over iWARP, and one
 //!   decision per comm keeps the two from mixing), the loopback flush QP (it
@@ -412,6 +420,16 @@ impl NoticeTx {
         }
     }
 
+    /// Has rdma_cm said that one of the connections closed (the peer's
+    /// QP went to the error state, or its stream ended)? What it said.
+    /// One non-blocking read of each connection's event channel.
+    pub fn connection_lost(&mut self) -> Option<String> {
+        if self.redial.is_some() {
+            return None;
+        }
+        self.conns.iter_mut().find_map(|c| c.poll().err().map(|e| e.to_string()))
+    }
+
     /// A recovery stopped again (or gave up): drop a dial in progress.
     pub fn abandon(&mut self) {
         self.redial = None;
@@ -595,6 +613,14 @@ impl RecvSide {
         self.since = Instant::now();
         self.up = false;
         Ok(self.listen_addr)
+    }
+
+    /// As [`NoticeTx::connection_lost`], once every connection is up.
+    pub fn connection_lost(&mut self) -> Option<String> {
+        if !self.up {
+            return None;
+        }
+        self.conns.iter_mut().flatten().find_map(|c| c.poll().err().map(|e| e.to_string()))
     }
 
     /// Every connection established and the notice receives posted.
