@@ -327,6 +327,15 @@ pub enum ProtoError {
         /// The length it claims.
         len: usize,
     },
+    /// The receiver's restart point waits for a message this sender had
+    /// already completed and released: nothing is left to send it again.
+    #[error(
+        "still waits for message #{seq}, which this end had completed and handed back to NCCL: it cannot be sent again (on iWARP a send completes once it is handed to TCP, before the receiver has it, and the connection lost in the fault lost it)"
+    )]
+    RecoverLost {
+        /// The message's sequence number.
+        seq: u64,
+    },
     /// A recovery message whose fields break the rules.
     #[error("sent a recovery message with {what}")]
     RecoverField {

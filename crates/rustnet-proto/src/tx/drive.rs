@@ -151,6 +151,20 @@ impl Sender {
         if peer.eager_next > posted || peer.credit > peer.eager_next || peer.cts_written < head {
             return Err(Fail::Proto(ProtoError::RecoverField { what: "a receiver point ahead of what this sender wrote" }));
         }
+        // A receive the peer still lacks lanes of must be one we still hold: a
+        // message we completed is gone from NCCL's loan (on iWARP a send
+        // completes once TCP has it, so a connection lost under it can
+        // lose it). Fail clearly rather than leave the receiver waiting.
+        // (With an eager ring a receive may still wait for a message that
+        // went by the ring, which the ring's replay below brings; eager is
+        // off on iWARP, where this loss can happen.)
+        let lanes_only = if self.eager.is_none() { peer.n.min(FIFO_DEPTH) } else { 0 };
+        for r in &peer.inflight[..lanes_only] {
+            let all = super::lanes_mask(self.lanes(r.seq).1);
+            if r.seq < head && r.got & all != all && !self.inflight.iter().any(|s| s.active && s.g.seq == r.seq) {
+                return Err(Fail::Proto(ProtoError::RecoverLost { seq: r.seq }));
+            }
+        }
         if let Some(e) = &mut self.eager {
             // the old QP 0's send queue is gone, and with it every entry it held
             e.pending = 0;
