@@ -461,8 +461,13 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                 // (iWARP: rdma_cm needs the device's interface running with
                 // its address; soft-iWARP calls the port ACTIVE while its
                 // netdev is admin up, carrier or not)
-                let got = handshake::local_addr(&link.dev, &link.cc)
-                    .and_then(|l| if link.cc.notices { super::notice_path::device_ip(&link.dev).map(|_| l) } else { Ok(l) });
+                let got = handshake::local_addr(&link.dev, &link.cc).and_then(|l| {
+                    if link.cc.notices {
+                        super::notice_path::device_ip(&link.dev).map(|_| l)
+                    } else {
+                        Ok(l)
+                    }
+                });
                 match got {
                     Ok(l) => {
                         let seen = link.dev.health.port_events(link.dev.port);
