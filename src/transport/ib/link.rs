@@ -610,6 +610,15 @@ impl Link {
     /// ([`super::recover::recoverable_on`])? Soft-RoCE's "invalid request"
     /// is noted (the next one within the spacing fails the comm) and logged.
     fn recoverable(&mut self, status: u32) -> bool {
+        if self.cc.notices {
+            // iWARP: a link fault closes the connection, which flushes the
+            // queues; a local error (a buffer deregistered under a post:
+            // siw reports a local QP operation error) is a bug and fails the
+            // comm, as before recovery (the call-sequence fuzz breaks
+            // comms so on purpose: recovering them resent from freed memory
+            // until the window ended)
+            return status == ffi::IBV_WC_WR_FLUSH_ERR;
+        }
         if super::recover::recoverable(status) {
             return true;
         }
