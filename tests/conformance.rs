@@ -2124,7 +2124,11 @@ fn link_up_with(dev: &str, routes: &str) -> Result<f64, String> {
         })
         .is_ok_and(|s| s.success());
     // (a route the batch could not put back is not the link's failure)
-    let up = std::fs::read_to_string(format!("/sys/class/net/{dev}/operstate")).map(|s| s.trim() != "down").unwrap_or(ok);
+    // (IFF_UP, set when `ip link set up` returns; operstate follows later)
+    let up = std::fs::read_to_string(format!("/sys/class/net/{dev}/flags"))
+        .ok()
+        .and_then(|s| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
+        .map_or(ok, |f| f & 1 != 0);
     up.then_some(up_at).ok_or_else(|| format!("could not bring {dev} back up (ip -batch: {batch:?})"))
 }
 

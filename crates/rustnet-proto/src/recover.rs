@@ -494,6 +494,11 @@ impl Recovery {
         self.phase != Phase::Running
     }
 
+    /// The peer said it gave up (its GiveUp was read).
+    pub fn peer_gave_up(&self) -> bool {
+        self.peer_gave_up
+    }
+
     /// The current epoch (0 before the first fault).
     pub fn epoch(&self) -> u32 {
         self.epoch

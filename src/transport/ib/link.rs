@@ -93,6 +93,9 @@ pub(super) struct Link {
     pub(super) health: (u32, u32),
     pub(super) idle: u32,
     pub(super) last_check: std::time::Instant,
+    /// The last idle tick's liveness look ran (past its interval): iWARP
+    /// then reads its rdma_cm events too.
+    pub(super) looked: bool,
     pub(super) max_inline: u32,
     /// Per-QP counters, index = QP index in `qps` (shared with the statistics file).
     pub(super) stats: Arc<QpTable>,
@@ -168,6 +171,7 @@ impl Link {
             flush_qpn: None,
             idle: 0,
             last_check: std::time::Instant::now(),
+            looked: false,
             max_inline: 0,
             stats: Arc::new(QpTable::default()),
             eager_stats: (0, 0),
@@ -369,7 +373,8 @@ impl Link {
         if !self.idle.is_multiple_of(LIVENESS_EVERY) || self.failed.is_some() || self.handshake {
             return false;
         }
-        self.liveness(pending)
+        self.looked = self.liveness(pending);
+        true
     }
 
     /// Every [`LIVENESS_EVERY`] idle calls: the clock, and at most every
@@ -426,7 +431,9 @@ impl Link {
         if self.halted() || self.failed.is_some() {
             return;
         }
-        if !self.closed_by_peer() {
+        if self.handshake || !self.closed_by_peer() {
+            // (during the handshake fault() fails the comm: nothing would
+            // resolve a wait for the peer's word there)
             self.fault(cause, err);
         } else if let Some(r) = self.rec.as_mut().filter(|r| r.peer_flush.is_none()) {
             r.peer_flush = Some((std::time::Instant::now(), cause));
@@ -707,11 +714,11 @@ macro_rules! via_link {
             }
             #[inline(always)]
             fn tick(&mut self, live: usize) -> bool {
-                let looked = self.link.idle_tick(live);
-                if looked && self.notices.is_some() {
+                let ticked = self.link.idle_tick(live);
+                if ticked && self.notices.is_some() && std::mem::take(&mut self.link.looked) {
                     self.cm_look();
                 }
-                looked
+                ticked
             }
             #[inline(always)]
             fn progressed(&mut self) {

@@ -28,6 +28,15 @@ const DRAIN_MAX: Duration = Duration::from_secs(1);
 const DRAIN_MIN: Duration = Duration::from_millis(5);
 
 impl Link {
+    /// New QPs are the comm's: what was known of the old ones' receive
+    /// queues goes.
+    fn qps_replaced(&mut self) {
+        if let Some(r) = self.rec.as_mut() {
+            r.rq_flushed = 0;
+            r.pre_flushed = 0;
+        }
+    }
+
     /// Is the comm recovering (nothing may be posted)?
     #[inline]
     pub(super) fn halted(&self) -> bool {
@@ -205,6 +214,15 @@ impl Link {
             let was = r.m.active();
             if let Err(e) = r.m.on_msg(Instant::now(), m) {
                 return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what: e.to_string() }));
+            }
+            if !r.m.active() && r.m.peer_gave_up() {
+                // (a comm that had resumed: nothing steps the machine now,
+                // and the peer's end is failed)
+                if r.cause.is_empty() {
+                    r.cause = "the peer's end failed after the recovery".into();
+                }
+                let e = self.give_up(GiveUpWhy::Peer);
+                return Err(self.fail_with(e));
             }
             if !was && r.m.active() {
                 r.cause = "the peer stopped its QPs (a fault on its side)".into();
@@ -409,8 +427,10 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                 r.halted_at = now;
                 r.peer_flush = None;
                 r.forced = false;
-                // (receive queues whose flush was read before the stop: nothing more comes from them)
-                r.rq_flushed = std::mem::take(&mut r.pre_flushed);
+                // (receive queues whose flush was read before this step, the
+                // stop's or an earlier epoch's on these same QPs: nothing more
+                // comes from them; the bits are cleared when QPs are replaced)
+                r.rq_flushed |= std::mem::take(&mut r.pre_flushed);
                 r.quiet = false;
                 r.new_qps.clear();
                 r.new_cq = None;
@@ -550,7 +570,20 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                         addr.lid = at.port();
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(s.link().fail_with(e)),
+                    Err(e) => {
+                        // (the link flapped again since the port looked ACTIVE:
+                        // the next epoch tries again, within the window)
+                        let link = s.link();
+                        tracing::warn!(
+                            "{}: comm to {}: opening the recovery's rdma_cm listener failed in epoch {epoch}: {e}; trying again",
+                            link.dev.name,
+                            link.peer_name()
+                        );
+                        let r = link.rec_mut()?;
+                        r.retry_why = e.to_string();
+                        r.m.fault(now);
+                        continue;
+                    }
                 }
                 let link = s.link();
                 let r = link.rec_mut()?;
@@ -785,6 +818,7 @@ fn connect(link: &mut Link) -> Result<std::result::Result<(), Error>> {
     }
     // the old QPs go first (destroyed), then their CQ with whatever it still held
     link.qps = qps;
+    link.qps_replaced();
     if let Some(cq) = link.rec.as_mut().and_then(|r| r.new_cq.take()) {
         link.cq = cq;
     }
@@ -898,6 +932,7 @@ impl Side for SendComm {
                 // the old QPs go first (destroyed: their rdma_cm ids were
                 // closed just before), then their CQ
                 link.qps = qps;
+                link.qps_replaced();
                 if let Some(cq) = link.rec.as_mut().and_then(|r| r.new_cq.take()) {
                     link.cq = cq;
                 }
@@ -970,6 +1005,7 @@ impl Side for RecvComm {
             let qps = std::mem::take(&mut r.new_qps).into_iter().map(Qp::connected_by_cm).collect();
             let cq = r.new_cq.take();
             link.qps = qps;
+            link.qps_replaced();
             if let Some(cq) = cq {
                 link.cq = cq;
             }

@@ -179,9 +179,14 @@ impl Sender {
             }
             let seq = self.inflight[slot].g.seq;
             let all = self.inflight[slot].all();
-            let got = peer.got(seq).unwrap_or(all) & all;
+            // The receiver's word decides which lanes are there: a lane this
+            // end saw complete may still be missing (on iWARP a lane's notice
+            // completes once TCP has it), and NCCL still lends the buffer of
+            // a message in flight, so any lane the receiver lacks is resent.
+            let listed = peer.got(seq);
+            let got = listed.unwrap_or(all) & all;
             out.confirmed += u64::from((got & !self.inflight[slot].done).count_ones());
-            self.inflight[slot].done |= got;
+            self.inflight[slot].done = if listed.is_some() { got } else { all };
             if self.inflight[slot].done == all {
                 self.finish_group(slot);
                 continue;
