@@ -585,7 +585,7 @@ impl Link {
                         r.pre_flushed |= 1u128 << i.min(127);
                     }
                     let e = self.wc_error(wc, what(wr));
-                    if self.recoverable(wc.status) {
+                    if self.recoverable(wc.status, wr) {
                         if self.cc.notices && wc.status == ffi::IBV_WC_WR_FLUSH_ERR {
                             self.connection_closed(e.to_string(), e);
                         } else {
@@ -616,15 +616,30 @@ impl Link {
     /// May completion status `status` start a recovery on this comm
     /// ([`super::recover::recoverable_on`])? Soft-RoCE's "invalid request"
     /// is noted (the next one within the spacing fails the comm) and logged.
-    fn recoverable(&mut self, status: u32) -> bool {
+    fn recoverable(&mut self, status: u32, wr: WrId) -> bool {
         if self.cc.notices {
             // iWARP: a link fault closes the connection, which flushes the
-            // queues; a local error (a buffer deregistered under a post:
-            // siw reports a local QP operation error) is a bug and fails the
-            // comm, as before recovery (the call-sequence fuzz breaks
-            // comms so on purpose: recovering them resent from freed memory
-            // until the window ended)
-            return status == ffi::IBV_WC_WR_FLUSH_ERR;
+            // queues, and soft-iWARP fails the work request it was sending
+            // with a local QP operation error. So does a buffer deregistered
+            // under a post (a bug, which the call-sequence fuzz makes on
+            // purpose): resent, that message fails again at once, so the
+            // same message failing so twice in a row fails the comm.
+            if status == ffi::IBV_WC_WR_FLUSH_ERR {
+                return true;
+            }
+            if status != ffi::IBV_WC_LOC_QP_OP_ERR {
+                return false;
+            }
+            let seq = match wr {
+                WrId::Data(s) | WrId::DataDone(s) => Some(s),
+                _ => None,
+            };
+            let Some(r) = self.rec.as_mut() else { return false };
+            if seq.is_some() && r.loc_err_seq == seq {
+                return false;
+            }
+            r.loc_err_seq = seq;
+            return true;
         }
         if super::recover::recoverable(status) {
             return true;

@@ -120,6 +120,9 @@ pub(super) struct RecLink {
     /// (`RUSTNET_FAULT_QP_ERROR`) since the last stop: its flushes are our
     /// own fault, not the peer's close.
     pub(super) forced: bool,
+    /// iWARP: the message whose write last failed with a local QP
+    /// operation error (the same one again fails the comm).
+    pub(super) loc_err_seq: Option<u64>,
 }
 
 /// How long an iWARP comm whose connection closed under it, with no fault
@@ -164,6 +167,7 @@ impl RecLink {
             peer_flush: None,
             pre_flushed: 0,
             forced: false,
+            loc_err_seq: None,
         }
     }
 
