@@ -104,13 +104,9 @@ impl SendComm {
         match self.recovering() {
             Ok(false) => {}
             Ok(true) if !self.tx.is_done(id).map_err(|s| self.io.link.fail_by(Fail::Stale(s), "send"))? => return Ok(None),
-            Ok(true) => {}
             // (a request that completed before the comm failed is still handed out: the error comes with the next)
-            Err(e) => {
-                if !self.tx.is_done(id).unwrap_or(false) {
-                    return Err(e);
-                }
-            }
+            Err(e) if !self.tx.is_done(id).unwrap_or(false) => return Err(e),
+            Ok(true) | Err(_) => {}
         }
         match self.tx.test(&mut self.io, id) {
             // (split: the common answer builds no Completion)
@@ -247,13 +243,9 @@ impl RecvComm {
         match self.recovering() {
             Ok(false) => {}
             Ok(true) if !self.rx.is_done(id).map_err(|s| self.io.link.fail_by(Fail::Stale(s), "receive"))? => return Ok(None),
-            Ok(true) => {}
             // (a request that completed before the comm failed is still handed out: the error comes with the next)
-            Err(e) => {
-                if !self.rx.is_done(id).unwrap_or(false) {
-                    return Err(e);
-                }
-            }
+            Err(e) if !self.rx.is_done(id).unwrap_or(false) => return Err(e),
+            Ok(true) | Err(_) => {}
         }
         match self.rx.test(&mut self.io, id) {
             Ok(None) => Ok(None),

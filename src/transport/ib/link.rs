@@ -714,9 +714,24 @@ impl Link {
 }
 
 /// Implements the machines' [`Link`](crate::proto::nic::Link) for an
-/// executor with a `link: Link` field and a `reap` method.
+/// executor with a `link: Link` field, a `reap` method and its iWARP side
+/// in `notices` (an `Option` of something with `connection_lost`).
 macro_rules! via_link {
     ($t:ty) => {
+        impl $t {
+            /// iWARP, at a liveness look: did rdma_cm report a connection closed?
+            #[cold]
+            fn cm_look(&mut self) {
+                if self.link.rec.is_none() || self.link.halted() || self.link.handshake {
+                    return;
+                }
+                if let Some(why) = self.notices.as_mut().and_then(|n| n.connection_lost()) {
+                    // (`why` names the peer: "peer ...: closed the rdma_cm connection")
+                    self.link.connection_closed(why, crate::error::Error::Internal("iWARP connection closed".into()));
+                }
+            }
+        }
+
         impl crate::proto::nic::Link for $t {
             type Error = crate::error::Error;
             #[inline]

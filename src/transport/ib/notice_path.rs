@@ -105,9 +105,22 @@ pub fn device_ip(dev: &IbDev) -> Result<IpAddr> {
 
 /// The rdma_cm listener address a receiver's [`Meta`] carries.
 pub fn listener_addr(m: &Meta) -> SocketAddr {
-    let v6 = Ipv6Addr::from(m.gid);
-    let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
-    SocketAddr::new(ip, m.lid)
+    addr_of(m.gid, m.lid)
+}
+
+/// An rdma_cm address as a GID-shaped field carries it (IPv4 as
+/// IPv4-mapped IPv6), with the port in the LID field: the metadata's and a
+/// recovery State's way.
+pub fn addr_of(gid: [u8; 16], port: u16) -> SocketAddr {
+    SocketAddr::new(unmapped(IpAddr::V6(Ipv6Addr::from(gid))), port)
+}
+
+/// [`addr_of`]'s GID field for `ip`.
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
 }
 
 const COOKIE_MAGIC: [u8; 4] = *b"RNCM";
@@ -163,10 +176,7 @@ fn parse_private(p: &[u8], cookie: u64, secret: Option<u32>, n: usize) -> std::r
 /// says it echoes the receiver's secret ([`FLAG_CM_SECRET`]).
 pub fn declare_source(dev: &IbDev, m: &mut Meta) {
     if let Ok(ip) = device_ip(dev) {
-        (m.gid, m.family) = match ip {
-            IpAddr::V4(v4) => (v4.to_ipv6_mapped().octets(), 4),
-            IpAddr::V6(v6) => (v6.octets(), 6),
-        };
+        (m.gid, m.family) = (gid_of(ip), if ip.is_ipv4() { 4 } else { 6 });
         m.flags |= FLAG_CM_SECRET;
     }
 }
@@ -631,10 +641,7 @@ impl RecvSide {
     /// Our metadata says where to connect: the listener's address.
     pub fn fill_meta(&self, m: &mut Meta) {
         let a = self.listen_addr;
-        m.gid = match a.ip() {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            IpAddr::V6(v6) => v6.octets(),
-        };
+        m.gid = gid_of(a.ip());
         m.lid = a.port();
         m.family = if a.is_ipv4() { 4 } else { 6 };
         m.link = LINK_IWARP;

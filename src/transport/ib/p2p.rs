@@ -82,18 +82,6 @@ pub(super) struct EagerSend {
 via_link!(SendIo);
 
 impl SendIo {
-    /// iWARP, at a liveness look: did rdma_cm report a connection closed?
-    #[cold]
-    fn cm_look(&mut self) {
-        if self.link.rec.is_none() || self.link.halted() || self.link.handshake {
-            return;
-        }
-        if let Some(why) = self.notices.as_mut().and_then(|n| n.connection_lost()) {
-            // (`why` names the peer: "peer ...: closed the rdma_cm connection")
-            self.link.connection_closed(why, Error::Internal("iWARP connection closed".into()));
-        }
-    }
-
     #[inline(always)]
     fn reap(&mut self, out: &mut [Cqe; POLL_BATCH]) -> Result<usize> {
         let what = |w: WrId| match w {
@@ -335,18 +323,6 @@ pub(super) struct RecvIo {
 via_link!(RecvIo);
 
 impl RecvIo {
-    /// iWARP, at a liveness look: did rdma_cm report a connection closed?
-    #[cold]
-    fn cm_look(&mut self) {
-        if self.link.rec.is_none() || self.link.halted() || self.link.handshake {
-            return;
-        }
-        if let Some(why) = self.notices.as_mut().and_then(|n| n.connection_lost()) {
-            // (`why` names the peer: "peer ...: closed the rdma_cm connection")
-            self.link.connection_closed(why, Error::Internal("iWARP connection closed".into()));
-        }
-    }
-
     /// Post the flush read of request `id` (its target in `flush_at`).
     pub(super) fn post_flush(&mut self, id: ReqId) -> Result<()> {
         let Some(f) = self.flush.as_ref().filter(|_| !self.link.halted()) else { return Ok(()) };

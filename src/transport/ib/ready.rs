@@ -24,6 +24,13 @@ use crate::proto::{eager, rx, tx};
 use crate::transport::sock::Socket;
 use crate::transport::MAX_RECVS;
 
+impl super::p2p::SendIo {
+    /// Where this comm's QPs go: toward the receiver whose metadata is `remote`.
+    fn toward<'a>(&'a self, remote: &'a Meta) -> Toward<'a> {
+        Toward { dev: &self.link.dev, local: &self.local, remote, tc: self.tc, sl: self.sl, cc: &self.link.cc, peer: &self.link.peer }
+    }
+}
+
 impl SendComm {
     /// Move the handshake on as far as the socket allows.
     pub(super) fn progress_handshake(&mut self) -> Result<()> {
@@ -42,15 +49,7 @@ impl SendComm {
                         io.hs = Some(SendHs::Cm { cm: Box::new(cm), remote: Box::new(remote) });
                         continue;
                     }
-                    let to = Toward {
-                        dev: &io.link.dev,
-                        local: &io.local,
-                        remote: &remote,
-                        tc: io.tc,
-                        sl: io.sl,
-                        cc: &io.link.cc,
-                        peer: &io.link.peer,
-                    };
+                    let to = io.toward(&remote);
                     match handshake::connect_qps(&to, qps)? {
                         Brought::Up(qps) => self.connected(qps, &remote)?,
                         // (the receiver has our QPs' numbers: the same QPs go on)
@@ -63,15 +62,7 @@ impl SendComm {
                     }
                     let Some(SendHs::Rtr { b, remote, since }) = io.hs.take() else { unreachable!() };
                     handshake::settle_neighbour(&io.link.dev, &io.local, &remote);
-                    let to = Toward {
-                        dev: &io.link.dev,
-                        local: &io.local,
-                        remote: &remote,
-                        tc: io.tc,
-                        sl: io.sl,
-                        cc: &io.link.cc,
-                        peer: &io.link.peer,
-                    };
+                    let to = io.toward(&remote);
                     match handshake::bring_up(&to, b)? {
                         Brought::Up(qps) => {
                             tracing::info!("{}: send comm to {}: QPs connected after the link came back", io.link.dev.name, io.link.peer);

@@ -28,6 +28,22 @@ const DRAIN_MAX: Duration = Duration::from_secs(1);
 const DRAIN_MIN: Duration = Duration::from_millis(5);
 
 impl Link {
+    /// The peer's State of this epoch (its new QPs' addresses), checked
+    /// against the QPs we made; `Err`: the comm failed (a bug, or a peer
+    /// that broke the protocol).
+    fn peer_state(&mut self) -> Result<QpAddr> {
+        let r = self.rec_mut()?;
+        let Some((peer, _)) = r.m.peer() else {
+            return Err(self.fail_with(Error::Internal("connect without the peer's State".into())));
+        };
+        let (peer, ours) = (*peer, r.new_qps.len());
+        if peer.nqps != ours {
+            let what = format!("recovered with {} QPs where the connection has {ours}", peer.nqps);
+            return Err(self.fail_with(Error::Protocol { peer: self.peer_name(), what }));
+        }
+        Ok(peer)
+    }
+
     /// New QPs are the comm's: what was known of the old ones' receive
     /// queues goes.
     fn qps_replaced(&mut self) {
@@ -563,10 +579,7 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
                 // in the connection metadata)
                 match s.restart_cm(qpns) {
                     Ok(Some(at)) => {
-                        addr.gid = match at.ip() {
-                            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-                            std::net::IpAddr::V6(v6) => v6.octets(),
-                        };
+                        addr.gid = super::notice_path::gid_of(at.ip());
                         addr.lid = at.port();
                     }
                     Ok(None) => {}
@@ -775,15 +788,11 @@ fn neigh_ready(link: &mut Link, now: Instant) -> Result<bool> {
 /// neighbour missing just after a link comes back fails it): the caller
 /// starts the next epoch instead of failing the comm.
 fn connect(link: &mut Link) -> Result<std::result::Result<(), Error>> {
+    let peer = link.peer_state()?;
     let r = link.rec_mut()?;
-    let (Some((peer, _)), Some(local)) = (r.m.peer(), r.local) else {
-        return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
+    let Some(local) = r.local else {
+        return Err(link.fail_with(Error::Internal("connect before the port came back".into())));
     };
-    let peer = *peer;
-    if peer.nqps != r.new_qps.len() {
-        let what = format!("recovered with {} QPs where the connection has {}", peer.nqps, r.new_qps.len());
-        return Err(link.fail_with(Error::Protocol { peer: link.peer_name(), what }));
-    }
     let (tc, sl) = (r.rtr_tc, r.rtr_sl);
     let news = std::mem::take(&mut r.new_qps);
     let rts = RtsParams { timeout: link.cc.timeout, retry_cnt: link.cc.retry_cnt };
@@ -909,18 +918,9 @@ impl Side for SendComm {
         let Some(nt) = io.notices.as_mut() else { return Ok(None) };
         let link = &mut io.link;
         if !nt.redialing() {
-            let r = link.rec_mut()?;
-            let Some((peer, _)) = r.m.peer() else {
-                return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
-            };
-            let peer = *peer;
-            if peer.nqps != r.new_qps.len() {
-                let what = format!("recovered with {} QPs where the connection has {}", peer.nqps, r.new_qps.len());
-                return Err(link.fail_with(Error::Protocol { peer: link.peer_name(), what }));
-            }
-            let v6 = std::net::Ipv6Addr::from(peer.gid);
-            let dst = std::net::SocketAddr::new(v6.to_ipv4_mapped().map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4), peer.lid);
-            let qps = std::mem::take(&mut r.new_qps);
+            let peer = link.peer_state()?;
+            let dst = super::notice_path::addr_of(peer.gid, peer.lid);
+            let qps = std::mem::take(&mut link.rec_mut()?.new_qps);
             if let Err(e) = nt.redial(&link.dev, &link.cc, qps, dst) {
                 return Ok(Some(Err(e)));
             }
@@ -987,16 +987,9 @@ impl Side for RecvComm {
         let io = &mut self.io;
         let Some(nt) = io.notices.as_mut() else { return Ok(None) };
         let link = &mut io.link;
-        let r = link.rec_mut()?;
-        if !r.new_qps.is_empty() {
-            let Some((peer, _)) = r.m.peer() else {
-                return Err(link.fail_with(Error::Internal("connect without the peer's State".into())));
-            };
-            let peer = *peer;
-            if peer.nqps != r.new_qps.len() {
-                let what = format!("recovered with {} QPs where the connection has {}", peer.nqps, r.new_qps.len());
-                return Err(link.fail_with(Error::Protocol { peer: link.peer_name(), what }));
-            }
+        if !link.rec_mut()?.new_qps.is_empty() {
+            let peer = link.peer_state()?;
+            let r = link.rec_mut()?;
             // The new QPs become the comm's now (the listener's accept names
             // them by number; nothing is posted on them while the comm is
             // halted, and their receives go up once connected). The old
