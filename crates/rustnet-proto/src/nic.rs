@@ -225,6 +225,11 @@ pub trait Link {
     fn tick(&mut self, live: usize) -> bool;
     /// Something moved (no liveness probe is due).
     fn progressed(&mut self);
+    /// Is the comm recovering from a fault (its QPs stopped: nothing more
+    /// completes on them until the resume)? A close stops waiting then.
+    fn stopped(&self) -> bool {
+        false
+    }
     /// Fail the comm now (the first failure is the one reported).
     fn fail(&mut self, f: Fail<Self::Error>);
     /// Is the profiler on for this comm (any [`Ev`] to open)?

@@ -305,6 +305,9 @@ impl nic::Link for SNic<'_> {
         false
     }
     fn progressed(&mut self) {}
+    fn stopped(&self) -> bool {
+        self.0.s_halted
+    }
     fn fail(&mut self, f: Fail<Stop>) {
         let s = stop_of(f, false, self.0.seed);
         self.0.s_failed.get_or_insert(s);

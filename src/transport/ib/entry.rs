@@ -149,7 +149,13 @@ impl SendComm {
         let ack_s = 4.096e-6 * f64::from(1u32 << cc.timeout.min(31)) * f64::from(cc.retry_cnt + 1);
         let limit = std::time::Duration::from_secs_f64(ack_s.clamp(1.0, 30.0));
         let left = self.tx.close(&mut self.io, limit);
-        if left > 0 && self.io.link.failed.is_none() {
+        if left > 0 && self.io.link.halted() {
+            tracing::warn!(
+                "{}: closing a send comm to {} that stopped to recover while it closed, with {left} message(s) not acknowledged",
+                self.io.link.dev.name,
+                self.io.link.peer_name()
+            );
+        } else if left > 0 && self.io.link.failed.is_none() {
             tracing::warn!(
                 "{}: closing a send comm to {} with {left} message(s) not acknowledged after {limit:?}",
                 self.io.link.dev.name,

@@ -397,7 +397,7 @@ impl Link {
             // QPs says so here), and a flap of our port is noticed here
             self.check_flap(pending);
             let _ = self.pump();
-            self.peer_flush_due(now);
+            self.peer_flush_due(now, pending);
             return true;
         }
         let mut b = [0u8; 16];
@@ -462,15 +462,22 @@ impl Link {
     /// iWARP: the connection closed under us [`super::recover::PEER_FLUSH_WAIT`]
     /// ago and the peer has neither stopped its QPs nor closed its comm:
     /// recover now (a link between us that failed with neither port
-    /// noticing, or a peer that is slow to say so).
-    pub(super) fn peer_flush_due(&mut self, now: std::time::Instant) {
+    /// noticing, or a peer that is slow to say so). A comm that holds
+    /// `pending` requests recovers at once, at this look: a peer that ends
+    /// its comm normally has nothing of ours outstanding (each send is
+    /// done only once the receiver has it, each receive once its data
+    /// landed), and if the peer did close, the recovery's Halt finds its
+    /// out-of-band socket closed and fails the comm naming it, as the wait
+    /// would have. (The peer's own Halt may come late: it went out over a
+    /// link that was down, where TCP's retransmission backs off.)
+    pub(super) fn peer_flush_due(&mut self, now: std::time::Instant, pending: usize) {
         let Some(r) = self.rec.as_mut() else { return };
         let Some((t, _)) = &r.peer_flush else { return };
         if r.m.active() {
             r.peer_flush = None;
             return;
         }
-        if self.peer_closed.is_some() || now.saturating_duration_since(*t) < super::recover::PEER_FLUSH_WAIT {
+        if self.peer_closed.is_some() || (pending == 0 && now.saturating_duration_since(*t) < super::recover::PEER_FLUSH_WAIT) {
             return;
         }
         if let Some((_, cause)) = r.peer_flush.take() {
@@ -753,6 +760,10 @@ macro_rules! via_link {
             #[inline(always)]
             fn progressed(&mut self) {
                 self.link.progressed()
+            }
+            #[inline]
+            fn stopped(&self) -> bool {
+                self.link.halted()
             }
             fn fail(&mut self, f: crate::proto::nic::Fail<crate::error::Error>) {
                 self.link.fail_by(f, "");

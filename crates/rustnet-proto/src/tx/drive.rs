@@ -152,9 +152,11 @@ impl Sender {
             return Err(Fail::Proto(ProtoError::RecoverField { what: "a receiver point ahead of what this sender wrote" }));
         }
         // A receive the peer still lacks lanes of must be one we still hold: a
-        // message we completed is gone from NCCL's loan (on iWARP a send
-        // completes once TCP has it, so a connection lost under it can
-        // lose it). Fail clearly rather than leave the receiver waiting.
+        // message we completed is gone from NCCL's loan. (On iWARP a SEND
+        // completes once TCP has it; since the delivery fence a lane counts
+        // as done only at the READ behind its notice, so this guards against
+        // a broken executor, not a fault.) Fail clearly rather than leave the
+        // receiver waiting.
         // (With an eager ring a receive may still wait for a message that
         // went by the ring, which the ring's replay below brings; eager is
         // off on iWARP, where this loss can happen.)
@@ -227,8 +229,10 @@ impl Sender {
 
     /// Closing must not drop writes already posted (a send reported done
     /// early, eagerly, may still be on the wire): wait up to `limit` for
-    /// their completions, or until the comm fails. Returns the writes still
-    /// outstanding.
+    /// their completions, or until the comm fails or stops to recover
+    /// (nothing completes on stopped QPs: a fault found by this very wait,
+    /// say a buffer NCCL deregistered before closing, used to hold the
+    /// close for the whole `limit`). Returns the writes still outstanding.
     pub fn close<N: SendNic>(&mut self, nic: &mut N, limit: Duration) -> usize {
         if nic.check().is_err() {
             return self.outstanding();
@@ -242,7 +246,7 @@ impl Sender {
             }
         }
         let t0 = nic.now();
-        while self.outstanding() > 0 && nic.check().is_ok() && nic.now().saturating_duration_since(t0) < limit {
+        while self.outstanding() > 0 && nic.check().is_ok() && !nic.stopped() && nic.now().saturating_duration_since(t0) < limit {
             self.poll(nic);
             nic.tick(0);
         }
