@@ -330,7 +330,7 @@ pub enum ProtoError {
     /// The receiver's restart point waits for a message this sender had
     /// already completed and released: nothing is left to send it again.
     #[error(
-        "still waits for message #{seq}, which this end had completed and handed back to NCCL: it cannot be sent again (a send completed before the receiver had it: on iWARP a send completes once TCP has it, and the connection lost in the fault lost it)"
+        "still waits for message #{seq}, which this end had completed and handed back to NCCL: it cannot be sent again (a send completed before the receiver had it, and the fault lost it: a bug, since every transport completes a send only once the receiver has it; on iWARP that is the delivery fence)"
     )]
     RecoverLost {
         /// The message's sequence number.

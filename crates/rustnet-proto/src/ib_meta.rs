@@ -20,7 +20,8 @@
 //!  23 flags   u8   bit 0 (FLAG_RECOVERY): this end recovers a comm in place after a fabric fault (recover.rs);
 //!                  bit 1 (FLAG_LATE_RING): the eager ring may come late (eager.rs);
 //!                  bit 2 (FLAG_CM_SECRET): iWARP: this end echoes (sender) or checks (receiver) `secret`,
-//!                  and a sender's `gid` is the address its rdma_cm connections come from
+//!                  and a sender's `gid` is the address its rdma_cm connections come from;
+//!                  bit 3 (FLAG_FENCE): iWARP receiver: its QPs answer the sender's delivery fence
 //!  24 gid     [u8; 16]
 //!  40 addr    u64  sender: its CTS FIFO; receiver: its sizes area
 //!  48 rkey    u32
@@ -63,6 +64,12 @@ pub const FLAG_LATE_RING: u8 = 2;
 /// from (the receiver refuses others). Builds before it leave the bit 0: a
 /// receiver then checks what those builds sent, as they did.
 pub const FLAG_CM_SECRET: u8 = 4;
+/// [`Meta::flags`], an iWARP receiver's: its QPs answer RDMA READs of its
+/// sizes area (`addr`, `rkey`), the sender's delivery fence, which makes a
+/// send complete only once the receiver has it. A sender fences only when
+/// the receiver sets it: builds before it leave the bit 0, and their QPs
+/// would refuse the read (the comm would fail at its first message).
+pub const FLAG_FENCE: u8 = 8;
 /// The sender's "my QPs are in RTS" word.
 pub const READY: [u8; 8] = *b"RNREADY1";
 

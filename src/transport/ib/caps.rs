@@ -159,7 +159,8 @@ pub fn qp_caps(role: Role, qp: usize, cc: &Shape, lim: Limits) -> QpCaps {
         Role::Send => {
             let eager = if qp == 0 && cc.eager { tx::EAGER_SQ + EAGER_SQ_SLACK } else { 0 };
             QpCaps {
-                max_send_wr: cap(lanes_per_qp(cc) * MAX_LANE_WRS + eager),
+                // (iWARP: each lane's delivery fence, an RDMA READ, after its notice)
+                max_send_wr: cap(lanes_per_qp(cc) * (MAX_LANE_WRS + usize::from(cc.notices)) + eager),
                 max_recv_wr: 1,
                 // notices (iWARP) always go inline: no source to keep alive;
                 // data writes follow NCCL_IB_USE_INLINE (ready::data_inline)
@@ -183,8 +184,8 @@ pub fn cq_entries(role: Role, cc: &Shape, lim: Limits) -> u32 {
     let n = match role {
         Role::Send => {
             // completions per lane: the write that ends it; iWARP signals
-            // every data write and the notice
-            let per_lane = if cc.notices { MAX_LANE_WRS + 1 } else { 1 };
+            // every data write, the notice and the delivery fence
+            let per_lane = if cc.notices { MAX_LANE_WRS + 2 } else { 1 };
             let eager = if cc.eager { EAGER_CQE } else { 0 };
             per_lane * FIFO_DEPTH * lanes + eager
         }

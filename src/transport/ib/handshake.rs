@@ -82,6 +82,10 @@ pub struct ConnCfg {
     /// RUSTNET_IB_RECOVERY_KEEPER: the keeper thread moves the recovery of
     /// a comm NCCL is not calling ([`super::keeper`]).
     pub keeper: bool,
+    /// RUSTNET_IWARP_FENCE: an iWARP sender follows each lane's notice with
+    /// a delivery fence where the receiver answers it
+    /// ([`super::notice_path::NoticeTx::fence`]).
+    pub fence: bool,
 }
 
 impl ConnCfg {
@@ -122,6 +126,7 @@ impl ConnCfg {
             notices: false,
             recovery_s: cfg.recovery_timeout.get() as u32,
             keeper: cfg.ib_recovery_keeper.get() == 1,
+            fence: cfg.iwarp_fence.get() == 1,
         }
     }
 }
@@ -304,6 +309,18 @@ pub(super) struct Setup {
     pub flags: u8,
 }
 
+/// What a connection's QPs let the peer do: write; on iWARP a receiver's
+/// QPs also answer RDMA READs, the sender's delivery fence
+/// ([`super::notice_path::NoticeTx::fence`]). A sender's QPs never
+/// admit a read: nobody reads a sender.
+pub fn qp_access(cc: &ConnCfg, sender: bool) -> Access {
+    if cc.notices && !sender {
+        Access::REMOTE_WRITE.with(Access::REMOTE_READ)
+    } else {
+        Access::REMOTE_WRITE
+    }
+}
+
 impl Setup {
     pub fn new(dev: &Arc<IbDev>, cc: &ConnCfg, sender: bool) -> Result<Setup> {
         let local = local_addr(dev, cc)?;
@@ -313,7 +330,7 @@ impl Setup {
         let cq = Cq::new(&dev.ctx, plan.cqe() as i32)?;
         let mut qps = Vec::with_capacity(nqps);
         for i in 0..nqps {
-            qps.push(Qp::create(&dev.pd, &cq, plan.qp(i), dev.port, cc.pkey, Access::REMOTE_WRITE)?);
+            qps.push(Qp::create(&dev.pd, &cq, plan.qp(i), dev.port, cc.pkey, qp_access(cc, sender))?);
         }
         // small regions from the device's shared blocks (slab.rs): the one
         // the peer writes with a registration of its own, the staging without
@@ -325,7 +342,9 @@ impl Setup {
         } else {
             // CTS staging, then the credit word's source
             let stage = ctl.region(FIFO_BYTES + eager::CREDIT_BYTES, Access::LOCAL_READ)?;
-            (ctl.region(eager::SIZES_AREA_BYTES, Access::REMOTE_WRITE)?, stage)
+            // (iWARP: the sender's delivery fence reads one byte of it)
+            let access = if cc.notices { Access::REMOTE_WRITE.with(Access::REMOTE_READ) } else { Access::REMOTE_WRITE };
+            (ctl.region(eager::SIZES_AREA_BYTES, access)?, stage)
         };
         Ok(Setup { dev: dev.clone(), cq, qps, local, region, stage, eager: cc.eager, late_ok: cc.eager_lazy, plan, flags: cc.meta_flags() })
     }

@@ -32,7 +32,7 @@ pub const IWARP_WHY: &str = "iWARP needs the rdma_cm connection path and a data 
 
 /// What the plugin does differently on iWARP, for the init log and doctor.
 pub const IWARP_HOW: &str =
-    "rdma_cm connection set-up, completion notices by SEND (no immediates), eager path off, host memory only, recovery in place after a link fault (new QPs over new rdma_cm connections)";
+    "rdma_cm connection set-up, completion notices by SEND (no immediates), a send done once the receiver has it (a one-byte RDMA READ behind each notice), eager path off, host memory only, recovery in place after a link fault (new QPs over new rdma_cm connections)";
 
 /// The RDMA network a port belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,7 +52,7 @@ use super::verbs::{Access, HostRegion, Init, Pd, Qp, Rts, SendWr};
 use crate::error::{Error, Result};
 use crate::proto::error::ProtoError;
 use crate::proto::fifo::{Group, Imm, ImmKind, PlannedWr, WrKind, FIFO_DEPTH, MAX_LANE_WRS};
-use crate::proto::ib_meta::{Meta, FLAG_CM_SECRET, LINK_IWARP};
+use crate::proto::ib_meta::{Meta, FLAG_CM_SECRET, FLAG_FENCE, LINK_IWARP};
 use crate::proto::nic::WrId;
 use crate::proto::notice::{Assembler, Notice, RecvRing, MAX_LANES, NOTICE_BYTES, RECV_DEPTH};
 use crate::transport::MAX_RECVS;
@@ -66,6 +66,12 @@ pub fn conn_cfg(cc: &ConnCfg, dev: &IbDev) -> ConnCfg {
     }
     if cc.flush {
         notes.push("RUSTNET_FORCE_FLUSH ignored (host memory only: nothing to flush)".to_string());
+    }
+    if !cc.fence {
+        notes.push(
+            "RUSTNET_IWARP_FENCE=0: a send is done once the NIC took it, so a fault with a message in flight may fail the comm, naming the message"
+                .to_string(),
+        );
     }
     let nqps = cc.nqps.min(MAX_LANES);
     if nqps < cc.nqps {
@@ -371,6 +377,11 @@ impl CmConnect {
 /// that do not go inline, and the rdma_cm connections (dropped after the QPs).
 pub struct NoticeTx {
     stage: HostRegion,
+    /// The delivery fence, where the receiver answers it and
+    /// RUSTNET_IWARP_FENCE is on: its landing byte (every lane's read
+    /// writes it), and what it reads, the receiver's sizes area (address,
+    /// rkey).
+    fence: Option<(HostRegion, (u64, u32))>,
     nqps: usize,
     max_inline: usize,
     conns: Vec<CmConn>,
@@ -383,9 +394,45 @@ pub struct NoticeTx {
 
 impl NoticeTx {
     /// For a connection of `nqps` QPs that take `max_inline` bytes inline.
-    pub fn new(pd: &Pd, nqps: usize, max_inline: u32, conns: Vec<CmConn>, dial: Dial) -> Result<NoticeTx> {
+    /// `fence`: with the delivery fence, where it lands (local write, a few
+    /// bytes) and what it reads (the receiver's sizes area: its metadata's
+    /// address and rkey), one byte of it.
+    pub fn new(
+        pd: &Pd,
+        nqps: usize,
+        max_inline: u32,
+        conns: Vec<CmConn>,
+        dial: Dial,
+        fence: Option<(HostRegion, (u64, u32))>,
+    ) -> Result<NoticeTx> {
         let stage = HostRegion::new(pd, FIFO_DEPTH * nqps * NOTICE_BYTES, Access::LOCAL_READ)?;
-        Ok(NoticeTx { stage, nqps, max_inline: max_inline as usize, conns, dial, redial: None })
+        Ok(NoticeTx { stage, fence, nqps, max_inline: max_inline as usize, conns, dial, redial: None })
+    }
+
+    /// Lane `seq`'s delivery fence, posted right after its notice in the
+    /// same chain ([`super::verbs::Qp::post_writes_send_read`]): a one-byte
+    /// RDMA READ of the receiver's sizes area, signaled with the lane's id
+    /// ([`WrId::Data`]). On iWARP a SEND completes at the sender once it is
+    /// handed to the transport (soft-iWARP: to TCP), before the receiver
+    /// has it; the READ's response leaves the receiver only after every
+    /// message before it on the connection was placed there, so the lane
+    /// counts as landed (and NCCL's send as done) only when the receiver
+    /// has its notice, as a write with immediate's completion means on IB.
+    /// A connection lost before that leaves the lane to the recovery's
+    /// resend instead of losing it. `None` without the fence (a receiver of
+    /// an earlier build, or RUSTNET_IWARP_FENCE=0): the notice's own
+    /// completion then ends the lane.
+    pub fn fence(&self, seq: u64) -> Option<SendWr> {
+        let (land, at) = self.fence.as_ref()?;
+        Some(SendWr {
+            wr_id: WrId::Data(seq).encode(),
+            // (every lane's read lands on the same byte: nobody reads it)
+            local: (land.addr() as u64, 1, land.lkey()),
+            remote: *at,
+            imm: None,
+            signaled: true,
+            inline: false,
+        })
     }
 
     /// Disconnect and destroy the rdma_cm ids now. The send comm calls this
@@ -447,8 +494,10 @@ impl NoticeTx {
 
     /// Turn lane `lane`'s planned WRs (`plan`, built into `wrs[..plan.len()]`
     /// by the IB path) into its data writes without immediate, then the
-    /// notice SEND (signaled, `wr_id` = the slot's sequence like the write
-    /// with immediate it replaces). Returns how many WRs to post, with
+    /// notice SEND: unsignaled with the delivery fence (which follows it,
+    /// [`NoticeTx::fence`], completes after it and carries the lane's id),
+    /// else signaled with the lane's id. Returns how many WRs to post, with
+    /// [`super::verbs::Qp::post_writes_send_read`] or
     /// [`super::verbs::Qp::post_writes_send`].
     pub fn lane(
         &self,
@@ -492,12 +541,15 @@ impl NoticeTx {
         let off = ((g.seq % FIFO_DEPTH as u64) as usize * self.nqps + qi) * NOTICE_BYTES;
         // rewritten only for seq + FIFO_DEPTH, after this slot's lanes completed
         self.stage.write(off, &bytes);
+        let fenced = self.fence.is_some();
         wrs[k] = SendWr {
-            wr_id: WrId::Data(g.seq).encode(),
+            wr_id: if fenced { WrId::DataDone(g.seq) } else { WrId::Data(g.seq) }.encode(),
             local: (self.stage.addr() as u64 + off as u64, len as u32, self.stage.lkey()),
             remote: (0, 0),
             imm: None,
-            signaled: true,
+            // (fenced: a failure still completes, with its error, and the
+            // fence's completion frees the notice's send-queue slot)
+            signaled: !fenced,
             inline: len <= self.max_inline,
         };
         Ok(k + 1)
@@ -646,7 +698,7 @@ impl RecvSide {
         m.family = if a.is_ipv4() { 4 } else { 6 };
         m.link = LINK_IWARP;
         m.secret = self.secret;
-        m.flags |= FLAG_CM_SECRET;
+        m.flags |= FLAG_CM_SECRET | FLAG_FENCE;
     }
 
     /// Accept the sender's requests and follow the connections; once all

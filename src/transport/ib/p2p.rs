@@ -153,19 +153,25 @@ impl SendNic for SendIo {
         };
         let qp = &self.link.qps[l.qp];
         self.link.stats.bump(l.qp, lane_bytes);
-        self.link.stats.work.post(k, wrs[..k].iter().filter(|w| w.signaled).count());
+        let fence = self.notices.as_ref().and_then(|nt| nt.fence(g.seq));
+        let fences = usize::from(fence.is_some());
+        self.link.stats.work.post(k + fences, wrs[..k].iter().filter(|w| w.signaled).count() + fences);
         // SAFETY: data sources lie in NCCL buffers whose registrations were
         // checked in isend and which NCCL keeps valid and registered until
         // the request completes, i.e. until this lane's signaled last WR
         // completes; the sizes staging and the notice staging live in this
         // comm, which outlives its QPs (field order), and slot `seq %
         // FIFO_DEPTH` of either is rewritten only after the receiver
-        // completed `seq`.
+        // completed `seq`. iWARP: the fence's landing byte lies in the
+        // NoticeTx's region (local write, this PD), which the comm also
+        // keeps past its QPs; it reads the receiver's sizes area under the
+        // rkey the receiver's metadata gave, registered readable for it
+        // (handshake::Setup) for the comm's life.
         unsafe {
-            if self.notices.is_some() {
-                qp.post_writes_send(&wrs[..k])?
-            } else {
-                qp.post_writes(&wrs[..k])?
+            match (&self.notices, &fence) {
+                (Some(_), Some(f)) => qp.post_writes_send_read(&wrs[..k], f)?,
+                (Some(_), None) => qp.post_writes_send(&wrs[..k])?,
+                (None, _) => qp.post_writes(&wrs[..k])?,
             }
         };
         if crate::fault::qp_error_due(crate::fault::QpSide::Send) {

@@ -304,6 +304,9 @@ impl SockAddr {
     }
 }
 
+/// RDMA READs a connection lets be in flight each way (soft-iWARP allows 128).
+const READ_DEPTH: u8 = 16;
+
 fn conn_param(qpn: u32, private: &[u8]) -> Result<rdma_conn_param> {
     if private.len() > MAX_PRIVATE {
         return Err(Error::Internal(format!("{} bytes of rdma_cm private data (max {MAX_PRIVATE})", private.len())));
@@ -311,9 +314,10 @@ fn conn_param(qpn: u32, private: &[u8]) -> Result<rdma_conn_param> {
     Ok(rdma_conn_param {
         private_data: private.as_ptr() as *const c_void,
         private_data_len: private.len() as u8,
-        // one RDMA READ in flight each way is all the flush needs
-        responder_resources: 1,
-        initiator_depth: 1,
+        // the iWARP sender's delivery fence: one RDMA READ per lane, up to a
+        // FIFO's worth in flight on a QP (more wait in its send queue)
+        responder_resources: READ_DEPTH,
+        initiator_depth: READ_DEPTH,
         flow_control: 1,
         retry_count: 7,
         rnr_retry_count: 7,

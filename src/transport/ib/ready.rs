@@ -18,7 +18,7 @@ use super::recover::RecLink;
 use super::verbs::{self, Access, Cq, HostRegion, Qp, Rts};
 use crate::error::{Error, Result};
 use crate::profiler::EventSlots;
-use crate::proto::ib_meta::{Meta, FLAG_LATE_RING, FLAG_RECOVERY, META_LEN, READY};
+use crate::proto::ib_meta::{Meta, FLAG_FENCE, FLAG_LATE_RING, FLAG_RECOVERY, META_LEN, READY};
 use crate::proto::nic::WrId;
 use crate::proto::{eager, rx, tx};
 use crate::transport::sock::Socket;
@@ -76,7 +76,23 @@ impl SendComm {
                     let dial = cm.dial();
                     let Some(SendHs::Cm { remote, .. }) = io.hs.take() else { unreachable!() };
                     let max_inline = qps.iter().map(|q| q.max_inline()).min().unwrap_or(0);
-                    io.notices = Some(NoticeTx::new(&io.link.dev.pd, qps.len(), max_inline, conns, dial)?);
+                    // the delivery fence where the receiver answers it
+                    let fence = if io.link.cc.fence && remote.flags & FLAG_FENCE != 0 {
+                        Some((io.link.dev.ctl.region(64, Access::LOCAL_WRITE)?, (remote.addr, remote.rkey)))
+                    } else {
+                        if io.link.cc.fence {
+                            static SAID: std::sync::Once = std::sync::Once::new();
+                            SAID.call_once(|| {
+                                tracing::info!(
+                                    "{}: the receiver {} runs a build without the iWARP delivery fence: its sends complete once the NIC took them, so a fault with a message in flight may fail such a comm (said once per process)",
+                                    io.link.dev.name,
+                                    io.link.peer_name()
+                                )
+                            });
+                        }
+                        None
+                    };
+                    io.notices = Some(NoticeTx::new(&io.link.dev.pd, qps.len(), max_inline, conns, dial, fence)?);
                     self.connected(qps, &remote)?;
                 }
                 Some(SendHs::WriteReady { sent }) => {

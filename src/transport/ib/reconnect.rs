@@ -12,7 +12,7 @@ use super::handshake;
 use super::keeper::Kept;
 use super::link::Link;
 use super::p2p::{Flush, RecvComm, SendComm};
-use super::verbs::{Access, Cq, Qp, RtrParams, RtsParams};
+use super::verbs::{Cq, Qp, RtrParams, RtsParams};
 use crate::error::{Error, Result};
 use crate::proto::nic::WrId;
 use crate::proto::recover::{Do, GiveUpWhy, Phase, Point, QpAddr, RcMsg, RC_HDR, RC_MAX_PAYLOAD};
@@ -544,17 +544,19 @@ pub(super) fn progress<S: Side>(s: &mut S, by: By) -> Result<()> {
             }
             Do::Rebuild { epoch } => {
                 let point = s.point();
+                let sender = !s.receiver();
                 let link = s.link();
                 let r = link.rec_mut()?;
                 let Some(local) = r.local else { return Err(link.fail_with(Error::Internal("rebuild before the port came back".into()))) };
                 let plan = r.plan;
+                let access = handshake::qp_access(&link.cc, sender);
                 let cq = match Cq::new(&link.dev.ctx, plan.cqe() as i32) {
                     Ok(c) => c,
                     Err(e) => return Err(link.fail_with(e)),
                 };
                 let mut qps = Vec::with_capacity(link.qps.len());
                 for i in 0..link.qps.len() {
-                    match Qp::create(&link.dev.pd, &cq, plan.qp(i), link.dev.port, link.cc.pkey, Access::REMOTE_WRITE) {
+                    match Qp::create(&link.dev.pd, &cq, plan.qp(i), link.dev.port, link.cc.pkey, access) {
                         Ok(q) => qps.push(q),
                         Err(e) => return Err(link.fail_with(e)),
                     }

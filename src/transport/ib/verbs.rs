@@ -1263,7 +1263,7 @@ impl Qp<Rts> {
     /// of a later signaled WR on this QP (or the QP's destruction).
     pub unsafe fn post_writes(&self, wrs: &[SendWr]) -> Result<()> {
         // SAFETY: this fn's contract is post_chain's, which our caller promised.
-        unsafe { self.post_chain(wrs, false) }
+        unsafe { self.post_chain(wrs, false, None) }
     }
 
     /// [`Self::post_writes`], except that the last WR is a SEND (its
@@ -1275,18 +1275,36 @@ impl Qp<Rts> {
     /// As [`Self::post_writes`], for every WR including the SEND.
     pub unsafe fn post_writes_send(&self, wrs: &[SendWr]) -> Result<()> {
         // SAFETY: this fn's contract is post_chain's, which our caller promised.
-        unsafe { self.post_chain(wrs, true) }
+        unsafe { self.post_chain(wrs, true, None) }
+    }
+
+    /// [`Self::post_writes`], except that the last WR of `wrs` is a SEND
+    /// (its `remote` and `imm` unused), followed by the RDMA READ `read`
+    /// (`local`: where the bytes land, `remote`: what it reads, signaled):
+    /// a lane's RDMA writes, its notice and its delivery fence (iWARP,
+    /// [`crate::proto::notice`], [`super::notice_path::NoticeTx::fence`])
+    /// in one post. RC places the writes before the SEND at the peer, and
+    /// the READ's response leaves the peer only after both were placed.
+    ///
+    /// # Safety
+    /// As [`Self::post_writes`], for every WR including the SEND; the READ's
+    /// `local` must lie in memory registered with local write on this QP's
+    /// PD, valid until the READ completes, and its `remote` be readable
+    /// under its rkey.
+    pub unsafe fn post_writes_send_read(&self, wrs: &[SendWr], read: &SendWr) -> Result<()> {
+        // SAFETY: this fn's contract is post_chain's, which our caller promised.
+        unsafe { self.post_chain(wrs, true, Some(read)) }
     }
 
     /// # Safety
-    /// As [`Self::post_writes`].
-    unsafe fn post_chain(&self, wrs: &[SendWr], send_last: bool) -> Result<()> {
-        assert!(!wrs.is_empty() && wrs.len() <= MAX_CHAIN);
+    /// As [`Self::post_writes`] (and [`Self::post_writes_send_read`] for `read`).
+    unsafe fn post_chain(&self, wrs: &[SendWr], send_last: bool, read: Option<&SendWr>) -> Result<()> {
+        let n = wrs.len() + usize::from(read.is_some());
+        assert!(!wrs.is_empty() && n <= MAX_CHAIN);
         let mut sges = [const { std::mem::MaybeUninit::<ibv_sge>::uninit() }; MAX_CHAIN];
         // only the n WRs posted are initialized (no 2 KiB memset per post)
         let mut ws = [const { std::mem::MaybeUninit::<ibv_send_wr>::uninit() }; MAX_CHAIN];
-        let n = wrs.len();
-        for (i, w) in wrs.iter().enumerate() {
+        for (i, w) in wrs.iter().chain(read).enumerate() {
             // SAFETY: ibv_send_wr is plain old data; all-zero is valid.
             let sw = ws[i].write(unsafe { std::mem::zeroed() });
             sw.wr_id = w.wr_id;
@@ -1294,7 +1312,9 @@ impl Qp<Rts> {
                 sges[i].write(ibv_sge { addr: w.local.0, length: w.local.1, lkey: w.local.2 });
                 sw.num_sge = 1;
             }
-            sw.opcode = if send_last && i + 1 == wrs.len() {
+            sw.opcode = if i == wrs.len() {
+                IBV_WR_RDMA_READ
+            } else if send_last && i + 1 == wrs.len() {
                 IBV_WR_SEND
             } else if w.imm.is_some() {
                 IBV_WR_RDMA_WRITE_WITH_IMM
@@ -1302,7 +1322,7 @@ impl Qp<Rts> {
                 IBV_WR_RDMA_WRITE
             };
             sw.send_flags = (if w.signaled { ibv_send_flags::IBV_SEND_SIGNALED } else { 0 })
-                | (if w.inline && w.local.1 > 0 { ibv_send_flags::IBV_SEND_INLINE } else { 0 });
+                | (if w.inline && w.local.1 > 0 && i < wrs.len() { ibv_send_flags::IBV_SEND_INLINE } else { 0 });
             sw.__bindgen_anon_1.imm_data = w.imm.unwrap_or(0).to_be();
             sw.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: w.remote.0, rkey: w.remote.1 };
         }
