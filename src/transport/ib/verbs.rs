@@ -1282,7 +1282,7 @@ impl Qp<Rts> {
     /// (its `remote` and `imm` unused), followed by the RDMA READ `read`
     /// (`local`: where the bytes land, `remote`: what it reads, signaled):
     /// a lane's RDMA writes, its notice and its delivery fence (iWARP,
-    /// [`crate::proto::notice`], [`super::notice_path::NoticeTx::fence`])
+    /// [`crate::proto::notice`]; the fence: `notice_path::NoticeTx`)
     /// in one post. RC places the writes before the SEND at the peer, and
     /// the READ's response leaves the peer only after both were placed.
     ///
