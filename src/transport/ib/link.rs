@@ -641,7 +641,15 @@ impl Link {
                 WrId::Data(s) | WrId::DataDone(s) => Some(s),
                 _ => None,
             };
+            let port_moved = self.rec.as_ref().is_some_and(|r| self.dev.health.port_events(self.dev.port) != r.port_seen);
             let Some(r) = self.rec.as_mut() else { return false };
+            if r.forced || port_moved {
+                // a QP error we injected (RUSTNET_FAULT_QP_ERROR), or our
+                // port went down: the connection was lost, whichever message
+                // it caught, and the same one may be caught again
+                r.loc_err_seq = None;
+                return true;
+            }
             if seq.is_some() && r.loc_err_seq == seq {
                 return false;
             }

@@ -926,13 +926,17 @@ impl Side for SendComm {
             if let Err(e) = nt.redial(&link.dev, &link.cc, qps, dst) {
                 return Ok(Some(Err(e)));
             }
-            link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
         }
         match nt.redial_progress() {
             Ok(None) => Ok(Some(Ok(false))),
             Ok(Some(qps)) => {
                 // the old QPs go first (destroyed: their rdma_cm ids were
-                // closed just before), then their CQ
+                // closed just before), then their CQ; the peer's new QP
+                // numbers name the peer's end from now on (not before: an
+                // old QP's late completion named the new peer QP)
+                if let Some((peer, _)) = link.rec.as_ref().and_then(|r| r.m.peer()) {
+                    link.peer_qpns = peer.qpns[..peer.nqps].to_vec();
+                }
                 link.qps = qps;
                 link.qps_replaced();
                 if let Some(cq) = link.rec.as_mut().and_then(|r| r.new_cq.take()) {
