@@ -162,7 +162,7 @@ fn connect_pair(a: &Side, b: &Side) -> Link {
                 Progress::Pending => {}
                 Progress::NeedQp => {
                     assert_eq!(conn.device_name().as_deref(), Some(a.name.as_str()), "rdma_cm chose another device");
-                    conn.connect(qa_num, &a.key()).expect("connect");
+                    assert!(conn.connect(qa_num, &a.key()).expect("connect"), "rdma_connect: the local port was taken (EADDRINUSE)");
                 }
                 Progress::Established(p) => {
                     key_at_a = Some(remote_key(&p));
@@ -250,7 +250,8 @@ fn rdma_cm_connect_to_nobody_fails_naming_the_peer() {
             // siw connects its TCP stream inside rdma_connect, so a refusal
             // can come from there as well as from a later event
             Ok(Progress::NeedQp) => match conn.connect(qp.qpn(), b"hello") {
-                Ok(()) => {}
+                Ok(true) => {}
+                Ok(false) => panic!("rdma_connect: the local port was taken (EADDRINUSE)"),
                 Err(e) => break e.to_string(),
             },
             Ok(Progress::Established(_)) => panic!("connected to {to}, where nobody listens"),

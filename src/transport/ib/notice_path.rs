@@ -271,7 +271,17 @@ pub struct CmConnect {
     peer: String,
     since: Instant,
     timeout_s: u32,
+    /// Where the connections go from and to (a connection whose local port
+    /// was taken starts over, [`CmConn::connect`]).
+    src: IpAddr,
+    dst: SocketAddr,
+    /// Connections started over so far (at most [`PORT_RETRIES`]).
+    restarts: u32,
 }
+
+/// How many times one connect may start a connection over because the
+/// local port rdma_cm picked was taken ([`CmConn::connect`]).
+const PORT_RETRIES: u32 = 8;
 
 impl CmConnect {
     /// Start connecting our `qps` (INIT) to the receiver whose metadata is
@@ -322,6 +332,9 @@ impl CmConnect {
             peer,
             since,
             timeout_s: cm_timeout_s(cc),
+            src,
+            dst,
+            restarts: 0,
         })
     }
 
@@ -353,7 +366,22 @@ impl CmConnect {
                     }
                     let qpn = self.qps[i].qpn();
                     let (p, len) = private(self.cookie, self.secret, i, n);
-                    self.conns[i].connect(qpn, &p[..len])?;
+                    if !self.conns[i].connect(qpn, &p[..len])? {
+                        // nothing was sent: the same QP over a new rdma_cm id (a new port)
+                        self.restarts += 1;
+                        if self.restarts > PORT_RETRIES {
+                            return Err(Error::Remote {
+                                peer: self.peer.clone(),
+                                what: format!("rdma_connect: the local port was taken {PORT_RETRIES} times in a row (EADDRINUSE)"),
+                            });
+                        }
+                        tracing::warn!(
+                            "{}: rdma_cm connection {i} to {}: the local TCP port rdma_cm picked is taken (EADDRINUSE); starting it over on a new port",
+                            self.dev,
+                            self.peer
+                        );
+                        self.conns[i] = CmConn::start(self.src, self.dst, &self.label)?;
+                    }
                 }
                 Progress::Established(_) => self.est[i] = true,
             }
@@ -587,7 +615,21 @@ pub struct RecvSide {
     asm: Assembler,
     /// Lane 0's sizes per FIFO slot, once its receive has every notice.
     sizes: Box<[[u32; MAX_RECVS]; FIFO_DEPTH]>,
+    /// When the last notice arrived ([`RecvSide::close_cm`]).
+    last_notice: Option<Instant>,
 }
+
+/// How long a receive comm's close waits after its last notice before it
+/// disconnects: the sender's delivery fence behind that notice is answered
+/// by the iWARP device (soft-iWARP: a kernel thread) after the notice was
+/// handed to us, and a disconnect drops an answer not yet sent, which
+/// would leave the sender's last send waiting and then failing, though the
+/// message had arrived. A real NIC answers within microseconds; soft-iWARP
+/// in an emulated VM was seen to take longer than a test's close (one
+/// conformance run in a full VM suite, stop 39). Only a comm whose last
+/// notice is this recent waits, so closing thousands of idle comms costs
+/// nothing.
+const FENCE_LINGER: Duration = Duration::from_millis(20);
 
 /// RUSTNET_CONNECT_TIMEOUT in seconds, at least 1.
 fn cm_timeout_s(cc: &ConnCfg) -> u32 {
@@ -643,13 +685,24 @@ impl RecvSide {
             asm: Assembler::new(),
             sizes: Box::new([[0; MAX_RECVS]; FIFO_DEPTH]),
             qpns,
+            last_notice: None,
         }))
     }
 
     /// Disconnect and destroy the rdma_cm ids (and the listener) now: the
     /// receive comm calls this in its Drop, before its QPs are destroyed
     /// (librdmacm's order: disconnect, destroy QP, destroy id).
+    ///
+    /// A notice that arrived less than [`FENCE_LINGER`] ago may still have
+    /// the sender's delivery fence unanswered behind it: the close waits
+    /// out the rest of that time first, with the connections up.
     pub fn close_cm(&mut self) {
+        if let Some(t) = self.last_notice.take() {
+            let left = FENCE_LINGER.saturating_sub(t.elapsed());
+            if !left.is_zero() && self.conns.iter().any(Option::is_some) {
+                std::thread::sleep(left);
+            }
+        }
         self.conns.clear();
         self.listener = None;
     }
@@ -806,6 +859,7 @@ impl RecvSide {
         self.area.read(qi * RECV_DEPTH * NOTICE_BYTES + off, &mut b);
         self.repost(qi, qp)?;
         let n = Notice::decode(&b[..len]).map_err(|e| proto(peer(), e))?;
+        self.last_notice = Some(Instant::now());
         if let Some(first) = self.asm.on_notice(n).map_err(|e| proto(peer(), e))? {
             self.sizes[first.imm.slot as usize] = first.sizes;
         }

@@ -540,7 +540,11 @@ impl CmConn {
     }
 
     /// Send the connect request with our QP (`qpn`, INIT) and private data.
-    pub fn connect(&mut self, qpn: u32, private: &[u8]) -> Result<()> {
+    /// `Ok(false)`: not sent, because the local TCP port rdma_cm picked for
+    /// this id is taken (`EADDRINUSE`: soft-iWARP binds rdma_cm's port in
+    /// the kernel's TCP port space, which rdma_cm does not consult); the
+    /// caller starts over with a new connection ([`CmConn::start`]).
+    pub fn connect(&mut self, qpn: u32, private: &[u8]) -> Result<bool> {
         if self.state != ConnState::RouteReady {
             return Err(Error::Internal(format!("rdma_cm connect to {} in state {:?}", self.peer, self.state)));
         }
@@ -548,11 +552,15 @@ impl CmConn {
         // SAFETY: live id with a resolved route; p and its private data live
         // for the call (librdmacm copies them).
         if unsafe { (self.id.chan.lib.connect)(self.id.ptr, &mut p) } != 0 {
-            return Err(Error::Remote { peer: self.peer.clone(), what: format!("rdma_connect: {}", Errno::last()) });
+            let e = Errno::last();
+            if e.0 == libc::EADDRINUSE {
+                return Ok(false);
+            }
+            return Err(Error::Remote { peer: self.peer.clone(), what: format!("rdma_connect: {e}") });
         }
         self.id.connected = true;
         self.state = ConnState::Connecting;
-        Ok(())
+        Ok(true)
     }
 
     /// Take the events that arrived and say where the connection stands.
