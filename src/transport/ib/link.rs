@@ -444,10 +444,14 @@ impl Link {
     /// (it is ACTIVE and reported nothing the comm has not looked at): the
     /// peer closed the connection, or its link went down.
     fn closed_by_peer(&self) -> bool {
-        let Some(r) = self.rec.as_ref() else { return false };
-        !r.forced
-            && self.dev.health.port_events(self.dev.port) == r.port_seen
-            && self.dev.port_attr().is_ok_and(|p| p.state == ffi::IBV_PORT_ACTIVE)
+        self.rec.is_some() && !self.own_fault() && self.dev.port_attr().is_ok_and(|p| p.state == ffi::IBV_PORT_ACTIVE)
+    }
+
+    /// Since the comm last looked: did our port report an event, or did
+    /// our own fault injection (`RUSTNET_FAULT_QP_ERROR`) move a QP? Then a
+    /// lost connection is explained on our side.
+    fn own_fault(&self) -> bool {
+        self.rec.as_ref().is_some_and(|r| r.forced || self.dev.health.port_events(self.dev.port) != r.port_seen)
     }
 
     /// A testing knob moved one of our QPs to the error state
@@ -641,9 +645,9 @@ impl Link {
                 WrId::Data(s) | WrId::DataDone(s) => Some(s),
                 _ => None,
             };
-            let port_moved = self.rec.as_ref().is_some_and(|r| self.dev.health.port_events(self.dev.port) != r.port_seen);
+            let ours = self.own_fault();
             let Some(r) = self.rec.as_mut() else { return false };
-            if r.forced || port_moved {
+            if ours {
                 // a QP error we injected (RUSTNET_FAULT_QP_ERROR), or our
                 // port went down: the connection was lost, whichever message
                 // it caught, and the same one may be caught again
